@@ -1,0 +1,80 @@
+"""cudaload: device-aware Hugging Face model loading for NVIDIA GPUs.
+
+    import cudaload
+    model = cudaload.load_model("path/or/hub-id")   # detect -> plan -> load -> verify
+    print(model.cudaload_plan.explain())
+
+Importing this package is cheap and has no side effects: it does not import torch or transformers,
+initialise CUDA, touch the network, print, or configure logging. Everything is loaded on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+# public name -> module that defines it (imported lazily, on first attribute access)
+_LAZY = {
+    "detect": "cudaload.detection",
+    "Capabilities": "cudaload.capabilities",
+    "GPU": "cudaload.capabilities",
+    "PackageInfo": "cudaload.capabilities",
+    "Decision": "cudaload.decision",
+    "Candidate": "cudaload.decision",
+    "Plan": "cudaload.plans",
+    "plan": "cudaload.planner",
+    "load_model": "cudaload.execute",
+    "training_arguments": "cudaload.training",
+    "hardware": "cudaload.profiles",
+    "diagnose": "cudaload.doctor",
+    "CudaloadError": "cudaload.errors",
+    "ConfigurationError": "cudaload.errors",
+    "InvalidChoiceError": "cudaload.errors",
+    "DeviceSelectionError": "cudaload.errors",
+    "ModelNotFoundError": "cudaload.errors",
+    "CheckpointError": "cudaload.errors",
+    "DependencyError": "cudaload.errors",
+    "DoesNotFitError": "cudaload.errors",
+    "LoadError": "cudaload.errors",
+    "VerificationError": "cudaload.errors",
+}
+
+__all__ = sorted([*_LAZY, "__version__"])
+
+if TYPE_CHECKING:
+    from .capabilities import GPU, Capabilities, PackageInfo
+    from .decision import Candidate, Decision
+    from .detection import detect
+    from .doctor import diagnose
+    from .errors import (
+        CheckpointError,
+        ConfigurationError,
+        CudaloadError,
+        DependencyError,
+        DeviceSelectionError,
+        DoesNotFitError,
+        InvalidChoiceError,
+        LoadError,
+        ModelNotFoundError,
+        VerificationError,
+    )
+    from .execute import load_model
+    from .planner import plan
+    from .plans import Plan
+    from .profiles import hardware
+    from .training import training_arguments
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'cudaload' has no attribute {name!r}")
+    value = getattr(import_module(mod), name)
+    globals()[name] = value  # cache: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

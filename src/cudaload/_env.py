@@ -1,0 +1,124 @@
+"""The one place cudaload reads environment variables.
+
+Every variable cudaload honours is read here and documented in docs/environment.md; other modules call
+these functions instead of touching ``os.environ``. Functions take an optional mapping so policies and
+tests can pass an explicit environment (a recorded machine) instead of the live one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_TRUE = {"1", "true", "yes", "on"}
+
+#: Variables that describe the machine and are recorded in a Capabilities snapshot.
+RECORDED = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+)
+
+
+def _environ(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def flag(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in _TRUE
+
+
+def cuda_visible_devices(env: Mapping[str, str] | None = None) -> str | None:
+    """Raw ``CUDA_VISIBLE_DEVICES``; None when unset (all GPUs), "" when set empty (no GPU)."""
+    return _environ(env).get("CUDA_VISIBLE_DEVICES")
+
+
+def cuda_device_order(env: Mapping[str, str] | None = None) -> str | None:
+    """``CUDA_DEVICE_ORDER``; CUDA's default when unset is FASTEST_FIRST."""
+    return _environ(env).get("CUDA_DEVICE_ORDER")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What a launcher (torchrun, accelerate launch, deepspeed, SLURM through them) told this process."""
+
+    local_rank: int | None
+    rank: int | None
+    world_size: int | None
+    local_world_size: int | None
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(f"{name}={raw!r} is not an integer", fix=f"unset {name} or set it to a number") from None
+
+
+def launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
+    e = _environ(env)
+    return LaunchEnv(
+        local_rank=_int(e, "LOCAL_RANK"),
+        rank=_int(e, "RANK"),
+        world_size=_int(e, "WORLD_SIZE"),
+        local_world_size=_int(e, "LOCAL_WORLD_SIZE"),
+    )
+
+
+def hub_offline(env: Mapping[str, str] | None = None) -> bool:
+    """``HF_HUB_OFFLINE`` (or the older ``TRANSFORMERS_OFFLINE``) as huggingface_hub reads it."""
+    e = _environ(env)
+    return flag(e.get("HF_HUB_OFFLINE")) or flag(e.get("TRANSFORMERS_OFFLINE"))
+
+
+def hf_endpoint(env: Mapping[str, str] | None = None) -> str:
+    return _environ(env).get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def hub_cache(env: Mapping[str, str] | None = None) -> str:
+    """The Hub cache directory, resolved the way huggingface_hub resolves it."""
+    e = _environ(env)
+    if e.get("HF_HUB_CACHE"):
+        return e["HF_HUB_CACHE"]
+    home = e.get("HF_HOME") or os.path.join(e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    return os.path.join(home, "hub")
+
+
+def hub_probe_timeout(env: Mapping[str, str] | None = None) -> float:
+    """``CUDALOAD_HUB_TIMEOUT``: seconds the Hub reachability probe may take (default 2, 0 = never probe)."""
+    raw = _environ(env).get("CUDALOAD_HUB_TIMEOUT")
+    try:
+        return max(0.0, float(raw)) if raw else 2.0
+    except ValueError:
+        return 2.0
+
+
+def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """``CUDALOAD_TRUST_KERNELS``: comma-separated Hub kernel repos or publishers (``org/*``) allowed to run."""
+    raw = _environ(env).get("CUDALOAD_TRUST_KERNELS", "")
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> str:
+    """``CUDALOAD_CACHE``: where cudaload keeps its own small caches (attention probe verdicts)."""
+    e = _environ(env)
+    if e.get("CUDALOAD_CACHE"):
+        return e["CUDALOAD_CACHE"]
+    return os.path.join(e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cudaload")
+
+
+def snapshot(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The recorded variables that are set, for a Capabilities snapshot."""
+    e = _environ(env)
+    return {k: e[k] for k in RECORDED if k in e}

@@ -1,0 +1,78 @@
+"""cudaload's one error tree.
+
+Every error cudaload raises is a :class:`CudaloadError`, and each class also subclasses the builtin
+exception callers already catch (``ValueError``, ``FileNotFoundError``, ``ImportError``, ``MemoryError``,
+``RuntimeError``), so code written against plain ``from_pretrained`` keeps working. Each message ends with
+the fix.
+
+    CudaloadError
+    ├── ConfigurationError (ValueError)       bad option, bad environment variable, bad profile
+    │   ├── InvalidChoiceError                an explicit choice (attn, dtype, quantization) is not valid here
+    │   └── DeviceSelectionError              CUDA_VISIBLE_DEVICES / device index that matches no GPU
+    ├── ModelNotFoundError (FileNotFoundError) path missing, Hub id not cached while offline
+    ├── CheckpointError (ValueError)           corrupt or truncated safetensors, unknown model type
+    ├── DependencyError (ImportError)          an optional package is missing, broken or out of range
+    ├── DoesNotFitError (MemoryError)          nothing in the fit ladder fits; says what would
+    └── LoadError (RuntimeError)               transformers failed, or verification found a mismatch
+        └── VerificationError                  the loaded model is not what the plan said
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CudaloadError(Exception):
+    """Base of every cudaload error. ``fix`` says what to do; ``reasons`` lists the detailed causes."""
+
+    def __init__(self, message: str, *, fix: str | None = None, reasons: Sequence[str] = ()) -> None:
+        self.message = message
+        self.fix = fix
+        self.reasons = tuple(reasons)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts = [self.message]
+        parts.extend(f"  - {r}" for r in self.reasons)
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self._render()
+
+
+class ConfigurationError(CudaloadError, ValueError):
+    """An option, environment variable or profile is invalid."""
+
+
+class InvalidChoiceError(ConfigurationError):
+    """An explicit choice cannot be honoured on this machine; ``reasons`` says why."""
+
+
+class DeviceSelectionError(ConfigurationError):
+    """``CUDA_VISIBLE_DEVICES`` or a requested device matches no GPU."""
+
+
+class ModelNotFoundError(CudaloadError, FileNotFoundError):
+    """The model path does not exist, or a Hub id is not in the local cache while offline."""
+
+
+class CheckpointError(CudaloadError, ValueError):
+    """The checkpoint or config is unreadable: corrupt, truncated, or of an unknown model type."""
+
+
+class DependencyError(CudaloadError, ImportError):
+    """An optional dependency is missing, its compiled part does not load, or its version is out of range."""
+
+
+class DoesNotFitError(CudaloadError, MemoryError):
+    """The model does not fit the machine under any allowed option."""
+
+
+class LoadError(CudaloadError, RuntimeError):
+    """Loading failed inside transformers (translated), or after loading the model was unusable."""
+
+
+class VerificationError(LoadError):
+    """The loaded model differs from the plan (device, dtype, attention, offloaded modules)."""

@@ -1,0 +1,194 @@
+"""The Plan: what cudaload decided for one model on one machine, and why.
+
+Pure data. ``cudaload.plan()`` (in :mod:`cudaload.planner`) builds it without reading weights or touching a
+GPU; ``cudaload.load_model()`` (in :mod:`cudaload.execute`) carries it out and records what it verified.
+``to_json()`` is the stable schema documented in docs/plan-schema.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from .decision import Decision
+
+PLAN_SCHEMA_VERSION = 1
+INTENTS = ("inference", "training", "lora", "qlora")
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What the planner knows about the model, from its config (and safetensors headers when local)."""
+
+    name: str
+    type: str  # config.model_type, e.g. "qwen3"
+    architecture: str | None = None  # e.g. "Qwen3ForCausalLM"
+    params: int = 0
+    layers: int = 0
+    hidden_size: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    vocab_size: int = 0
+    max_position_embeddings: int | None = None
+    sliding_window: int | None = None
+    tied_embeddings: bool = False
+    checkpoint_dtype: str | None = None
+    weights_bytes: int = 0  # as stored in the checkpoint's dtype
+    weights_source: str = "config"  # "safetensors" (headers read) or "config" (meta-device count)
+    is_moe: bool = False
+    is_encoder: bool = False
+    local_path: str | None = None
+    safetensors: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSummary:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the weights go. ``device_map`` is what ``from_pretrained`` receives."""
+
+    device_map: str | dict[str, Any]
+    devices: tuple[str, ...]
+    offload: bool = False
+    max_memory: dict[str, int] | None = None
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device_map": self.device_map,
+            "devices": list(self.devices),
+            "offload": self.offload,
+            "max_memory": self.max_memory,
+            "reasons": list(self.reasons),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Placement:
+        return cls(
+            device_map=d["device_map"],
+            devices=tuple(d.get("devices", ())),
+            offload=bool(d.get("offload", False)),
+            max_memory=d.get("max_memory"),
+            reasons=tuple(d.get("reasons", ())),
+        )
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes, term by term (``weights``, ``kv_cache``, ``activations``, ``gradients``, ``optimizer``,
+    ``adapters``, ``cuda_context``...), the total, and per device: what is planned there and its budget."""
+
+    terms: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    per_device: dict[str, int] = field(default_factory=dict)
+    budget: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "terms": dict(self.terms),
+            "total": self.total,
+            "per_device": dict(self.per_device),
+            "budget": dict(self.budget),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MemoryEstimate:
+        return cls(
+            terms=dict(d.get("terms", {})),
+            total=int(d.get("total", 0)),
+            per_device=dict(d.get("per_device", {})),
+            budget=dict(d.get("budget", {})),
+            notes=tuple(d.get("notes", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One model on one machine: every decision with its candidates and reasons."""
+
+    model: ModelSummary
+    hardware: dict[str, Any]  # summary of the Capabilities planned against (source, gpus, key versions)
+    intent: str
+    seq_len: int
+    batch_size: int
+    dtype: Decision
+    attention: Decision
+    quantization: Decision  # choice None, "int8" or "nf4"
+    placement: Placement
+    memory: MemoryEstimate
+    load_path: Decision  # "fast" or "from_pretrained"
+    kernels: dict[str, Any] = field(default_factory=dict)  # KernelConfig plan (see cudaload.hub_kernels)
+    quantization_config: dict[str, Any] | None = None  # BitsAndBytesConfig kwargs, explicit (no fp4 default)
+    peft: dict[str, Any] | None = None  # LoraConfig kwargs for lora / qlora
+    warnings: tuple[str, ...] = ()
+    verified: dict[str, Any] | None = None  # filled in by load_model()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": PLAN_SCHEMA_VERSION,
+            "model": self.model.to_dict(),
+            "hardware": self.hardware,
+            "intent": self.intent,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "dtype": self.dtype.to_dict(),
+            "attention": self.attention.to_dict(),
+            "quantization": {**self.quantization.to_dict(), "method": self.quantization.choice,
+                             "config": self.quantization_config},
+            "placement": self.placement.to_dict(),
+            "memory": self.memory.to_dict(),
+            "load_path": self.load_path.to_dict(),
+            "kernels": self.kernels,
+            "peft": self.peft,
+            "warnings": list(self.warnings),
+            "verified": self.verified,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        q = dict(d["quantization"])
+        qcfg = q.pop("config", None)
+        q.pop("method", None)
+        return cls(
+            model=ModelSummary.from_dict(d["model"]),
+            hardware=d["hardware"],
+            intent=d["intent"],
+            seq_len=int(d["seq_len"]),
+            batch_size=int(d["batch_size"]),
+            dtype=Decision.from_dict(d["dtype"]),
+            attention=Decision.from_dict(d["attention"]),
+            quantization=Decision.from_dict(q),
+            quantization_config=qcfg,
+            placement=Placement.from_dict(d["placement"]),
+            memory=MemoryEstimate.from_dict(d["memory"]),
+            load_path=Decision.from_dict(d["load_path"]),
+            kernels=d.get("kernels", {}),
+            peft=d.get("peft"),
+            warnings=tuple(d.get("warnings", ())),
+            verified=d.get("verified"),
+        )
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+    def with_verified(self, verified: dict[str, Any]) -> Plan:
+        return replace(self, verified=verified)
+
+    def explain(self) -> str:
+        from .explain import explain
+
+        return explain(self)
