@@ -137,11 +137,41 @@ class Distributed:
 
 
 @dataclass(frozen=True)
+class CachedKernel:
+    """A Hub kernel repo found in the local cache: what preflight needs to decide offline."""
+
+    repo_id: str
+    revision: str  # commit hash of the cached snapshot
+    refs: tuple[str, ...] = ()  # branch / tag names pointing at it (e.g. "main", "v1")
+    variants: tuple[str, ...] = ()  # build variant directories, e.g. "torch211-cxx11-cu130-x86_64-linux"
+    cuda_capabilities: tuple[str, ...] = ()  # declared archs ("8.0", "9.0a"...) when the build says so
+    path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("refs", "variants", "cuda_capabilities"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CachedKernel:
+        return cls(
+            repo_id=d["repo_id"],
+            revision=d["revision"],
+            refs=tuple(d.get("refs", ())),
+            variants=tuple(d.get("variants", ())),
+            cuda_capabilities=tuple(d.get("cuda_capabilities", ())),
+            path=d.get("path"),
+        )
+
+
+@dataclass(frozen=True)
 class HubState:
     offline: bool = False
     reachable: bool | None = None  # None: not probed (offline set, or probing disabled)
     cache_dir: str | None = None
     endpoint: str | None = None
+    cached_kernels: tuple[CachedKernel, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -149,11 +179,15 @@ class HubState:
         return not self.offline and self.reachable is not False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["cached_kernels"] = [k.to_dict() for k in self.cached_kernels]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HubState:
-        return cls(**d)
+        d = dict(d)
+        kernels = tuple(CachedKernel.from_dict(k) for k in d.pop("cached_kernels", ()))
+        return cls(**d, cached_kernels=kernels)
 
 
 @dataclass(frozen=True)
