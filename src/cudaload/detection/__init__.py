@@ -1,0 +1,3 @@
+"""Machine detection: ``detect()`` builds a :class:`~cudaload.capabilities.Capabilities` snapshot."""
+
+from __future__ import annotations
