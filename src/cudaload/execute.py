@@ -1,0 +1,408 @@
+"""Execute a Plan: the only module that asks transformers to load weights.
+
+``load_model()`` = detect -> plan -> load (cudaload's fast path or ``from_pretrained``) -> probe the attention
+backend -> verify -> (PEFT-wrap) -> hand back the model with ``model.cudaload_plan`` attached.
+Failures are translated into cudaload's error tree *after* the failed attempt's tensors are released, so a
+failed load leaves GPU memory where it was.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from . import probes
+from .capabilities import Capabilities
+from .decision import Decision
+from .errors import (
+    CheckpointError,
+    ConfigurationError,
+    CudaloadError,
+    DependencyError,
+    DoesNotFitError,
+    LoadError,
+    ModelNotFoundError,
+    VerificationError,
+)
+from .plans import Plan
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+#: task / model_class shorthands -> transformers auto class
+AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "text-generation": "AutoModelForCausalLM",
+    "feature-extraction": "AutoModel",
+    "embedding": "AutoModel",
+    "base": "AutoModel",
+    "masked-lm": "AutoModelForMaskedLM",
+    "fill-mask": "AutoModelForMaskedLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "image-text-to-text": "AutoModelForImageTextToText",
+    "vision-language": "AutoModelForImageTextToText",
+}
+
+# from_pretrained keywords that cudaload decides; passing them twice would make the plan a lie.
+_DECIDED = {"dtype", "torch_dtype", "attn_implementation", "device_map", "max_memory", "use_kernels", "kernel_config"}
+
+# transformers' from_pretrained temporarily switches torch's process-wide default dtype while it builds the
+# model, so two loads racing in threads can build each other's modules in the wrong dtype. Construction is
+# serialised; weight reading (the slow part on the fast path) happens outside the lock.
+_BUILD_LOCK = threading.RLock()
+
+
+def resolve_auto_class(model_class: str | None, task: str | None, plan: Plan) -> str:
+    """The transformers auto class name to load with."""
+    if model_class and task:
+        raise ConfigurationError("pass model_class or task, not both", fix="drop one of them")
+    if model_class:
+        return model_class
+    if task:
+        try:
+            return AUTO_CLASSES[task]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown task {task!r}", fix=f"use one of {', '.join(sorted(AUTO_CLASSES))} or pass model_class="
+            ) from None
+    # An encoder has no causal-LM head: AutoModelForCausalLM would bolt a random one on.
+    return "AutoModel" if plan.model.is_encoder else "AutoModelForCausalLM"
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def _gpu_memory_snapshot() -> dict[int, int]:
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {i: torch.cuda.memory_allocated(i) for i in range(torch.cuda.device_count())}
+
+
+def _release_memory() -> None:
+    """Drop what a failed attempt left: unreachable tensors, then the allocator's cached blocks."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _translate(exc: BaseException, where: str) -> CudaloadError:
+    """A dependency's exception as cudaload's; carries the text, not the traceback (which pins tensors)."""
+    if isinstance(exc, CudaloadError):
+        exc.__traceback__ = None
+        return exc
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    name = type(exc).__name__
+    if name == "OutOfMemoryError" or "out of memory" in low:
+        return DoesNotFitError(
+            f"{where} ran out of GPU memory", reasons=[text],
+            fix="quantize (quantization='nf4'), shorten seq_len, add GPUs, or free memory held by other processes",
+        )
+    if "safetensor" in low or "header" in low and "deserializ" in low or "incomplete metadata" in low:
+        return CheckpointError(
+            f"{where}: the checkpoint is corrupt or truncated", reasons=[text],
+            fix="re-download or re-save the checkpoint (a partial download leaves truncated .safetensors files)",
+        )
+    if "unrecognized model" in low or "model_type" in low and "key" in low:
+        return CheckpointError(
+            f"{where}: unknown model type", reasons=[text],
+            fix="upgrade transformers, or check config.json's model_type",
+        )
+    if isinstance(exc, (FileNotFoundError, OSError)) and ("does not appear to have" in low or "no such file" in low
+                                                          or "not a valid model identifier" in low
+                                                          or "can't load" in low or "offline" in low):
+        return ModelNotFoundError(
+            f"{where}: model files not found", reasons=[text],
+            fix="check the path, or download the model once with network access (it is then used offline)",
+        )
+    if isinstance(exc, ImportError):
+        return DependencyError(f"{where} needs a package that is missing or broken", reasons=[text],
+                               fix="install the package named above, or choose another option")
+    return LoadError(f"{where} failed", reasons=[text], fix="see the reason above; rerun with -v for the plan")
+
+
+def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> Any:
+    import transformers
+
+    cls = getattr(transformers, auto_class, None)
+    if cls is None:
+        raise ConfigurationError(f"transformers has no {auto_class}", fix="pass a transformers auto class name")
+    with _BUILD_LOCK:
+        return cls.from_pretrained(path, **kwargs)
+
+
+def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
+    kw: dict[str, Any] = {"trust_remote_code": False, **passthrough}
+    kw["dtype"] = _torch_dtype(plan.dtype.choice or "float32")
+    if plan.attention.choice:
+        kw["attn_implementation"] = plan.attention.choice
+    kw["device_map"] = plan.placement.device_map
+    if plan.placement.max_memory:
+        kw["max_memory"] = dict(plan.placement.max_memory)
+    if plan.quantization.choice and plan.quantization_config is not None:
+        from transformers import BitsAndBytesConfig
+
+        qcfg = dict(plan.quantization_config)
+        for key in ("bnb_4bit_compute_dtype",):
+            if isinstance(qcfg.get(key), str):
+                qcfg[key] = _torch_dtype(qcfg[key])
+        kw["quantization_config"] = BitsAndBytesConfig(**qcfg)
+    if plan.kernels.get("use_kernels"):
+        from .hub_kernels import build_kernel_config
+
+        # transformers consumes the KernelConfig it is given: build a fresh one for every load.
+        kernel_config = build_kernel_config(plan.kernels)
+        if kernel_config is not None:
+            kw["use_kernels"] = True
+            kw["kernel_config"] = kernel_config
+    return kw
+
+
+def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
+    """Load by the planned path; the fast path falls back to from_pretrained on anything it cannot do."""
+    path = plan.model.local_path or plan.model.name
+    notes: list[str] = []
+    if plan.load_path.choice == "fast":
+        from . import fastload
+
+        try:
+            with _BUILD_LOCK:
+                model = fastload.load(
+                    path, auto_class=auto_class, device=plan.placement.devices[0],
+                    dtype=_torch_dtype(plan.dtype.choice or "float32"),
+                    attn_implementation=plan.attention.choice,
+                )
+            return model, "fast", notes
+        except CheckpointError:
+            raise  # a corrupt file is corrupt for from_pretrained too
+        except Exception as e:  # the fast path is an optimisation: never the reason a load fails
+            notes.append(f"fast path failed ({type(e).__name__}: {e}); loaded with from_pretrained instead")
+            del e
+            _release_memory()
+    return _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough)), "from_pretrained", notes
+
+
+def _module_devices(model: Any) -> dict[str, set[str]]:
+    """device -> names of modules with parameters or buffers there."""
+    out: dict[str, set[str]] = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        module = name.rsplit(".", 1)[0] if "." in name else name
+        out.setdefault(str(t.device), set()).add(module)
+    return out
+
+
+def verify(model: Any, plan: Plan, *, allow_offload: bool) -> dict[str, Any]:
+    """Check the loaded model against the plan; raise VerificationError naming what differs."""
+    import torch
+
+    problems: list[str] = []
+    devices = _module_devices(model)
+    planned = {d if ":" in d or d == "cpu" else f"{d}:0" for d in plan.placement.devices}
+    if "meta" in devices:
+        problems.append(f"modules left on the meta device (never loaded): {sorted(devices['meta'])[:8]}")
+    device_map = getattr(model, "hf_device_map", None) or {}
+    offloaded = sorted(k for k, v in device_map.items() if str(v) in ("cpu", "disk"))
+    if offloaded and not (allow_offload or plan.placement.offload):
+        problems.append(f"modules offloaded to cpu/disk without permission: {offloaded[:8]}")
+    elsewhere = {d: m for d, m in devices.items() if d != "meta" and d not in planned}
+    if elsewhere and not (allow_offload or plan.placement.offload):
+        for d, mods in elsewhere.items():
+            problems.append(f"modules on {d}, which the plan did not place anything on: {sorted(mods)[:8]}")
+
+    want = _torch_dtype(plan.dtype.choice or "float32")
+    by_dtype: dict[str, int] = {}
+    for p in model.parameters():
+        by_dtype[str(p.dtype).replace("torch.", "")] = by_dtype.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
+    floating = {k: v for k, v in by_dtype.items() if getattr(torch, k).is_floating_point}
+    if floating and max(floating, key=lambda k: floating[k]) != str(want).replace("torch.", ""):
+        problems.append(f"parameters are mostly {max(floating, key=lambda k: floating[k])}, the plan said {want}")
+
+    attn = getattr(model.config, "_attn_implementation", None)
+    if plan.attention.choice and attn != plan.attention.choice:
+        problems.append(f"attention implementation is {attn!r}, the plan said {plan.attention.choice!r}")
+
+    quant = None
+    if getattr(model, "is_loaded_in_4bit", False):
+        quant = "nf4"
+    elif getattr(model, "is_loaded_in_8bit", False):
+        quant = "int8"
+    if quant != plan.quantization.choice:
+        problems.append(f"quantization is {quant}, the plan said {plan.quantization.choice}")
+
+    if problems:
+        raise VerificationError("the loaded model is not what the plan said", reasons=problems,
+                                fix="pass allow_offload=True to accept offloading, or report this as a bug")
+    return {
+        "attn_implementation": attn,
+        "devices": sorted(d for d in devices if d != "meta"),
+        "parameters_by_dtype": by_dtype,
+        "quantization": quant,
+        "offloaded_modules": offloaded,
+    }
+
+
+def _next_attention(plan: Plan, failed: str) -> str | None:
+    names = [c.name for c in plan.attention.candidates if c.ok]
+    if failed in names:
+        names = names[names.index(failed) + 1:]
+    return names[0] if names else None
+
+
+def _probe_and_fallback(model: Any, plan: Plan, caps: Capabilities, *, warmup: bool) -> tuple[Plan, list[dict[str, str]]]:
+    """Run a one-step forward on the chosen backend; step down the valid candidates when it fails."""
+    fallbacks: list[dict[str, str]] = []
+    current = plan.attention.choice
+    while current is not None:
+        ok, reason = probes.attention_works(model, current, caps, force=warmup)
+        if ok:
+            break
+        if plan.attention.explicit:
+            raise LoadError(f"attention backend {current!r} fails on this machine", reasons=[reason],
+                            fix="choose another backend with attn=..., or attn='auto' to let cudaload fall back")
+        nxt = _next_attention(plan, current)
+        if nxt is None:
+            raise LoadError("no attention backend works on this machine", reasons=[reason],
+                            fix="report this: even sdpa failed a one-step forward")
+        logger.warning("attention %s failed its probe (%s); falling back to %s", current, reason, nxt)
+        fallbacks.append({"from": current, "to": nxt, "reason": reason})
+        model.set_attn_implementation(nxt)
+        current = nxt
+    if fallbacks:
+        att = plan.attention
+        plan = replace(plan, attention=Decision(
+            choice=current, candidates=att.candidates, explicit=att.explicit,
+            reasons=(*att.reasons, *(f"runtime fallback: {f['from']} -> {f['to']}: {f['reason']}" for f in fallbacks)),
+        ))
+    return plan, fallbacks
+
+
+def _wrap_peft(model: Any, plan: Plan) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    except ImportError as e:
+        raise DependencyError(f"intent {plan.intent!r} needs peft", reasons=[str(e)],
+                              fix="pip install 'cudaload[peft]'") from None
+    if plan.quantization.choice in ("nf4", "int8"):
+        # casts norms to fp32 and enables input grads so checkpointed k-bit layers train stably
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    return get_peft_model(model, LoraConfig(**(plan.peft or {"target_modules": "all-linear"})))
+
+
+def load_model(
+    model: str | os.PathLike[str],
+    *,
+    hardware: Capabilities | None = None,
+    intent: str = "inference",
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    attn: str = "auto",
+    dtype: str = "auto",
+    quantization: str = "auto",
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[str, Any] | None = None,
+    allow_offload: bool = False,
+    kernels: bool | None = None,
+    trust_kernels: Sequence[str] = (),
+    model_class: str | None = None,
+    task: str | None = None,
+    fast: bool | None = None,
+    warmup: bool = False,
+    **from_pretrained_kwargs: Any,
+) -> Any:
+    """Detect the machine, plan, load, verify and return a ready transformers model.
+
+    The result is the model transformers would return (a ``PeftModel`` for ``intent="lora"/"qlora"``),
+    on the planned device(s), in eval mode for inference and train mode otherwise, with the plan (including
+    what was verified) at ``model.cudaload_plan``. cudaload's options are keyword-only; anything else is passed
+    to ``from_pretrained`` (``revision``, ``token``, ``trust_remote_code`` - False unless you say so...).
+    """
+    from .detection import detect
+    from .planner import plan as make_plan
+
+    clash = sorted(_DECIDED & from_pretrained_kwargs.keys())
+    if "torch_dtype" in from_pretrained_kwargs and dtype == "auto":
+        dtype = str(from_pretrained_kwargs.pop("torch_dtype")).replace("torch.", "")
+        clash.remove("torch_dtype")
+    if "attn_implementation" in from_pretrained_kwargs and attn == "auto":
+        attn = str(from_pretrained_kwargs.pop("attn_implementation"))
+        clash.remove("attn_implementation")
+    if clash:
+        raise ConfigurationError(
+            f"{', '.join(clash)} are decided by cudaload", fix="use load_model's own options (dtype=, attn=, device_map=)"
+        )
+    caps = hardware if hardware is not None else detect()
+    if caps.source.startswith("profile:"):
+        raise ConfigurationError(
+            f"load_model() loads on this machine, not on {caps.source}",
+            fix="use cudaload.plan(..., hardware=...) to plan for other hardware",
+        )
+    plan = make_plan(
+        model, hardware=caps, intent=intent, seq_len=seq_len, batch_size=batch_size, attn=attn, dtype=dtype,
+        quantization=quantization, device_map=device_map, max_memory=max_memory, allow_offload=allow_offload,
+        kernels=kernels, trust_kernels=trust_kernels, model_class=model_class,
+        revision=from_pretrained_kwargs.get("revision"),
+    )
+    if fast is False and plan.load_path.choice == "fast":
+        plan = replace(plan, load_path=Decision("from_pretrained", reasons=("fast=False was passed",),
+                                                candidates=plan.load_path.candidates, explicit=True))
+    auto_class = resolve_auto_class(model_class, task, plan)
+    is_main = caps.distributed.rank in (None, 0)
+    logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
+
+    before = _gpu_memory_snapshot()
+    failure: CudaloadError | None = None
+    loaded: Any = None
+    t0 = time.perf_counter()
+    try:
+        loaded, path_taken, notes = _load_once(plan, auto_class, from_pretrained_kwargs)
+        seconds = time.perf_counter() - t0
+        plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
+        verified = verify(loaded, plan, allow_offload=allow_offload)
+    except Exception as e:  # translated below, after the attempt's memory is released
+        failure = _translate(e, f"loading {plan.model.name}")
+        del e
+    if failure is not None:
+        loaded = None
+        _release_memory()
+        after = _gpu_memory_snapshot()
+        leaked = {i: after[i] - before.get(i, 0) for i in after if after[i] > before.get(i, 0)}
+        if leaked:
+            logger.error("GPU memory still held after a failed load: %s bytes", leaked)
+        raise failure
+
+    verified.update({"load_path": path_taken, "load_seconds": round(seconds, 4), "attention_fallbacks": fallbacks,
+                     "notes": notes, "auto_class": auto_class})
+    if plan.intent in ("lora", "qlora"):
+        loaded = _wrap_peft(loaded, plan)
+        trainable = sum(p.numel() for p in loaded.parameters() if p.requires_grad)
+        verified["trainable_parameters"] = trainable
+    if plan.intent == "inference":
+        loaded.eval()
+    else:
+        loaded.train()
+    plan = plan.with_verified(verified)
+    loaded.cudaload_plan = plan
+    logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload loaded %s in %.2fs via %s",
+               plan.model.name, seconds, path_taken)
+    return loaded
