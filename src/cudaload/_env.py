@@ -23,6 +23,7 @@ RECORDED = (
     "LOCAL_WORLD_SIZE",
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
+    "BNB_CUDA_VERSION",
 )
 
 
@@ -63,7 +64,9 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     except ValueError:
         from .errors import ConfigurationError
 
-        raise ConfigurationError(f"{name}={raw!r} is not an integer", fix=f"unset {name} or set it to a number") from None
+        raise ConfigurationError(
+            f"{name}={raw!r} is not an integer", fix=f"unset {name} or set it to a number"
+        ) from None
 
 
 def launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -91,7 +94,9 @@ def hub_cache(env: Mapping[str, str] | None = None) -> str:
     e = _environ(env)
     if e.get("HF_HUB_CACHE"):
         return e["HF_HUB_CACHE"]
-    home = e.get("HF_HOME") or os.path.join(e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    home = e.get("HF_HOME") or os.path.join(
+        e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return os.path.join(home, "hub")
 
 
@@ -105,7 +110,7 @@ def hub_probe_timeout(env: Mapping[str, str] | None = None) -> float:
 
 
 def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """``CUDALOAD_TRUST_KERNELS``: comma-separated Hub kernel repos or publishers (``org/*``) allowed to run."""
+    """``CUDALOAD_TRUST_KERNELS``: comma-separated Hub kernel repos or publishers (``org/*``) to run."""
     raw = _environ(env).get("CUDALOAD_TRUST_KERNELS", "")
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
@@ -122,3 +127,15 @@ def snapshot(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The recorded variables that are set, for a Capabilities snapshot."""
     e = _environ(env)
     return {k: e[k] for k in RECORDED if k in e}
+
+
+def bnb_cuda_version(env: Mapping[str, str] | None = None) -> str | None:
+    """``BNB_CUDA_VERSION``: bitsandbytes' override of which CUDA library it loads ("124" = 12.4).
+    Read (never set) so detection probes the same library bitsandbytes will load."""
+    raw = _environ(env).get("BNB_CUDA_VERSION")
+    return raw if raw and raw.isdigit() else None
+
+
+def hub_probe_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether detection may probe the Hub: not when offline, not when ``CUDALOAD_HUB_TIMEOUT=0``."""
+    return not hub_offline(env) and hub_probe_timeout(env) > 0

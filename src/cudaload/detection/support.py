@@ -65,7 +65,10 @@ def bitsandbytes_support(cc: CC, cpu_arch: str | None = None) -> tuple[bool, str
     sm = _sm(cc)
     floor = (7, 5) if cpu_arch == "aarch64" else (6, 0)
     if cc < floor:
-        return False, f"bitsandbytes needs sm{floor[0]}{floor[1]}+ on {cpu_arch or 'x86_64'}; this GPU is {sm}"
+        return (
+            False,
+            f"bitsandbytes needs sm{floor[0]}{floor[1]}+ on {cpu_arch or 'x86_64'}; this GPU is {sm}",
+        )
     if cc < (7, 5):
         return True, f"bitsandbytes runs on {sm} but is slow below sm75 (no int8 tensor cores)"
     return True, f"bitsandbytes supports {sm}"

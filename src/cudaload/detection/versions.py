@@ -1,0 +1,110 @@
+"""Versions of torch, transformers and friends without importing them.
+
+Importing transformers costs about a second and torch more; detection reads distribution metadata and,
+where a fact lives only in source (torch's CUDA build, transformers' accepted kernels range), the text of
+the installed file. When the module is already imported, its live attributes are used instead.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+#: transformers release -> the kernels range it accepts (KERNELS_MIN_VERSION, KERNELS_MAX_VERSION), for
+#: installs whose source cannot be read. Checked against the released wheels' utils/import_utils.py.
+_KERNELS_RANGE_TABLE: tuple[tuple[tuple[int, int], tuple[str, str]], ...] = (
+    ((5, 23), ("0.18.2", "0.19.0")),
+    ((5, 20), ("0.17.2", "0.18.0")),
+    ((5, 17), ("0.16.0", "0.17.0")),
+)
+
+
+def dist_version(*names: str) -> str | None:
+    """The installed version of the first distribution found among ``names``."""
+    for n in names:
+        try:
+            return md.version(n)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def _module_file(module: str, relative: str) -> Path | None:
+    """``relative`` inside the installed package ``module``, located without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / relative
+        if p.is_file():
+            return p
+    return None
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version torch was built with (``torch.version.cuda``); None for a CPU build."""
+    mod = sys.modules.get("torch.version")
+    if mod is not None:
+        v = getattr(mod, "cuda", None)
+        return str(v) if v else None
+    p = _module_file("torch", "version.py")
+    if p is None:
+        return None
+    m = re.search(r"^cuda(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", p.read_text(), re.M)
+    return m.group(1) if m else None
+
+
+def _vtuple(v: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def kernels_range(transformers_version: str | None) -> tuple[str, str] | None:
+    """(min inclusive, max exclusive) kernels versions the installed transformers accepts.
+
+    Read from ``transformers/utils/import_utils.py`` (the constants ``KERNELS_MIN_VERSION`` and
+    ``KERNELS_MAX_VERSION``) without importing transformers; falls back to a table by release.
+    """
+    if transformers_version is None:
+        return None
+    tf = sys.modules.get("transformers.utils.import_utils")
+    lo = getattr(tf, "KERNELS_MIN_VERSION", None) if tf else None
+    hi = getattr(tf, "KERNELS_MAX_VERSION", None) if tf else None
+    if isinstance(lo, str) and isinstance(hi, str):
+        return lo, hi
+    p = _module_file("transformers", "utils/import_utils.py")
+    if p is not None:
+        text = p.read_text(encoding="utf-8", errors="replace")
+        lo_m = re.search(r"^KERNELS_MIN_VERSION\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        hi_m = re.search(r"^KERNELS_MAX_VERSION\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if lo_m and hi_m:
+            return lo_m.group(1), hi_m.group(1)
+    return kernels_range_for(transformers_version)
+
+
+def kernels_range_for(transformers_version: str) -> tuple[str, str] | None:
+    """The table fallback of :func:`kernels_range`."""
+    v = _vtuple(transformers_version)
+    for lower, rng in _KERNELS_RANGE_TABLE:
+        if v >= lower:
+            return rng
+    return None
+
+
+def in_range(version: str, rng: tuple[str, str]) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(rng[0]) <= Version(version) < Version(rng[1])
+    except InvalidVersion:
+        return False
+
+
+def range_text(rng: tuple[str, str]) -> str:
+    return f">={rng[0]},<{rng[1]}"
