@@ -61,7 +61,7 @@ def _cuda_state() -> tuple[bool, int | None]:
 
 def _cached_kernels(cache_dir: str) -> tuple[CachedKernel, ...]:
     try:
-        from ..hub_kernels import scan_cache  # type: ignore[import-not-found,unused-ignore]
+        from ..hub_kernels import scan_cache
     except ImportError:
         return ()
     try:
@@ -380,7 +380,7 @@ def render(caps: Capabilities) -> str:
         f"  python {caps.python_version or '?'} on {caps.cpu_arch or '?'}, "
         f"host memory {_gib(caps.host_memory)}"
     )
-    torch_line = caps.torch_version or "not installed"
+    torch_line = caps.torch_version or "?"
     if caps.torch_version:
         torch_line += f" (CUDA {caps.torch_cuda_version})" if caps.torch_cuda_version else " (CPU build)"
     lines.append(
