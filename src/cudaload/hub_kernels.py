@@ -447,3 +447,409 @@ def check_attention_kernel(
     version = None if rev else attention_kernel_version(name, caps.transformers_version, caps.torch_version)
     device = "cuda" if caps.has_gpu and caps.torch_cuda_version else "cpu"
     return preflight_hub_kernel(name, caps, trust=trust, revision=rev, version=version, device=device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Which layers a model class registers for replacement
+# ----------------------------------------------------------------------------------------------------
+
+_DECORATOR = re.compile(
+    r"@use_kernel_forward_from_hub\(\s*[\"']([^\"']+)[\"']\s*\)"
+    r"|use_kernel_func_from_hub(?:_with_fallback)?\(\s*[\"']([^\"']+)[\"']"
+)
+
+
+def registered_layers(model_class: type) -> tuple[str, ...]:
+    """Kernel layer names (``RMSNorm``, ``rotary_pos_emb``, ``MegaBlocksMoeMLP``...) that ``model_class``'s
+    modeling module marks for replacement, without instantiating anything.
+
+    Two sources, because each misses a case: the decorators in the module's source (present even when
+    transformers disabled them because kernels is missing or out of range), and the ``kernel_layer_name``
+    attribute kernels stamps on decorated classes (present for layers defined in another module).
+    """
+    import inspect
+    import sys
+
+    names: list[str] = []
+    module = sys.modules.get(model_class.__module__)
+    if module is None:
+        return ()
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        source = ""
+    for m in _DECORATOR.finditer(source):
+        names.append(m.group(1) or m.group(2))
+    for obj in vars(module).values():
+        name = getattr(obj, "kernel_layer_name", None) if isinstance(obj, type) else None
+        if isinstance(name, str):
+            names.append(name)
+    return tuple(sorted(dict.fromkeys(names)))
+
+
+def _resolve_model_class(name: str | None) -> tuple[type | None, str | None]:
+    if not name:
+        return None, "no model class named (the config lists no architectures)"
+    try:
+        import transformers
+
+        cls = getattr(transformers, name)
+    except (ImportError, AttributeError) as e:
+        return None, f"transformers has no model class {name!r} ({e.__class__.__name__})"
+    return (cls, None) if isinstance(cls, type) else (None, f"{name} is not a class")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The plan
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One candidate kernel for a layer: ``repo`` is ``org/name`` or a local directory."""
+
+    repo: str
+    layer_name: str
+    version: int | None = 1
+    revision: str | None = None
+    modes: tuple[str, ...] = ("inference", "training")
+
+    @property
+    def local(self) -> bool:
+        return is_local_kernel(self.repo)
+
+    @classmethod
+    def parse(cls, value: str | Mapping[str, Any]) -> KernelSpec:
+        """``"org/name:Layer"``, ``"org/name@rev:Layer"``, ``"/abs/dir:Layer"`` or a dict with
+        ``repo``, ``layer_name``, ``version``, ``revision``, ``modes``."""
+        if isinstance(value, Mapping):
+            return cls(
+                repo=str(value["repo"]), layer_name=str(value["layer_name"]),
+                version=value.get("version", None if value.get("revision") else 1),
+                revision=value.get("revision"),
+                modes=tuple(value.get("modes", ("inference", "training"))),
+            )
+        repo, sep, layer = str(value).rpartition(":")
+        if not sep or not repo or not layer:
+            from .errors import ConfigurationError
+
+            raise ConfigurationError(f"kernel {value!r} names no layer",
+                                     fix="write it as 'org/repo:LayerName' or '/abs/dir:LayerName'")
+        repo, _, rev = repo.partition("@") if not is_local_kernel(repo) else (repo, "", "")
+        return cls(repo=repo, layer_name=layer, version=None if rev else 1, revision=rev or None)
+
+
+#: cudaload's defaults for the ``cuda`` device: the subset of transformers' own default mapping whose
+#: kernels are maintained for it (kernels-community), with the modes transformers registers them for.
+DEFAULT_CUDA_KERNELS: dict[str, KernelSpec] = {
+    "RMSNorm": KernelSpec("kernels-community/liger-kernels", "LigerRMSNorm", version=3),
+    "SiLU": KernelSpec("kernels-community/activation", "Silu", version=1, modes=("inference",)),
+    "GeLU": KernelSpec("kernels-community/activation", "Gelu", version=1, modes=("inference",)),
+    "rotary_pos_emb": KernelSpec("kernels-community/rotary", "apply_rotary_transformers", version=2,
+                                 modes=("inference",)),
+    "MegaBlocksMoeMLP": KernelSpec("kernels-community/megablocks", "MegaBlocksMoeMLP", version=1),
+}
+
+
+def _mode(intent: str) -> str:
+    return "inference" if intent == "inference" else "training"
+
+
+def _local_preflight(spec: KernelSpec, caps: Capabilities, device: str) -> tuple[bool, list[str]]:
+    """A local kernel directory: it exists and holds a build variant for this machine (filesystem only)."""
+    path = Path(os.path.expanduser(spec.repo))
+    if not path.is_dir():
+        return False, [f"local kernel directory {spec.repo} does not exist"]
+    target = _target(caps, device)
+    for base in (path, path / "build"):
+        try:
+            variants = sorted(e.name for e in os.scandir(base) if e.is_dir())
+        except OSError:
+            continue
+        fitting = [v for v in variants if check_variant(v, target)[0]]
+        if fitting:
+            archs = _variant_archs(base / fitting[0])
+            bad = _arch_reasons(archs, caps, device)
+            return not bad, [f"local kernel {spec.repo}: build variant {fitting[0]} fits this machine", *bad]
+    if (path / "metadata.json").is_file():
+        return True, [f"local kernel {spec.repo} points at a build variant directly"]
+    return False, [f"local kernel {spec.repo} has no build variant for this machine"]
+
+
+def _entry(layer: str, spec: KernelSpec, caps: Capabilities, *, mode: str, device: str, trust: Sequence[str],
+           lock: Mapping[str, str] | None) -> dict[str, Any]:
+    e: dict[str, Any] = {"layer": layer, "repo": spec.repo, "layer_name": spec.layer_name,
+                         "local": spec.local, "version": spec.version, "revision": spec.revision,
+                         "pinned": None, "trusted": False, "ok": False, "reasons": []}
+    reasons: list[str] = []
+    if mode not in spec.modes:
+        e["reasons"] = [f"{spec.repo}:{spec.layer_name} has no {mode} kernel "
+                        f"(modes: {', '.join(spec.modes)})"]
+        return e
+    if spec.local:
+        pkg = kernels_package_reasons(caps)
+        ok, why = _local_preflight(spec, caps, device)
+        e.update(trusted=True, ok=ok and not pkg,
+                 reasons=[*pkg, "local directory named by the user (its own code)", *why])
+        return e
+    revision, version = spec.revision, spec.version
+    if lock is not None and spec.repo in lock:
+        revision, version = lock[spec.repo], None
+        reasons.append(f"revision {revision[:12]} from the lock")
+    ok, hub_why = preflight_hub_kernel(spec.repo, caps, trust=trust, revision=revision, version=version,
+                                       device=device)
+    reasons.extend(hub_why)
+    cached, _ = _cached_entry(caps, spec.repo, revision, version)
+    # Pin to the commit the preflight looked at: the load then needs no ref lookup (works offline) and a
+    # lock written from this plan names exactly what was checked.
+    pinned = cached.revision if cached is not None else None
+    if pinned is None and revision and _HEX40.match(revision):
+        pinned = revision
+    e.update(trusted=trusted(spec.repo, trust) is not None, ok=ok, pinned=pinned, reasons=reasons)
+    if revision is not None:
+        e.update(revision=revision, version=None)
+    return e
+
+
+def plan_kernels(
+    summary: Any,
+    caps: Capabilities,
+    *,
+    intent: str,
+    request: bool | None,
+    trust: Sequence[str],
+    model_class_name: str | None,
+    lock: Mapping[str, str] | None = None,
+    mapping: Mapping[str, str | Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The KernelConfig plan for ``Plan.kernels`` (JSON-able; schema in docs/kernels.md).
+
+    ``request``: None (auto) enables kernels only when every needed kernel passes preflight and is trusted,
+    so it is off by default; True keeps the kernels that pass and leaves the others out with their reason;
+    False is off. ``mapping`` (layer -> ``"org/repo:Layer"``, ``"/dir:Layer"`` or a spec dict) overrides
+    cudaload's defaults (:data:`DEFAULT_CUDA_KERNELS`). ``lock`` (repo -> commit) pins revisions.
+    """
+    mode = _mode(intent)
+    device = "cuda" if caps.has_gpu and caps.torch_cuda_version else "cpu"
+    class_name = model_class_name or getattr(summary, "architecture", None)
+    plan: dict[str, Any] = {
+        "version": KERNELS_PLAN_VERSION, "enabled": False, "request": request, "device": device,
+        "mode": mode, "model_class": class_name, "registered_layers": [], "use_local_kernel": False,
+        "inherit_mapping": False, "apply": "kernel_config" if device == "cuda" else "kernelize",
+        "entries": [], "mapping": {}, "lock": {}, "reasons": [],
+    }
+    reasons: list[str] = plan["reasons"]
+    if request is False:
+        reasons.append("kernels off (requested)")
+        return plan
+    cls, why = _resolve_model_class(class_name)
+    layers = registered_layers(cls) if cls is not None else ()
+    plan["registered_layers"] = list(layers)
+    if why:
+        reasons.append(why)
+    if not layers:
+        reasons.append(f"{class_name or 'the model'} registers no layers for kernel replacement")
+        return plan
+    specs: dict[str, KernelSpec] = dict(DEFAULT_CUDA_KERNELS) if device == "cuda" else {}
+    for layer, value in (mapping or {}).items():
+        specs[layer] = KernelSpec.parse(value)
+    for layer in sorted(set(specs) - set(layers)):
+        if mapping and layer in mapping:
+            reasons.append(f"{layer} is not a kernel layer of {class_name} "
+                           f"(it registers: {', '.join(layers)})")
+    entries = [_entry(layer, specs[layer], caps, mode=mode, device=device, trust=trust, lock=lock)
+               for layer in layers if layer in specs]
+    unmapped = [layer for layer in layers if layer not in specs]
+    if unmapped:
+        reasons.append(f"no {device} kernel known for: {', '.join(unmapped)} (they keep their torch forward)")
+    # transformers' use_local_kernel is all-or-nothing for one KernelConfig: local kernels win, Hub ones
+    # are left out rather than loaded as paths (or paths as repos).
+    if any(e["local"] and e["ok"] for e in entries):
+        for e in entries:
+            if not e["local"] and e["ok"]:
+                e["ok"] = False
+                e["reasons"].append("left out: a KernelConfig holds local or Hub kernels, not both, and "
+                                    "this plan uses local ones")
+        plan["use_local_kernel"] = True
+    plan["entries"] = entries
+    accepted = [e for e in entries if e["ok"]]
+    if not entries:
+        return plan
+    if request is None and len(accepted) < len(entries):
+        failed = [e["layer"] for e in entries if not e["ok"]]
+        reasons.append(f"auto: kernels left off because {', '.join(failed)} did not pass preflight "
+                       "(untrusted, uncached offline, or no build for this machine); pass kernels=True "
+                       "to use the ones that pass")
+        return plan
+    if not accepted:
+        reasons.append("no kernel passed preflight; loading without kernels")
+        return plan
+    plan["enabled"] = True
+    for e in accepted:
+        plan["mapping"][e["layer"]] = _mapping_value(e)
+        if not e["local"] and e["pinned"]:
+            plan["lock"][e["repo"]] = e["pinned"]
+    reasons.append(f"kernels for {', '.join(e['layer'] for e in accepted)} ({mode}, {device})")
+    return plan
+
+
+def _mapping_value(e: Mapping[str, Any]) -> str | list[Any]:
+    """The KernelConfig value for one accepted entry, in JSON form (a list stands for transformers' tuple)."""
+    ref = f"{e['repo']}:{e['layer_name']}"
+    if e["local"]:
+        return str(Path(os.path.expanduser(e["repo"])).resolve()) + f":{e['layer_name']}"
+    meta: dict[str, Any] = {"trust_remote_code": bool(e["trusted"])}
+    if e.get("pinned"):
+        meta["revision"] = e["pinned"]
+    elif e.get("revision"):
+        meta["revision"] = e["revision"]
+    else:
+        meta["version"] = int(e["version"] if e.get("version") is not None else 1)
+    return [ref, meta]
+
+
+# ----------------------------------------------------------------------------------------------------
+# From plan to live objects
+# ----------------------------------------------------------------------------------------------------
+
+
+def _validate(kernels_plan: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the mapping the way ``KernelConfig.sanitize_kernel_mapping`` will, before any load."""
+    from .errors import ConfigurationError
+
+    fix = "rebuild the plan with cudaload.plan(...) instead of editing plan.kernels by hand"
+    mapping = kernels_plan.get("mapping")
+    if not isinstance(mapping, Mapping):
+        raise ConfigurationError("plan.kernels['mapping'] is not a mapping", fix=fix)
+    registered = set(kernels_plan.get("registered_layers") or ())
+    local = bool(kernels_plan.get("use_local_kernel"))
+    out: dict[str, Any] = {}
+    for layer, value in mapping.items():
+        if registered and layer not in registered:
+            raise ConfigurationError(f"kernel layer {layer!r} is not registered by the model", fix=fix,
+                                     reasons=[f"registered: {', '.join(sorted(registered))}"])
+        if isinstance(value, str):
+            ref, meta = value, None
+        elif isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], Mapping):
+            ref, meta = value[0], dict(value[1])
+        else:
+            raise ConfigurationError(f"kernel mapping for {layer!r} is malformed: {value!r}", fix=fix)
+        if not isinstance(ref, str) or "/" not in ref or ":" not in ref:
+            raise ConfigurationError(f"kernel {ref!r} for {layer!r} is not 'org/repo:Layer' or '/dir:Layer'",
+                                     fix=fix)
+        if local:
+            if meta is not None or not os.path.isabs(ref.rpartition(":")[0]):
+                raise ConfigurationError(f"local kernel {ref!r} must be an absolute '/dir:Layer' string",
+                                         fix=fix)
+            out[layer] = ref
+            continue
+        if meta is None or (("revision" in meta) == ("version" in meta)):
+            raise ConfigurationError(f"Hub kernel {ref!r} needs exactly one of revision or version", fix=fix)
+        if not isinstance(meta.get("trust_remote_code", False), bool):
+            raise ConfigurationError(f"trust_remote_code for {ref!r} must be a bool", fix=fix)
+        out[layer] = (ref, meta)
+    return out
+
+
+def build_kernel_config(kernels_plan: Mapping[str, Any]) -> Any:
+    """A fresh ``transformers.KernelConfig`` for the plan (from_pretrained consumes it), or None when the
+    plan uses no kernels or applies them by ``kernelize`` after loading (CPU: transformers' KernelConfig
+    knows no cpu device; see :func:`apply_kernels`). Validated here, not inside ``from_pretrained``."""
+    if not kernels_plan or not kernels_plan.get("enabled") or kernels_plan.get("apply") != "kernel_config":
+        return None
+    mapping = _validate(kernels_plan)
+    if not mapping:
+        return None
+    from transformers import KernelConfig
+
+    device = str(kernels_plan.get("device", "cuda"))
+    return KernelConfig(  # type: ignore[no-untyped-call]
+        kernel_mapping={layer: {device: value} for layer, value in mapping.items()},
+        use_local_kernel=bool(kernels_plan.get("use_local_kernel")),
+        # Only what cudaload preflighted: transformers' defaults would pull unchecked, untrusted kernels.
+        inherit_mapping=False,
+    )
+
+
+def kernel_mapping(kernels_plan: Mapping[str, Any], *, device: str | None = None) -> dict[str, Any]:
+    """The plan as a ``kernels.use_kernel_mapping`` mapping (LayerRepository / LocalLayerRepository objects)
+    for ``device`` (default: the plan's), with the plan's mode."""
+    from kernels import LayerRepository, LocalLayerRepository, Mode
+
+    mode = Mode.TRAINING if kernels_plan.get("mode") == "training" else Mode.INFERENCE
+    dev = device or str(kernels_plan.get("device", "cuda"))
+    out: dict[str, Any] = {}
+    for layer, value in _validate(kernels_plan).items():
+        if isinstance(value, str):
+            path, _, name = value.rpartition(":")
+            repo: Any = LocalLayerRepository(repo_path=Path(path), layer_name=name)
+        else:
+            ref, meta = value
+            repo_id, _, name = ref.rpartition(":")
+            repo = LayerRepository(repo_id=repo_id, layer_name=name, revision=meta.get("revision"),
+                                   version=meta.get("version"),
+                                   trust_remote_code=bool(meta.get("trust_remote_code", False)))
+        out[layer] = {dev: {mode: repo}}
+    return out
+
+
+def apply_kernels(model: Any, kernels_plan: Mapping[str, Any], *, device: str | None = None) -> Any:
+    """Kernelize an already loaded model with exactly the plan's kernels (no transformers defaults).
+
+    The route for plans whose ``apply`` is ``"kernelize"`` (CPU); also usable on CUDA. Returns the model.
+    """
+    if not kernels_plan.get("enabled"):
+        return model
+    from kernels import Mode, kernelize, use_kernel_mapping
+
+    mode = Mode.TRAINING if kernels_plan.get("mode") == "training" else Mode.INFERENCE
+    dev = device or str(kernels_plan.get("device", "cuda"))
+    with use_kernel_mapping(kernel_mapping(kernels_plan, device=dev), inherit_mapping=False):
+        kernelize(model, mode=mode, device=dev, use_fallback=False)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Lock: repo -> commit, so a cluster loads exactly what was tested
+# ----------------------------------------------------------------------------------------------------
+
+
+def write_lock(plan_or_kernels_plan: Any, path: str | os.PathLike[str]) -> dict[str, str]:
+    """Write ``{repo: commit}`` of the plan's pinned Hub kernels to ``path`` (JSON). Returns the lock."""
+    from .errors import ConfigurationError
+
+    kp = getattr(plan_or_kernels_plan, "kernels", plan_or_kernels_plan)
+    if not isinstance(kp, Mapping):
+        raise ConfigurationError("write_lock needs a Plan or a plan.kernels dict",
+                                 fix="pass cudaload.plan(...) or its .kernels")
+    lock = {str(k): str(v) for k, v in sorted(dict(kp.get("lock") or {}).items())}
+    unpinned = [e["repo"] for e in kp.get("entries", ()) if e.get("ok") and not e.get("local")
+                and not e.get("pinned")]
+    if unpinned:
+        raise ConfigurationError(
+            f"cannot lock kernels that are not cached yet: {', '.join(sorted(set(unpinned)))}",
+            fix="load once online (the kernels are downloaded then), plan again, and write the lock",
+        )
+    doc = {"cudaload_kernels_lock": 1, "kernels": lock}
+    Path(path).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return lock
+
+
+def read_lock(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a lock written by :func:`write_lock`: ``{repo: commit}``."""
+    from .errors import ConfigurationError
+
+    fix = "write it again with cudaload.hub_kernels.write_lock(plan, path)"
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        from .errors import ModelNotFoundError
+
+        raise ModelNotFoundError(f"kernel lock {path} does not exist", fix=fix) from None
+    except (OSError, ValueError) as e:
+        raise ConfigurationError(f"kernel lock {path} is unreadable: {e}", fix=fix) from None
+    kernels = doc.get("kernels") if isinstance(doc, dict) else None
+    if not isinstance(kernels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and _HEX40.match(v) for k, v in kernels.items()
+    ):
+        raise ConfigurationError(f"kernel lock {path} is not a cudaload kernel lock", fix=fix)
+    return dict(kernels)
