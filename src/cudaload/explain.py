@@ -1,0 +1,88 @@
+"""``explain(plan)``: the plan as text a person reads: each choice and why, each rejected option and why,
+the memory terms, the warnings."""
+
+from __future__ import annotations
+
+from .decision import Decision
+from .plans import Plan
+
+
+def _size(n: int) -> str:
+    if abs(n) >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    if abs(n) >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{n} B"
+
+
+def _decision(title: str, d: Decision, none_label: str = "none") -> list[str]:
+    lines = [
+        f"{title}: {d.choice if d.choice is not None else none_label}"
+        + ("  (explicit)" if d.explicit else "")
+    ]
+    lines.extend(f"    because {r}" for r in d.reasons)
+    for c in d.candidates:
+        if c.name == d.choice or (d.choice is None and c.name == none_label and c.ok):
+            continue
+        mark = "ok " if c.ok else "no "
+        lines.append(f"  - {mark}{c.name}: {'; '.join(c.reasons) if c.reasons else '-'}")
+    return lines
+
+
+def explain(plan: Plan) -> str:
+    m = plan.model
+    hw = plan.hardware
+    gpus = hw.get("gpus") or []
+    machine = (
+        ", ".join(
+            f"cuda:{g['index']} {g['name']} (sm{g['compute_capability'][0]}{g['compute_capability'][1]})"
+            for g in gpus
+        )
+        or "CPU only"
+    )
+    out = [
+        f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {m.params / 1e9:.2f} B params, "
+        f"{m.layers} layers, "
+        f"head_dim {m.head_dim}, weights from {m.weights_source})",
+        f"Machine: {machine} [{hw.get('source')}]; "
+        f"torch {hw.get('torch')}, transformers {hw.get('transformers')}",
+        f"Intent: {plan.intent}, seq_len {plan.seq_len} x batch {plan.batch_size}",
+        "",
+    ]
+    out += _decision("dtype", plan.dtype)
+    out += _decision("attention", plan.attention)
+    out += _decision("quantization", plan.quantization)
+    if plan.quantization_config:
+        out.append(
+            f"    BitsAndBytesConfig({', '.join(f'{k}={v!r}' for k, v in plan.quantization_config.items())})"
+        )
+    pl = plan.placement
+    out.append(
+        f"placement: device_map={pl.device_map!r} on {', '.join(pl.devices)}"
+        + ("  (offload)" if pl.offload else "")
+    )
+    out.extend(f"    {r}" for r in pl.reasons)
+    if pl.max_memory:
+        out.append("    max_memory: " + ", ".join(f"{k}={_size(v)}" for k, v in pl.max_memory.items()))
+    out += _decision("load path", plan.load_path)
+    out.append("memory (estimated before loading):")
+    for k, v in plan.memory.terms.items():
+        if v:
+            out.append(f"    {k:<24}{_size(v):>12}")
+    out.append(f"    {'total':<24}{_size(plan.memory.total):>12}")
+    for d, v in plan.memory.per_device.items():
+        b = plan.memory.budget.get(d)
+        out.append(f"    on {d:<21}{_size(v):>12}" + (f" of {_size(b)}" if b is not None else ""))
+    out.extend(f"    note: {n}" for n in plan.memory.notes)
+    if plan.peft:
+        out.append(f"LoRA: {', '.join(f'{k}={v!r}' for k, v in plan.peft.items())}")
+    if plan.kernels:
+        kp = plan.kernels
+        out.append(f"Hub kernels: {'on' if kp.get('enabled') or kp.get('use_kernels') else 'off'}")
+        out.extend(f"    {r}" for r in kp.get("reasons", []) or [])
+    if plan.warnings:
+        out.append("warnings:")
+        out.extend(f"  ! {w}" for w in plan.warnings)
+    if plan.verified:
+        out.append(f"verified after loading: {plan.verified}")
+    return "\n".join(out)

@@ -1,0 +1,318 @@
+"""Where the weights go: one GPU (``cuda:N``, N as torch numbers it under CUDA_VISIBLE_DEVICES), a torchrun
+rank's own GPU (``cuda:LOCAL_RANK``, never the global RANK, never ``device_map="auto"``), a balanced split
+over the visible GPUs with per-device budgets, CPU/disk offload only when allowed, or the CPU.
+
+``place`` is pure: it answers with a :class:`Fit` (placement, bytes planned per device, each device's
+budget) or a Fit with ``ok`` False and the reasons.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..capabilities import GPU, Capabilities
+from ..errors import ConfigurationError, DeviceSelectionError
+from ..plans import Placement
+from .memory import CUDA_CONTEXT_BYTES, Breakdown, GiB
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+SPLIT_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass(frozen=True)
+class Fit:
+    ok: bool
+    placement: Placement | None = None
+    per_device: dict[str, int] = field(default_factory=dict)
+    budget: dict[str, int] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    shortfall: int = 0  # bytes missing on the tightest device (for "what would fit")
+
+
+def parse_size(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"bad memory size {value!r}", fix="use bytes or a string like '20GiB'")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigurationError(
+            f"bad memory size {value!r}", fix="use bytes or a string like '20GiB' / '500MB'"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, int) and not isinstance(k, bool):
+        return f"cuda:{k}"
+    s = str(k).strip()
+    return f"cuda:{s}" if s.isdigit() else s
+
+
+def budgets(caps: Capabilities, max_memory: Mapping[Any, Any] | None) -> dict[str, int]:
+    """Bytes each device may hold: the GPU's free memory (total when unknown), the host's memory for "cpu";
+    ``max_memory`` entries replace them."""
+    out = {f"cuda:{g.index}": g.available_memory for g in caps.gpus}
+    if caps.host_memory:
+        out["cpu"] = caps.host_memory
+    for k, v in (max_memory or {}).items():
+        key = _key(k)
+        if key.startswith("cuda:") and key not in out:
+            raise DeviceSelectionError(
+                f"max_memory names {key}, which is not visible (visible: {sorted(out)})",
+                fix="use the indices torch sees (cuda:0.. under CUDA_VISIBLE_DEVICES)",
+            )
+        out[key] = parse_size(v)
+    return out
+
+
+def _gpu_line(g: GPU, caps: Capabilities) -> str:
+    line = f"cuda:{g.index} = {g.name} (sm{g.sm}, {g.total_memory / GiB:.1f} GiB)"
+    cvd = caps.env_dict.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and g.nvml_index is not None and g.nvml_index != g.index:
+        line += f"; nvidia-smi calls it GPU {g.nvml_index} (CUDA_VISIBLE_DEVICES={cvd} renumbers from 0)"
+    return line
+
+
+def _one(dev: str, bd: Breakdown, budget: dict[str, int], gpu: bool) -> Fit:
+    need = bd.model_bytes + bd.every_device + (CUDA_CONTEXT_BYTES if gpu else 0)
+    have = budget.get(dev)
+    if have is not None and need > have:
+        return Fit(
+            False,
+            per_device={dev: need},
+            budget={dev: have},
+            shortfall=need - have,
+            reasons=(f"{dev}: needs {need / GiB:.2f} GiB, has {have / GiB:.2f} GiB",),
+        )
+    return Fit(True, per_device={dev: need}, budget={dev: have if have is not None else need})
+
+
+def _assign(caps_layers: list[int], total: int) -> list[int] | None:
+    """Spread ``total`` layers as evenly as the capacities allow (water-filling); None if they cannot."""
+    if sum(max(c, 0) for c in caps_layers) < total:
+        return None
+    got = [0] * len(caps_layers)
+    for _ in range(total):
+        open_ = [i for i, c in enumerate(caps_layers) if got[i] < c]
+        i = min(open_, key=lambda j: (got[j], j))
+        got[i] += 1
+    return got
+
+
+def _split(
+    devs: list[str], bd: Breakdown, budget: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]] | None:
+    """(per-device bytes, per-device weight room for from_pretrained's max_memory) or None."""
+    n = len(devs)
+    fixed = [
+        CUDA_CONTEXT_BYTES
+        + bd.every_device
+        + (bd.first_bytes if i == 0 else 0)
+        + (bd.last_bytes if i == n - 1 else 0)
+        for i in range(n)
+    ]
+    room = [budget[d] - f for d, f in zip(devs, fixed, strict=True)]
+    if any(r < 0 for r in room):
+        return None
+    lb = max(bd.layer_bytes, 1)
+    got = _assign([r // lb for r in room], bd.layers)
+    if got is None:
+        return None
+    per = {d: fixed[i] + got[i] * bd.layer_bytes for i, d in enumerate(devs)}
+    # from_pretrained's max_memory bounds weights only: give it each device's budget minus what is not weights
+    nonweight = bd.layer_bytes - bd.layer_weight_bytes
+    mm = {
+        d: budget[d] - CUDA_CONTEXT_BYTES - bd.every_device - got[i] * nonweight for i, d in enumerate(devs)
+    }
+    return per, mm
+
+
+def place(
+    caps: Capabilities,
+    bd: Breakdown,
+    *,
+    device_map: Any = None,
+    max_memory: Mapping[Any, Any] | None = None,
+    allow_offload: bool = False,
+    split: bool = True,
+) -> Fit:
+    """Place ``bd`` (a memory breakdown) on ``caps``. ``split`` False: one GPU only (a rung of the ladder)."""
+    budget = budgets(caps, max_memory)
+    gpus = list(caps.gpus)
+
+    if (isinstance(device_map, str) and device_map == "cpu") or not gpus:
+        f = _one("cpu", bd, budget, gpu=False)
+        why = "device_map='cpu' requested" if gpus else "no GPU visible: the model runs on the CPU"
+        if not f.ok:
+            if allow_offload:
+                pl = Placement(
+                    "auto",
+                    ("cpu", "disk"),
+                    offload=True,
+                    max_memory={"cpu": budget["cpu"]},
+                    reasons=(why, "does not fit in host memory: the rest is offloaded to disk"),
+                )
+                need = f.per_device["cpu"]
+                return Fit(
+                    True,
+                    pl,
+                    {"cpu": budget["cpu"], "disk": need - budget["cpu"]},
+                    {"cpu": budget["cpu"], "disk": need - budget["cpu"]},
+                )
+            return f
+        return Fit(True, Placement("cpu", ("cpu",), reasons=(why,)), f.per_device, f.budget)
+
+    dist = caps.distributed
+    if dist.active:
+        lr = dist.local_rank if dist.local_rank is not None else 0
+        gpu = next((g for g in gpus if g.index == lr), None)
+        if gpu is None:
+            raise DeviceSelectionError(
+                f"LOCAL_RANK={lr} but this process sees {len(gpus)} GPU(s)",
+                fix="launch at most one process per visible GPU (torchrun --nproc-per-node), "
+                "or widen CUDA_VISIBLE_DEVICES",
+            )
+        dev = f"cuda:{gpu.index}"
+        f = _one(dev, bd, budget, gpu=True)
+        if not f.ok:
+            return f
+        return Fit(
+            True,
+            Placement(
+                dev,
+                (dev,),
+                reasons=(
+                    f"torchrun rank {dist.rank} of {dist.world_size}: each process loads onto "
+                    f"cuda:LOCAL_RANK ({dev}); never the global RANK, never device_map='auto' "
+                    "(every rank would spread over all GPUs)",
+                    _gpu_line(gpu, caps),
+                ),
+            ),
+            f.per_device,
+            f.budget,
+        )
+
+    explicit_single = None
+    if isinstance(device_map, int) and not isinstance(device_map, bool):
+        explicit_single = device_map
+    elif isinstance(device_map, str) and re.fullmatch(r"cuda(:\d+)?", device_map):
+        explicit_single = int(device_map.split(":")[1]) if ":" in device_map else gpus[0].index
+    if explicit_single is not None:
+        gpu = caps.gpu(explicit_single)
+        dev = f"cuda:{gpu.index}"
+        f = _one(dev, bd, budget, gpu=True)
+        return (
+            Fit(
+                True,
+                Placement(dev, (dev,), reasons=("device requested explicitly", _gpu_line(gpu, caps))),
+                f.per_device,
+                f.budget,
+            )
+            if f.ok
+            else f
+        )
+
+    fails: list[str] = []
+    tight = 0
+    if not isinstance(device_map, (str, dict)):
+        # one GPU: the one with the most memory available (ties: the lowest index)
+        best = max(gpus, key=lambda g: (budget[f"cuda:{g.index}"], -g.index))
+        dev = f"cuda:{best.index}"
+        f = _one(dev, bd, budget, gpu=True)
+        if f.ok:
+            one = [f"fits on one GPU: {dev}", _gpu_line(best, caps)]
+            if len(gpus) > 1:
+                one.append(f"{len(gpus)} GPUs visible; one is enough and avoids cross-device hops")
+            return Fit(True, Placement(dev, (dev,), reasons=tuple(one)), f.per_device, f.budget)
+        fails.extend(f.reasons)
+        tight = f.shortfall
+        if not split:
+            return Fit(False, reasons=tuple(fails), shortfall=tight)
+
+    devs = [f"cuda:{g.index}" for g in gpus]
+    if isinstance(device_map, dict):
+        used = sorted({_key(v) for v in device_map.values()})
+        devs = [d for d in devs if d in used]
+    if len(devs) > 1 or isinstance(device_map, (str, dict)):
+        sp = _split(devs, bd, budget)
+        if sp is not None:
+            per, mm = sp
+            dm: Any = device_map if device_map is not None else "balanced"
+            pl = Placement(
+                dm,
+                tuple(devs),
+                max_memory={d.removeprefix("cuda:"): v for d, v in mm.items()},
+                reasons=(
+                    f"split over {len(devs)} GPUs, layers balanced within each device's budget",
+                    *(_gpu_line(g, caps) for g in gpus if f"cuda:{g.index}" in devs),
+                ),
+            )
+            return Fit(True, pl, per, {d: budget[d] for d in devs})
+        total = bd.model_bytes + len(devs) * (CUDA_CONTEXT_BYTES + bd.every_device)
+        room = sum(budget[d] for d in devs)
+        fails.append(
+            f"split over {len(devs)} GPUs: needs ~{total / GiB:.2f} GiB, they hold {room / GiB:.2f} GiB"
+        )
+        tight = max(total - room, 1)
+
+    if allow_offload and "cpu" in budget:
+        # GPUs take what fits, the CPU (then disk) the rest; accelerate moves offloaded layers in on use
+        lb = max(bd.layer_bytes, 1)
+        off: dict[str, int] = {}
+        first_left = False
+        left = bd.layers
+        mm2: dict[str, int] = {}
+        for i, d in enumerate(devs):
+            fixed = CUDA_CONTEXT_BYTES + bd.every_device + (bd.first_bytes if i == 0 else 0)
+            n = max(min((budget[d] - fixed) // lb, left), 0)
+            if budget[d] < fixed:
+                if i == 0:
+                    first_left = True
+                continue
+            off[d] = fixed + n * bd.layer_bytes
+            mm2[d.removeprefix("cuda:")] = budget[d] - CUDA_CONTEXT_BYTES - bd.every_device
+            left -= n
+        cpu_need = left * bd.layer_bytes + bd.last_bytes + (bd.first_bytes if first_left else 0)
+        bud = {d: budget[d] for d in off}
+        if cpu_need <= budget["cpu"]:
+            off["cpu"] = cpu_need
+            bud["cpu"] = budget["cpu"]
+            devices = (*off,)
+        else:
+            off["cpu"] = budget["cpu"]
+            off["disk"] = cpu_need - budget["cpu"]
+            bud["cpu"] = budget["cpu"]
+            bud["disk"] = off["disk"]
+            devices = (*off,)
+        mm2["cpu"] = budget["cpu"]
+        pl = Placement(
+            "auto",
+            tuple(devices),
+            offload=True,
+            max_memory=mm2,
+            reasons=(
+                *fails,
+                f"offload allowed: {left} of {bd.layers} layers go to "
+                f"{'CPU and disk' if 'disk' in off else 'CPU'}"
+                " memory and are copied in on every forward (much slower)",
+            ),
+        )
+        return Fit(True, pl, off, bud)
+    return Fit(False, reasons=tuple(fails), shortfall=tight)
