@@ -152,8 +152,9 @@ def fit(
             cands[m].append(f"fits: {f.placement.reasons[0]}")
         else:
             cands[m].extend(f.reasons)
-    if result is None and allow_offload:
-        method = None if "none" in methods else methods[-1]
+    usable = [m for m in methods if m == "none" or not bnb]
+    if result is None and allow_offload and usable:
+        method = None if "none" in usable else usable[-1]
         bd = breakdown(
             info,
             dtype=dtype,

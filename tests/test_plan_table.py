@@ -1,0 +1,499 @@
+"""The planner's decision table: (hardware, model, intent, packages) -> the decision and its reason."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cudaload.capabilities import GPU, Capabilities, Distributed
+from cudaload.errors import CudaloadError, DoesNotFitError, InvalidChoiceError
+from cudaload.planner import plan
+from cudaload.plans import Plan
+from cudaload.profiles import hardware
+from cudaload.testing import full_config
+
+CPU = Capabilities(source="test:cpu", host_memory=64 << 30)
+
+
+def hw(name: str, installed: tuple[str, ...] = (), missing: tuple[str, ...] = ()) -> Capabilities:
+    caps = hardware(name)
+    return caps.with_packages(installed, missing) if installed or missing else caps
+
+
+def reasons(p: Plan, field: str, name: str) -> str:
+    d = getattr(p, field)
+    c = d.candidate(name)
+    assert c is not None, f"{name} not among {field} candidates"
+    return " ".join(c.reasons)
+
+
+# (id, profile, shape, intent, installed packages, kwargs, field, expected choice, text in the reasons)
+TABLE: list[tuple[str, str, str, str, tuple[str, ...], dict[str, Any], str, Any, str]] = [
+    ("h200-bf16", "H200", "Qwen3-8B", "inference", (), {}, "dtype", "bfloat16", "native"),
+    ("t4-fp16", "T4", "Qwen3-0.6B", "inference", (), {}, "dtype", "float16", "no native bf16"),
+    ("v100-fp16", "V100-32GB", "Qwen3-0.6B", "inference", (), {}, "dtype", "float16", "no native bf16"),
+    ("h200-sdpa-no-flash", "H200", "Qwen3-8B", "inference", (), {}, "attention", "sdpa", "no extra package"),
+    (
+        "h200-fa3-first",
+        "H200",
+        "Qwen3-8B",
+        "inference",
+        ("flash-attn-3", "flash-attn-4", "flash-attn"),
+        {},
+        "attention",
+        "flash_attention_3",
+        "Hopper",
+    ),
+    (
+        "h200-fa4-before-fa2",
+        "H200",
+        "Qwen3-8B",
+        "inference",
+        ("flash-attn-4", "flash-attn"),
+        {},
+        "attention",
+        "flash_attention_4",
+        "usable",
+    ),
+    (
+        "b200-fa4-first",
+        "B200",
+        "Qwen3-8B",
+        "inference",
+        ("flash-attn", "flash-attn-4"),
+        {},
+        "attention",
+        "flash_attention_4",
+        "Blackwell",
+    ),
+    (
+        "a100-fa2",
+        "A100-80GB",
+        "Qwen3-8B",
+        "inference",
+        ("flash-attn", "flash-attn-4"),
+        {},
+        "attention",
+        "flash_attention_2",
+        "Ampere",
+    ),
+    ("l4-fa2", "L4", "Qwen3-0.6B", "inference", ("flash-attn",), {}, "attention", "flash_attention_2", "Ada"),
+    (
+        "t4-sdpa",
+        "T4",
+        "Qwen3-0.6B",
+        "inference",
+        ("flash-attn",),
+        {},
+        "attention",
+        "sdpa",
+        "no extra package",
+    ),
+    (
+        "h200-fa3-training",
+        "H200",
+        "Qwen3-0.6B",
+        "training",
+        ("flash-attn-3",),
+        {},
+        "attention",
+        "flash_attention_3",
+        "usable",
+    ),
+    (
+        "gemma-softcap-flex",
+        "H200",
+        "Gemma-2-9B",
+        "inference",
+        (),
+        {},
+        "attention",
+        "flex_attention",
+        "soft-capping",
+    ),
+    (
+        "gemma-softcap-t4-eager",
+        "T4",
+        "Gemma-2-9B",
+        "inference",
+        ("bitsandbytes",),
+        {},
+        "attention",
+        "eager",
+        "soft-capping exactly",
+    ),
+    (
+        "gemma-fa2-hd256",
+        "A100-80GB",
+        "Gemma-2-9B",
+        "inference",
+        ("flash-attn",),
+        {},
+        "attention",
+        "flash_attention_2",
+        "usable",
+    ),
+    ("70b-one-h200", "H200", "Llama-3.1-70B", "inference", (), {}, "quantization", None, "fits on one GPU"),
+    (
+        "70b-split",
+        "2xH100-SXM",
+        "Llama-3.1-70B",
+        "inference",
+        (),
+        {},
+        "quantization",
+        None,
+        "split over 2 GPUs",
+    ),
+    (
+        "70b-nf4-h100",
+        "H100-SXM",
+        "Llama-3.1-70B",
+        "inference",
+        ("bitsandbytes",),
+        {},
+        "quantization",
+        "nf4",
+        "does not fit",
+    ),
+    (
+        "8b-int8-t4",
+        "T4",
+        "Qwen3-8B",
+        "inference",
+        ("bitsandbytes",),
+        {"seq_len": 1024},
+        "quantization",
+        "int8",
+        "does not fit",
+    ),
+    (
+        "qlora-t4",
+        "T4",
+        "Qwen3-8B",
+        "qlora",
+        ("bitsandbytes",),
+        {"seq_len": 512},
+        "quantization",
+        "nf4",
+        "fits",
+    ),
+    ("lora-h200", "H200", "Qwen3-8B", "lora", (), {}, "quantization", None, "fits"),
+]
+
+
+@pytest.mark.parametrize(
+    ("profile", "shape", "intent", "pkgs", "kw", "field", "choice", "why"),
+    [t[1:] for t in TABLE],
+    ids=[t[0] for t in TABLE],
+)
+def test_table(
+    profile: str,
+    shape: str,
+    intent: str,
+    pkgs: tuple[str, ...],
+    kw: dict[str, Any],
+    field: str,
+    choice: Any,
+    why: str,
+) -> None:
+    p = plan(full_config(shape), hardware=hw(profile, pkgs), intent=intent, **kw)
+    d = getattr(p, field)
+    assert d.choice == choice, p.explain()
+    text = " ".join(d.reasons) + " " + " ".join(" ".join(c.reasons) for c in d.candidates)
+    text += " " + " ".join(p.placement.reasons)
+    assert why in text, p.explain()
+
+
+def test_cpu_plan_is_fp32_sdpa_one_clear_line(tiny_model: Any) -> None:
+    p = plan(tiny_model("qwen3"), hardware=CPU)
+    assert (p.dtype.choice, p.attention.choice, p.placement.device_map) == ("float32", "sdpa", "cpu")
+    assert p.placement.reasons == ("no GPU visible: the model runs on the CPU",)
+    assert "no GPU" in reasons(p, "attention", "flash_attention_2")
+    assert p.load_path.choice == "from_pretrained"
+
+
+def test_rejections_keep_their_reasons() -> None:
+    p = plan(full_config("Qwen3-0.6B"), hardware=hw("T4", ("flash-attn",)))
+    assert "sm80" in reasons(p, "attention", "flash_attention_2")
+    assert "Hopper" in reasons(p, "attention", "flash_attention_3")
+    assert "not installed" in reasons(p, "attention", "flash_attention_4")
+    assert "no native bf16" in reasons(p, "dtype", "bfloat16")
+
+
+def test_flash_needs_half_precision() -> None:
+    p = plan(full_config("Qwen3-0.6B"), hardware=hw("H200", ("flash-attn-3",)), dtype="float32")
+    assert p.attention.choice == "sdpa"
+    assert "float16 or bfloat16" in reasons(p, "attention", "flash_attention_3")
+
+
+def test_head_dim_limit_fa4_blackwell() -> None:
+    caps = Capabilities(source="t", gpus=(GPU(0, "B200", (10, 0), 180 << 30),)).with_packages(
+        ["flash-attn-4"]
+    )
+    cfg = full_config("Qwen3-0.6B")
+    cfg.head_dim = 192
+    p = plan(cfg, hardware=caps)
+    assert "8..128 or exactly 256" in reasons(p, "attention", "flash_attention_4")
+    cfg.head_dim = 512
+    p = plan(cfg, hardware=hw("H200", ("flash-attn",)))
+    assert "256" in reasons(p, "attention", "flash_attention_2")
+
+
+def test_forward_only_hub_kernel_rejected_for_training() -> None:
+    p = plan(full_config("Qwen3-0.6B"), hardware=hw("H200"), intent="training")
+    assert "forward-only" in reasons(p, "attention", "kernels-community/vllm-flash-attn3")
+
+
+def test_explicit_attention_honoured_or_refused() -> None:
+    p = plan(full_config("Qwen3-0.6B"), hardware=hw("H200", ("flash-attn",)), attn="flash_attention_2")
+    assert p.attention.choice == "flash_attention_2" and p.attention.explicit
+    assert plan(full_config("Qwen3-0.6B"), hardware=hw("H200"), attn="eager").attention.choice == "eager"
+    with pytest.raises(InvalidChoiceError) as e:
+        plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), attn="flash_attention_2")
+    assert "sm80" in str(e.value) and "not installed" in str(e.value)
+    with pytest.raises(InvalidChoiceError):
+        plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), attn="flash_attention_9")
+
+
+def test_explicit_dtype() -> None:
+    assert plan(full_config("Qwen3-0.6B"), hardware=hw("H200"), dtype="fp16").dtype.choice == "float16"
+    with pytest.raises(InvalidChoiceError) as e:
+        plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), dtype="bf16")
+    assert "emulates" in str(e.value)
+    with pytest.raises(InvalidChoiceError):
+        plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), dtype="int3")
+
+
+def test_checkpoint_dtype_respected() -> None:
+    cfg = full_config("Qwen3-0.6B")
+    cfg.dtype = "float16"
+    p = plan(cfg, hardware=hw("H200"))
+    assert p.dtype.choice == "float16" and "stored in float16" in p.dtype.reasons[0]
+
+
+def test_gemma_fp16_warns_with_fp32_alternative() -> None:
+    p = plan(full_config("Gemma-2-9B"), hardware=hw("T4", ("bitsandbytes",)))
+    assert p.dtype.choice == "float16"
+    assert any("overflow" in w and "float32" in w for w in p.warnings)
+    assert not any("overflow" in w for w in plan(full_config("Gemma-2-9B"), hardware=hw("H200")).warnings)
+
+
+def test_qlora_config_is_explicit() -> None:
+    p = plan(full_config("Qwen3-8B"), hardware=hw("A10G", ("bitsandbytes",)), intent="qlora", seq_len=512)
+    assert p.quantization_config == {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+    }
+    assert p.peft == {
+        "r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.05,
+        "target_modules": "all-linear",
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+    assert p.memory.terms["adapters"] > 0 and p.memory.terms["kv_cache"] == 0
+    t4 = plan(full_config("Qwen3-0.6B"), hardware=hw("T4", ("bitsandbytes",)), intent="qlora")
+    assert (
+        t4.quantization_config is not None and t4.quantization_config["bnb_4bit_compute_dtype"] == "float16"
+    )
+
+
+def test_quantization_rules() -> None:
+    with pytest.raises(InvalidChoiceError):
+        plan(
+            full_config("Qwen3-0.6B"),
+            hardware=hw("H200", ("bitsandbytes",)),
+            intent="training",
+            quantization="nf4",
+        )
+    with pytest.raises(InvalidChoiceError) as e:
+        plan(full_config("Qwen3-0.6B"), hardware=hw("H200", missing=("bitsandbytes",)), quantization="int8")
+    assert "bitsandbytes is not installed" in str(e.value)
+    p = plan(full_config("Qwen3-0.6B"), hardware=hw("H200", ("bitsandbytes",)), quantization="int8")
+    assert p.quantization.choice == "int8" and p.quantization.explicit
+    with pytest.raises(CudaloadError) as e2:
+        plan(full_config("Qwen3-0.6B"), hardware=hw("H200", missing=("bitsandbytes",)), intent="qlora")
+    assert "bitsandbytes" in str(e2.value)
+
+
+def test_does_not_fit_says_what_would() -> None:
+    with pytest.raises(DoesNotFitError) as e:
+        plan(full_config("Llama-3.1-70B"), hardware=hw("H100-SXM", missing=("bitsandbytes",)))
+    msg = str(e.value)
+    assert "GPUs like" in msg and "allow_offload" in msg
+    with pytest.raises(DoesNotFitError) as e:
+        plan(
+            full_config("Qwen3-8B"),
+            hardware=hw("A100-80GB", ("bitsandbytes",)),
+            intent="training",
+            seq_len=2048,
+        )
+    assert "qlora" in str(e.value)
+    with pytest.raises(DoesNotFitError) as e:
+        plan(full_config("Qwen3-8B"), hardware=hw("T4", missing=("bitsandbytes",)), seq_len=40960)
+    assert "GPUs like" in str(e.value)
+
+
+def test_shorter_sequence_is_suggested() -> None:
+    caps = Capabilities(source="t", gpus=(GPU(0, "X", (9, 0), 20 << 30),))
+    with pytest.raises(DoesNotFitError) as e:
+        plan(full_config("Qwen3-8B"), hardware=caps, seq_len=40960, quantization="none")
+    assert "seq_len <= " in str(e.value)
+
+
+def test_offload_only_when_allowed() -> None:
+    caps = replace(hw("T4", missing=("bitsandbytes",)), host_memory=512 << 30)
+    with pytest.raises(DoesNotFitError):
+        plan(full_config("Qwen3-8B"), hardware=caps)
+    p = plan(full_config("Qwen3-8B"), hardware=caps, allow_offload=True)
+    assert p.placement.offload and "cpu" in p.placement.devices
+    assert p.load_path.choice == "from_pretrained" and any("offload" in w for w in p.warnings)
+
+
+def test_split_budgets_and_balance() -> None:
+    p = plan(full_config("Llama-3.1-70B"), hardware=hw("4xA100-80GB"))
+    assert p.placement.device_map == "balanced"
+    assert p.placement.devices == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
+    assert p.placement.max_memory is not None and set(p.placement.max_memory) == {"0", "1", "2", "3"}
+    used = [p.memory.per_device[d] for d in p.placement.devices]
+    assert max(used) - min(used) < 0.1 * max(used)  # balanced, not filled in order
+    assert all(p.memory.per_device[d] <= p.memory.budget[d] for d in p.memory.per_device)
+
+
+def test_max_memory_limits_the_plan() -> None:
+    p = plan(full_config("Qwen3-0.6B"), hardware=hw("H200"), max_memory={0: "4GiB"})
+    assert p.memory.budget["cuda:0"] == 4 << 30
+    with pytest.raises(DoesNotFitError):
+        plan(full_config("Qwen3-8B"), hardware=hw("H200", missing=("bitsandbytes",)), max_memory={0: "4GiB"})
+
+
+def test_torchrun_uses_local_rank() -> None:
+    caps = replace(
+        hw("2xH100-SXM"), distributed=Distributed(local_rank=1, rank=3, world_size=4, local_world_size=2)
+    )
+    p = plan(full_config("Qwen3-0.6B"), hardware=caps)
+    assert p.placement.device_map == "cuda:1" and p.placement.devices == ("cuda:1",)
+    assert "LOCAL_RANK" in p.placement.reasons[0]
+
+
+def test_torchrun_never_splits() -> None:
+    caps = replace(
+        hw("2xH100-SXM", missing=("bitsandbytes",)),
+        distributed=Distributed(local_rank=0, rank=0, world_size=2, local_world_size=2),
+    )
+    with pytest.raises(DoesNotFitError):
+        plan(full_config("Llama-3.1-70B"), hardware=caps)
+
+
+def test_picks_the_gpu_with_room_and_names_it_under_cvd() -> None:
+    caps = Capabilities(
+        source="t",
+        env=(("CUDA_VISIBLE_DEVICES", "2,3"),),
+        gpus=(
+            GPU(0, "H100", (9, 0), 80 << 30, free_memory=1 << 30, nvml_index=2),
+            GPU(1, "H100", (9, 0), 80 << 30, free_memory=79 << 30, nvml_index=3),
+        ),
+    )
+    p = plan(full_config("Qwen3-0.6B"), hardware=caps)
+    assert p.placement.device_map == "cuda:1"
+    assert "nvidia-smi calls it GPU 3" in " ".join(p.placement.reasons)
+
+
+def test_load_path(tiny_model: Any) -> None:
+    path = tiny_model("qwen3")
+    assert plan(path, hardware=hw("H200")).load_path.choice == "fast"
+    q = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4")
+    assert q.load_path.choice == "from_pretrained" and "bitsandbytes" in q.load_path.reasons[0]
+    assert (
+        "not a local directory" in plan(full_config("Qwen3-0.6B"), hardware=hw("H200")).load_path.reasons[0]
+    )
+
+
+def test_json_round_trip_and_schema_keys(tiny_model: Any) -> None:
+    p = plan(tiny_model("gemma2"), hardware=hw("A100-80GB", ("flash-attn", "bitsandbytes")), intent="qlora")
+    assert Plan.from_json(p.to_json()) == p
+    d = json.loads(p.to_json())
+    for key in (
+        "model",
+        "hardware",
+        "dtype",
+        "attention",
+        "quantization",
+        "placement",
+        "memory",
+        "kernels",
+        "warnings",
+        "load_path",
+    ):
+        assert key in d
+    assert {"type", "params", "layers", "head_dim"} <= set(d["model"])
+    assert {"choice", "candidates"} <= set(d["attention"])
+    assert d["quantization"]["method"] == "nf4"
+    assert {"device_map", "devices", "offload"} <= set(d["placement"])
+    assert all(isinstance(v, int) for v in d["memory"]["terms"].values())
+
+
+def test_deterministic() -> None:
+    a = plan(full_config("Qwen3-30B-A3B"), hardware=hw("2xA100-80GB", ("bitsandbytes",)))
+    b = plan(full_config("Qwen3-30B-A3B"), hardware=hw("2xA100-80GB", ("bitsandbytes",)))
+    assert a.to_json() == b.to_json()
+
+
+def test_70b_plans_fast() -> None:
+    plan(full_config("Llama-3.1-70B"), hardware=hw("8xH100-SXM"))  # warm imports
+    cfg = full_config("Llama-3.1-70B")
+    cfg.num_hidden_layers = 81  # a config never counted before: no cache hit
+    t = time.perf_counter()
+    plan(cfg, hardware=hw("8xH100-SXM"))
+    assert time.perf_counter() - t < 0.5
+
+
+def test_explain_mentions_choices_rejections_memory_warnings() -> None:
+    p = plan(full_config("Gemma-2-9B"), hardware=hw("T4", ("bitsandbytes",)))
+    text = p.explain()
+    for s in (
+        "dtype: float16",
+        "attention: eager",
+        "no sdpa",
+        "quantization: nf4",
+        "kv_cache",
+        "cuda_context",
+        "on cuda:0",
+        "warnings:",
+        "overflow",
+    ):
+        assert s in text, s
+
+
+def test_cli_plan(tiny_model: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from cudaload.cli import main
+
+    path = str(Path(tiny_model("qwen3")) / "config.json")
+    assert main(["plan", path, "--hardware", "H200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"]["choice"] == "bfloat16"
+    assert main(["plan", path, "--hardware", "T4", "--dtype", "bf16"]) == 2
+    assert "emulates" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "plan",
+                path,
+                "--hardware",
+                "T4",
+                "--assume-installed",
+                "flash-attn",
+                "--attn",
+                "flash_attention_2",
+            ]
+        )
+        == 2
+    )
