@@ -632,7 +632,7 @@ def plan_kernels(
     device = "cuda" if caps.has_gpu and caps.torch_cuda_version else "cpu"
     class_name = model_class_name or getattr(summary, "architecture", None)
     plan: dict[str, Any] = {
-        "version": KERNELS_PLAN_VERSION, "enabled": False, "request": request, "device": device,
+        "version": KERNELS_PLAN_VERSION, "use_kernels": False, "requested": request, "device": device,
         "mode": mode, "model_class": class_name, "registered_layers": [], "use_local_kernel": False,
         "inherit_mapping": False, "apply": "kernel_config" if device == "cuda" else "kernelize",
         "entries": [], "mapping": {}, "lock": {}, "reasons": [],
@@ -683,7 +683,7 @@ def plan_kernels(
     if not accepted:
         reasons.append("no kernel passed preflight; loading without kernels")
         return plan
-    plan["enabled"] = True
+    plan["use_kernels"] = True
     for e in accepted:
         plan["mapping"][e["layer"]] = _mapping_value(e)
         if not e["local"] and e["pinned"]:
@@ -754,7 +754,9 @@ def build_kernel_config(kernels_plan: Mapping[str, Any]) -> Any:
     """A fresh ``transformers.KernelConfig`` for the plan (from_pretrained consumes it), or None when the
     plan uses no kernels or applies them by ``kernelize`` after loading (CPU: transformers' KernelConfig
     knows no cpu device; see :func:`apply_kernels`). Validated here, not inside ``from_pretrained``."""
-    if not kernels_plan or not kernels_plan.get("enabled") or kernels_plan.get("apply") != "kernel_config":
+    if not kernels_plan or not kernels_plan.get("use_kernels"):
+        return None
+    if kernels_plan.get("apply") != "kernel_config":
         return None
     mapping = _validate(kernels_plan)
     if not mapping:
@@ -797,14 +799,23 @@ def apply_kernels(model: Any, kernels_plan: Mapping[str, Any], *, device: str | 
 
     The route for plans whose ``apply`` is ``"kernelize"`` (CPU); also usable on CUDA. Returns the model.
     """
-    if not kernels_plan.get("enabled"):
+    if not kernels_plan.get("use_kernels"):
         return model
     from kernels import Mode, kernelize, use_kernel_mapping
 
     mode = Mode.TRAINING if kernels_plan.get("mode") == "training" else Mode.INFERENCE
     dev = device or str(kernels_plan.get("device", "cuda"))
-    with use_kernel_mapping(kernel_mapping(kernels_plan, device=dev), inherit_mapping=False):
-        kernelize(model, mode=mode, device=dev, use_fallback=False)
+    mapping = kernel_mapping(kernels_plan, device=dev)
+    try:
+        with use_kernel_mapping(mapping, inherit_mapping=False):
+            # use_fallback=True: layers the plan maps nothing to keep their forward; a planned kernel that
+            # fails to load is an error (preflight passed it), not a silent fallback.
+            kernelize(model, mode=mode, device=dev, use_fallback=True)
+    except Exception as e:
+        from .errors import LoadError
+
+        raise LoadError(f"kernelize failed for the planned kernels ({', '.join(mapping)}): {e}",
+                        fix="plan with kernels=False, or fix the kernel named above") from e
     return model
 
 
