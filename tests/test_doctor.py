@@ -100,11 +100,10 @@ def test_cli_exit_status(tmp_path: Path) -> None:
     caps = load("mig_a100.json").to_dict()
     caps["findings"].append({"code": "cvd-duplicate", "message": "dup", "fix": "once", "severity": "error"})
     bad.write_text(Capabilities.from_dict(caps).to_json())
-    run = lambda p: subprocess.run(
-        [sys.executable, "-m", "cudaload", "doctor", "--hardware", str(p)],  # noqa: E731
-        capture_output=True,
-        text=True,
-    )
+    def run(p: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "cudaload", "doctor", "--hardware", str(p)]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
     assert run(FIX / "mig_a100.json").returncode == 0
     assert run(bad).returncode == 1
 
