@@ -159,7 +159,8 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
         kw["attn_implementation"] = plan.attention.choice
     kw["device_map"] = plan.placement.device_map
     if plan.placement.max_memory:
-        kw["max_memory"] = dict(plan.placement.max_memory)
+        # the plan keys GPUs as strings ("0") to survive JSON; accelerate only treats int keys as GPUs
+        kw["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in plan.placement.max_memory.items()}
     if plan.quantization.choice and plan.quantization_config is not None:
         from transformers import BitsAndBytesConfig
 
