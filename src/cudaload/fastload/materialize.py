@@ -1,18 +1,18 @@
-"""Build the model skeleton on the meta device, give each tensor real storage on the target device, fill it from
-the checkpoint, and finish the way ``from_pretrained`` finishes.
+"""Build the model skeleton on the meta device, give each tensor real storage on the target device, fill
+it from the checkpoint, and finish the way ``from_pretrained`` finishes.
 
 Every step that decides *what* the model holds is transformers' own, called rather than re-implemented, so the
 result matches ``from_pretrained(path, dtype=..., device_map=device)`` bit for bit:
 
-- construction: ``cls.get_init_context(dtype, ...)`` (meta device, default dtype, no tying during ``__init__``)
+- construction: ``cls.get_init_context(dtype, ...)`` (meta device, default dtype, no tying in ``__init__``)
   and ``cls(config)``, as ``from_pretrained`` does;
 - checkpoint key renames: ``get_model_conversion_mapping`` + ``rename_source_key`` (prefixes for base vs head
-  classes, legacy ``gamma``/``beta``, per-model renames). A key that needs a *converter* (tensors fused or split,
-  e.g. MoE experts stacked into one parameter) is out of scope: :func:`plan_keys` reports it unsupported;
+  classes, legacy ``gamma``/``beta``, per-model renames). A key that needs a *converter* (tensors fused or
+  split, e.g. MoE experts stacked into one parameter) is out of scope: :func:`plan_keys` reports it;
 - dtypes: the skeleton's dtype, or float32 where ``_get_dtype_plan`` keeps a module in float32;
-- finishing: loaded tensors are flagged ``_is_hf_initialized``, tied targets too, then ``initialize_weights()``
-  initialises exactly what is missing and recomputes non-persistent buffers (rotary ``inv_freq``, BERT's
-  ``position_ids``), ``tie_weights(missing_keys=...)`` ties (symmetrically, as in ``from_pretrained``).
+- finishing: loaded tensors are flagged ``_is_hf_initialized``, tied targets too, then
+  ``initialize_weights()`` initialises exactly what is missing and recomputes non-persistent buffers
+  (rotary ``inv_freq``, BERT's ``position_ids``), ``tie_weights(missing_keys=...)`` ties (symmetrically, as in ``from_pretrained``).
 
 Nothing of transformers is patched: these are the methods ``from_pretrained`` itself calls.
 """
@@ -40,10 +40,21 @@ logger = logging.getLogger(__name__)
 
 #: safetensors dtype string -> torch dtype name
 _TORCH_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
-    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
 }
 
 
@@ -79,7 +90,9 @@ def read_config(path: str | os.PathLike[str], **kwargs: Any) -> tuple[Any, dict[
         # unknown model_type, or an auto_map that needs remote code
         raise CheckpointError(f"cannot read the config in {path}: {e}", fix="check config.json") from e
     except OSError as e:
-        raise CheckpointError(f"no readable config.json in {path}: {e}", fix="check the checkpoint directory") from e
+        raise CheckpointError(
+            f"no readable config.json in {path}: {e}", fix="check the checkpoint directory"
+        ) from e
     return config, dict(unused)
 
 
@@ -89,11 +102,13 @@ def model_class(config: Any, auto_class: str) -> Any:
     auto = getattr(transformers, auto_class, None)
     mapping = getattr(auto, "_model_mapping", None)
     if mapping is None:
-        raise ConfigurationError(f"{auto_class!r} is not a transformers auto class", fix="use e.g. AutoModelForCausalLM")
+        raise ConfigurationError(
+            f"{auto_class!r} is not a transformers auto class", fix="use e.g. AutoModelForCausalLM"
+        )
     try:
         from transformers.models.auto.auto_factory import _get_model_class
 
-        return _get_model_class(config, mapping)
+        return _get_model_class(config, mapping)  # type: ignore[no-untyped-call]
     except KeyError:
         raise InvalidChoiceError(
             f"{auto_class} has no model for config type {type(config).__name__}",
@@ -183,10 +198,13 @@ def _set_tensor(model: Any, name: str, value: Any) -> None:
     setattr(parent, leaf, value)
 
 
-def allocate(model: Any, keys: KeyPlan, header: CheckpointHeader, device: torch.device,
-             dtype: torch.dtype) -> list[tuple[str, Any, TensorInfo]]:
+def allocate(
+    model: Any, keys: KeyPlan, header: CheckpointHeader, device: torch.device, dtype: torch.dtype
+) -> list[tuple[str, Any, TensorInfo]]:
     """Give every parameter and buffer of the skeleton uninitialised storage on ``device`` (tied targets the
-    checkpoint lacks stay on meta: ``tie_weights`` replaces them). Returns (model key, tensor, source) to fill."""
+    checkpoint lacks stay on meta: ``tie_weights`` replaces them).
+
+    Returns (model key, tensor, source) for every tensor to fill."""
     import torch
 
     fp32_re, fp32 = _dtype_plan_match(model, dtype)
@@ -238,13 +256,16 @@ def finish(model: Any, keys: KeyPlan, path: str | os.PathLike[str]) -> None:
     if model.can_generate():
         from transformers import GenerationConfig
 
-        try:
+        # no generation_config.json: keep the one derived from config.json, as from_pretrained does
+        with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(os.fspath(path))
-        except OSError:
-            pass  # no generation_config.json: keep the one derived from config.json, as from_pretrained does
     if missing:
-        logger.warning("%s: %d weights not in the checkpoint were newly initialised: %s", path, len(missing),
-                       sorted(missing)[:8])
+        logger.warning(
+            "%s: %d weights not in the checkpoint were newly initialised: %s",
+            path,
+            len(missing),
+            sorted(missing)[:8],
+        )
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -253,25 +274,39 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ConfigurationError(f"invalid device {device!r}: {e}", fix="use 'cuda:0', 'cuda:1' or 'cpu'") from None
+        raise ConfigurationError(
+            f"invalid device {device!r}: {e}", fix="use 'cuda:0', 'cuda:1' or 'cpu'"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigurationError(f"device {device!r} asked for but CUDA is not available", fix="use device='cpu'")
+            raise ConfigurationError(
+                f"device {device!r} asked for but CUDA is not available", fix="use device='cpu'"
+            )
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         if dev.index >= torch.cuda.device_count():
-            raise ConfigurationError(f"device {device!r}: only {torch.cuda.device_count()} GPUs are visible",
-                                     fix="pick a visible device index")
+            raise ConfigurationError(
+                f"device {device!r}: only {torch.cuda.device_count()} GPUs are visible",
+                fix="pick a visible device index",
+            )
     elif dev.type != "cpu":
-        raise ConfigurationError(f"fast loading supports cuda and cpu devices, not {dev.type!r}",
-                                 fix="use from_pretrained for this device")
+        raise ConfigurationError(
+            f"fast loading supports cuda and cpu devices, not {dev.type!r}",
+            fix="use from_pretrained for this device",
+        )
     return dev
 
 
 def load(
-    path: str | os.PathLike[str], *, auto_class: str = "AutoModelForCausalLM", device: str | torch.device = "cuda:0",
-    dtype: torch.dtype, attn_implementation: str | None = None, threads: int | None = None,
-    buffer_bytes: int | None = None, **from_config_kwargs: Any,
+    path: str | os.PathLike[str],
+    *,
+    auto_class: str = "AutoModelForCausalLM",
+    device: str | torch.device = "cuda:0",
+    dtype: torch.dtype,
+    attn_implementation: str | None = None,
+    threads: int | None = None,
+    buffer_bytes: int | None = None,
+    **from_config_kwargs: Any,
 ) -> Any:
     """Load a safetensors checkpoint straight into the model's parameter storage on ``device``."""
     import torch
@@ -283,14 +318,18 @@ def load(
     threads = threads or staging.default_threads()
     buffer_bytes = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
     if threads < 1 or buffer_bytes < 1 << 16:
-        raise ConfigurationError(f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
-                                 fix="use threads >= 1 and buffer_bytes >= 64 KiB")
+        raise ConfigurationError(
+            f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
+            fix="use threads >= 1 and buffer_bytes >= 64 KiB",
+        )
     header = read_header(path)  # every header check fails here, before any allocation
     root = header.root
     config, model_kwargs = read_config(root, **from_config_kwargs)
     reason = unsupported_config(config)
     if reason:
-        raise InvalidChoiceError(f"fast loading cannot take {root}: {reason}", fix="load it with from_pretrained")
+        raise InvalidChoiceError(
+            f"fast loading cannot take {root}: {reason}", fix="load it with from_pretrained"
+        )
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     cls = model_class(config, auto_class)
@@ -298,14 +337,16 @@ def load(
     keys = plan_keys(model, header)
     if keys.needs_conversion:
         raise InvalidChoiceError(
-            f"fast loading cannot take {root}: {len(keys.needs_conversion)} checkpoint tensors need transformers' "
+            f"fast loading cannot take {root}: {len(keys.needs_conversion)} checkpoint tensors need "
+            "transformers' "
             f"weight conversion (e.g. {keys.needs_conversion[0]!r})",
             fix="load it with from_pretrained",
         )
     if keys.mismatched:
         raise CheckpointError(
             f"{root}: {len(keys.mismatched)} tensors have another shape than the model expects",
-            reasons=keys.mismatched[:8], fix="check that config.json belongs to these weights",
+            reasons=keys.mismatched[:8],
+            fix="check that config.json belongs to these weights",
         )
     t_build = time.perf_counter()
     try:
@@ -313,8 +354,8 @@ def load(
         t_fill = time.perf_counter()
         finish(model, keys, root)
     except BaseException as e:
-        # Leave nothing behind: the traceback's frames (worker threads included) hold views of the tensors this
-        # load allocated; clearing them and the model lets the memory go before the error goes up.
+        # Leave nothing behind: the traceback's frames (worker threads included) hold views of the tensors
+        # this load allocated; clearing them and the model lets the memory go before the error goes up.
         model = None
         _clear_tracebacks(e)
         if dev.type == "cuda":
@@ -322,18 +363,35 @@ def load(
         raise
     t_end = time.perf_counter()
     model.cudaload_fastload = {
-        "seconds": round(t_end - t0, 4), "build_s": round(t_build - t0, 4), "fill_s": round(t_fill - t_build, 4),
-        "bytes": read_bytes, "threads": threads, "buffer_bytes": buffer_bytes, "device": str(dev),
+        "seconds": round(t_end - t0, 4),
+        "build_s": round(t_build - t0, 4),
+        "fill_s": round(t_fill - t_build, 4),
+        "bytes": read_bytes,
+        "threads": threads,
+        "buffer_bytes": buffer_bytes,
+        "device": str(dev),
         "missing_keys": sorted(keys.missing - set(getattr(model, "all_tied_weights_keys", {}) or {})),
         "unexpected_keys": sorted(keys.unexpected),
     }
-    logger.info("fast-loaded %s: %.2f GB in %.2f s (%.2f GB/s fill)", root, read_bytes / 1e9, t_end - t0,
-                read_bytes / 1e9 / max(t_fill - t_build, 1e-9))
+    logger.info(
+        "fast-loaded %s: %.2f GB in %.2f s (%.2f GB/s fill)",
+        root,
+        read_bytes / 1e9,
+        t_end - t0,
+        read_bytes / 1e9 / max(t_fill - t_build, 1e-9),
+    )
     return model
 
 
-def _fill(model: Any, keys: KeyPlan, header: CheckpointHeader, dev: torch.device, dtype: torch.dtype,
-          threads: int, buffer_bytes: int) -> int:
+def _fill(
+    model: Any,
+    keys: KeyPlan,
+    header: CheckpointHeader,
+    dev: torch.device,
+    dtype: torch.dtype,
+    threads: int,
+    buffer_bytes: int,
+) -> int:
     from . import staging
 
     fills = allocate(model, keys, header, dev, dtype)
@@ -365,8 +423,8 @@ def unsupported_config(config: Any) -> str | None:
 
 
 def supports(path: str | os.PathLike[str], *, auto_class: str = "AutoModelForCausalLM") -> tuple[bool, str]:
-    """Whether ``path`` can take the fast path, and why (or why not). Reads headers and config only; builds the
-    skeleton on the meta device (no tensor storage) to check that every key maps."""
+    """Whether ``path`` can take the fast path, and why (or why not). Reads headers and config only;
+    builds the skeleton on the meta device (no tensor storage) to check that every key maps."""
     import torch
 
     from ..errors import CudaloadError
@@ -387,12 +445,19 @@ def supports(path: str | os.PathLike[str], *, auto_class: str = "AutoModelForCau
         return False, f"transformers cannot build {auto_class} for this config ({type(e).__name__}: {e})"
     keys = plan_keys(model, header)
     if keys.needs_conversion:
-        return False, (f"{len(keys.needs_conversion)} tensors need transformers' weight conversion "
-                       f"(e.g. {keys.needs_conversion[0]!r}); from_pretrained does that")
+        return False, (
+            f"{len(keys.needs_conversion)} tensors need transformers' weight conversion "
+            f"(e.g. {keys.needs_conversion[0]!r}); from_pretrained does that"
+        )
     if keys.mismatched:
-        return False, f"{len(keys.mismatched)} tensors have another shape than the model: {keys.mismatched[0]}"
+        return (
+            False,
+            f"{len(keys.mismatched)} tensors have another shape than the model: {keys.mismatched[0]}",
+        )
     n = len(header.files)
-    detail = f"{len(keys.load)} tensors, {header.total_bytes / 1e9:.2f} GB in {n} safetensors file{'s' * (n > 1)}"
+    detail = (
+        f"{len(keys.load)} tensors, {header.total_bytes / 1e9:.2f} GB in {n} safetensors file{'s' * (n > 1)}"
+    )
     missing = keys.missing - set(getattr(model, "all_tied_weights_keys", {}) or {})
     if missing:
         detail += f"; {len(missing)} missing keys are initialised as from_pretrained does"

@@ -26,10 +26,21 @@ INDEX_FILE = "model.safetensors.index.json"
 
 #: safetensors dtype -> bytes per element
 DTYPE_SIZES: Mapping[str, int] = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-    "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
 }
 
 #: A header larger than this is not a real header (the format's own reference reader uses 100 MB).
@@ -132,9 +143,13 @@ def read_file_header(file: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo
             raise _bad(fname, f"tensor {name!r} has a negative dimension or offsets {begin}..{end}")
         expected = math.prod(shape) * DTYPE_SIZES[dtype]
         if end - begin != expected:
-            raise _bad(fname, f"tensor {name!r} spans {end - begin} bytes, its shape and dtype need {expected}")
+            raise _bad(
+                fname, f"tensor {name!r} spans {end - begin} bytes, its shape and dtype need {expected}"
+            )
         if base + end > size:
-            raise _bad(fname, f"tensor {name!r} ends at byte {base + end}, past the end of the file ({size} bytes)")
+            raise _bad(
+                fname, f"tensor {name!r} ends at byte {base + end}, past the end of the file ({size} bytes)"
+            )
         out[name] = TensorInfo(name, dtype, shape, fname, base + begin, base + end)
     return out, metadata
 
@@ -165,7 +180,8 @@ def checkpoint_files(path: str | os.PathLike[str]) -> tuple[list[str], dict[str,
         return [str(single)], None
     raise ModelNotFoundError(
         f"no {SINGLE_FILE} or {INDEX_FILE} in {p}",
-        fix="save the model with save_pretrained(..., safe_serialization=True) or load it with from_pretrained",
+        fix="save the model with save_pretrained(..., safe_serialization=True) "
+        "or load it with from_pretrained",
     )
 
 

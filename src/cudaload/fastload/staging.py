@@ -5,11 +5,12 @@ element offset. Large tensors are split into several pieces (so one 1.2 GB embed
 small tensors of the same file are packed into one :class:`Chunk` (so hundreds of norm weights cost one read).
 
 GPU destination: each reader thread takes a free pinned buffer from a fixed pool, waits until the buffer's
-previous host-to-device copy has finished (a CUDA event), fills it with ``os.preadv`` (the GIL is released, so
-the threads really read in parallel), enqueues the copies on a side stream and returns the buffer. Bytes of the
-same dtype go straight into the parameter's storage; bytes of another dtype go into a piece-sized scratch on the
-GPU and are converted there (``copy_`` between dtypes on one device), so the CPU never converts and the GPU holds
-at most a piece of scratch beyond the model. Host memory used = the pool, whatever the checkpoint's size.
+previous host-to-device copy has finished (a CUDA event), fills it with ``os.preadv`` (the GIL is released,
+so the threads really read in parallel), enqueues the copies on a side stream and returns the buffer. Bytes of
+the same dtype go straight into the parameter's storage; bytes of another dtype go into a piece-sized scratch
+on the GPU and are converted there (``copy_`` between dtypes on one device), so the CPU never converts and the
+GPU holds at most a piece of scratch beyond the model. Host memory used = the pool, whatever the checkpoint's
+size.
 
 CPU destination: no pinned memory and no copies; bytes of the parameter's own dtype are read straight into its
 storage, others through a per-thread buffer and one ``copy_``.
@@ -46,7 +47,7 @@ def default_threads() -> int:
 
 @dataclass(frozen=True)
 class Piece:
-    """``nbytes`` bytes at ``file_offset`` of ``file`` -> destination ``target``, starting at element ``elem_start``."""
+    """``nbytes`` bytes at ``file_offset`` of ``file`` -> tensor ``target``, from element ``elem_start``."""
 
     target: int
     file: str
@@ -135,7 +136,7 @@ def read_chunk(fd: int, chunk: Chunk, buf: memoryview) -> None:
     """Fill ``buf`` with the chunk's pieces; file-contiguous pieces share one ``preadv``."""
     run: list[memoryview] = []
     run_start = run_end = -1
-    for p, at in zip(chunk.pieces, chunk.offsets):
+    for p, at in zip(chunk.pieces, chunk.offsets, strict=False):
         if run and p.file_offset != run_end:
             _preadv_full(fd, chunk.file, run, run_start)
             run = []
@@ -157,12 +158,19 @@ class _Files:
                 self.fds[f] = os.open(f, os.O_RDONLY)
         except OSError as e:
             self.close()
-            raise CheckpointError(f"cannot open {e.filename}: {e.strerror}", fix="check the file and its permissions")
+            raise CheckpointError(
+                f"cannot open {e.filename}: {e.strerror}", fix="check the file and its permissions"
+            ) from e
 
     def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+
+
+def _host_view(t: torch.Tensor) -> memoryview:
+    """A writable memoryview of a contiguous CPU tensor's bytes (what ``preadv`` fills)."""
+    return memoryview(_byte_view(t).numpy())  # type: ignore[arg-type]
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -194,7 +202,9 @@ def _run_parallel(work: Callable[[Any], None], items: Sequence[Any], threads: in
             raise e
 
 
-def fill_cpu(targets: Sequence[Target], infos: Sequence[TensorInfo], *, threads: int, buffer_bytes: int) -> None:
+def fill_cpu(
+    targets: Sequence[Target], infos: Sequence[TensorInfo], *, threads: int, buffer_bytes: int
+) -> None:
     """Fill CPU tensors: same-dtype pieces are read straight into the tensor's storage."""
     import torch
 
@@ -208,13 +218,13 @@ def fill_cpu(targets: Sequence[Target], infos: Sequence[TensorInfo], *, threads:
         n_elem = p.nbytes // p.itemsize
         dst = t.tensor.reshape(-1)[p.elem_start : p.elem_start + n_elem]
         if t.src_dtype == t.tensor.dtype:
-            _preadv_full(fd, p.file, [memoryview(_byte_view(dst).numpy())], p.file_offset)
+            _preadv_full(fd, p.file, [_host_view(dst)], p.file_offset)
             return
         buf = getattr(local, "buf", None)
         if buf is None or buf.numel() < p.nbytes:
             buf = local.buf = torch.empty(max(p.nbytes, min(buffer_bytes, 1 << 26)), dtype=torch.uint8)
         staged = buf[: p.nbytes]
-        _preadv_full(fd, p.file, [memoryview(staged.numpy())], p.file_offset)
+        _preadv_full(fd, p.file, [_host_view(staged)], p.file_offset)
         dst.copy_(staged.view(t.src_dtype))
 
     try:
@@ -231,8 +241,13 @@ class _Slot:
 
 
 def fill_cuda(
-    targets: Sequence[Target], infos: Sequence[TensorInfo], *, device: torch.device, threads: int,
-    buffer_bytes: int, buffers: int | None = None,
+    targets: Sequence[Target],
+    infos: Sequence[TensorInfo],
+    *,
+    device: torch.device,
+    threads: int,
+    buffer_bytes: int,
+    buffers: int | None = None,
 ) -> None:
     """Fill tensors on one CUDA device through a pool of pinned buffers and a side stream."""
     import torch
@@ -244,12 +259,12 @@ def fill_cuda(
     n_slots = min(len(chunks), buffers if buffers is not None else threads + 2)
     threads = min(threads, n_slots)
     files = _Files({c.file for c in chunks})
-    stream = torch.cuda.Stream(device=device)
+    stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
     free: queue.Queue[_Slot] = queue.Queue()
     try:
         for _ in range(n_slots):
             host = torch.empty(buffer_bytes, dtype=torch.uint8, pin_memory=True)
-            free.put(_Slot(host, memoryview(host.numpy()), torch.cuda.Event()))
+            free.put(_Slot(host, _host_view(host), torch.cuda.Event()))  # type: ignore[no-untyped-call]
 
         def work(chunk: Chunk) -> None:
             slot = free.get()
@@ -257,7 +272,7 @@ def fill_cuda(
                 slot.done.synchronize()  # the buffer's previous copies have left it
                 read_chunk(files.fds[chunk.file], chunk, slot.view)
                 with torch.cuda.device(device), torch.cuda.stream(stream):
-                    for p, at in zip(chunk.pieces, chunk.offsets):
+                    for p, at in zip(chunk.pieces, chunk.offsets, strict=False):
                         t = targets[p.target]
                         src = slot.host[at : at + p.nbytes]
                         n_elem = p.nbytes // p.itemsize
