@@ -12,7 +12,8 @@ result matches ``from_pretrained(path, dtype=..., device_map=device)`` bit for b
 - dtypes: the skeleton's dtype, or float32 where ``_get_dtype_plan`` keeps a module in float32;
 - finishing: loaded tensors are flagged ``_is_hf_initialized``, tied targets too, then
   ``initialize_weights()`` initialises exactly what is missing and recomputes non-persistent buffers
-  (rotary ``inv_freq``, BERT's ``position_ids``), ``tie_weights(missing_keys=...)`` ties (symmetrically, as in ``from_pretrained``).
+  (rotary ``inv_freq``, BERT's ``position_ids``), ``tie_weights(missing_keys=...)`` ties (symmetrically,
+  as in ``from_pretrained``).
 
 Nothing of transformers is patched: these are the methods ``from_pretrained`` itself calls.
 """
