@@ -41,7 +41,31 @@ _LAZY = {
     "VerificationError": "cudaload.errors",
 }
 
-__all__ = sorted([*_LAZY, "__version__"])
+__all__ = [
+    "GPU",
+    "Candidate",
+    "Capabilities",
+    "CheckpointError",
+    "ConfigurationError",
+    "CudaloadError",
+    "Decision",
+    "DependencyError",
+    "DeviceSelectionError",
+    "DoesNotFitError",
+    "InvalidChoiceError",
+    "LoadError",
+    "ModelNotFoundError",
+    "PackageInfo",
+    "Plan",
+    "VerificationError",
+    "__version__",
+    "detect",
+    "diagnose",
+    "hardware",
+    "load_model",
+    "plan",
+    "training_arguments",
+]
 
 if TYPE_CHECKING:
     from .capabilities import GPU, Capabilities, PackageInfo

@@ -275,7 +275,9 @@ class Capabilities:
                 assumed=True,
             )
         for name in missing:
-            pkgs[name] = PackageInfo(name=name, installed=False, usable=False, reason="assumed missing", assumed=True)
+            pkgs[name] = PackageInfo(
+                name=name, installed=False, usable=False, reason="assumed missing", assumed=True
+            )
         return replace(self, packages=tuple(sorted(pkgs.values(), key=lambda p: p.name)))
 
     # -- serialisation ------------------------------------------------------------------------------

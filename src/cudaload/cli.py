@@ -108,8 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--attn", default="auto")
     pl.add_argument("--dtype", default="auto")
     pl.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "nf4"])
-    pl.add_argument("--allow-offload", action="store_true", help="allow CPU/disk offload when nothing else fits")
-    pl.add_argument("--assume-installed", metavar="PKG,...", help="treat these distributions as installed and usable")
+    pl.add_argument(
+        "--allow-offload", action="store_true", help="allow CPU/disk offload when nothing else fits"
+    )
+    pl.add_argument(
+        "--assume-installed", metavar="PKG,...", help="treat these distributions as installed and usable"
+    )
     pl.add_argument("--assume-missing", metavar="PKG,...", help="treat these distributions as absent")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(func=_cmd_plan)
@@ -117,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profiles", help="list the named hardware profiles")
     pr.set_defaults(func=_cmd_profiles)
 
-    de = sub.add_parser("demo", help="detect, plan, load and generate with a tiny model made on the spot (offline)")
-    de.add_argument("--model", default="qwen3", help="tiny model family to make (qwen3, llama, mistral, gemma2, ...)")
+    de = sub.add_parser(
+        "demo", help="detect, plan, load and generate with a tiny model made on the spot (offline)"
+    )
+    de.add_argument(
+        "--model", default="qwen3", help="tiny model family to make (qwen3, llama, mistral, gemma2, ...)"
+    )
     de.add_argument("--prompt", default="The fastest way to load a model is")
     de.add_argument("--max-new-tokens", type=int, default=16)
     de.add_argument("--cpu", action="store_true", help="use the CPU even when a GPU is present")

@@ -57,7 +57,15 @@ AUTO_CLASSES = {
 }
 
 # from_pretrained keywords that cudaload decides; passing them twice would make the plan a lie.
-_DECIDED = {"dtype", "torch_dtype", "attn_implementation", "device_map", "max_memory", "use_kernels", "kernel_config"}
+_DECIDED = {
+    "dtype",
+    "torch_dtype",
+    "attn_implementation",
+    "device_map",
+    "max_memory",
+    "use_kernels",
+    "kernel_config",
+}
 
 # transformers' from_pretrained temporarily switches torch's process-wide default dtype while it builds the
 # model, so two loads racing in threads can build each other's modules in the wrong dtype. Construction is
@@ -76,7 +84,8 @@ def resolve_auto_class(model_class: str | None, task: str | None, plan: Plan) ->
             return AUTO_CLASSES[task]
         except KeyError:
             raise ConfigurationError(
-                f"unknown task {task!r}", fix=f"use one of {', '.join(sorted(AUTO_CLASSES))} or pass model_class="
+                f"unknown task {task!r}",
+                fix=f"use one of {', '.join(sorted(AUTO_CLASSES))} or pass model_class=",
             ) from None
     # An encoder has no causal-LM head: AutoModelForCausalLM would bolt a random one on.
     return "AutoModel" if plan.model.is_encoder else "AutoModelForCausalLM"
@@ -116,30 +125,43 @@ def _translate(exc: BaseException, where: str) -> CudaloadError:
     name = type(exc).__name__
     if name == "OutOfMemoryError" or "out of memory" in low:
         return DoesNotFitError(
-            f"{where} ran out of GPU memory", reasons=[text],
+            f"{where} ran out of GPU memory",
+            reasons=[text],
             fix="quantize (quantization='nf4'), shorten seq_len, add GPUs, or free memory held by other processes",
         )
-    if "safetensor" in low or "header" in low and "deserializ" in low or "incomplete metadata" in low:
+    if "safetensor" in low or ("header" in low and "deserializ" in low) or "incomplete metadata" in low:
         return CheckpointError(
-            f"{where}: the checkpoint is corrupt or truncated", reasons=[text],
+            f"{where}: the checkpoint is corrupt or truncated",
+            reasons=[text],
             fix="re-download or re-save the checkpoint (a partial download leaves truncated .safetensors files)",
         )
-    if "unrecognized model" in low or "model_type" in low and "key" in low:
+    if "unrecognized model" in low or ("model_type" in low and "key" in low):
         return CheckpointError(
-            f"{where}: unknown model type", reasons=[text],
+            f"{where}: unknown model type",
+            reasons=[text],
             fix="upgrade transformers, or check config.json's model_type",
         )
-    if isinstance(exc, (FileNotFoundError, OSError)) and ("does not appear to have" in low or "no such file" in low
-                                                          or "not a valid model identifier" in low
-                                                          or "can't load" in low or "offline" in low):
+    if isinstance(exc, (FileNotFoundError, OSError)) and (
+        "does not appear to have" in low
+        or "no such file" in low
+        or "not a valid model identifier" in low
+        or "can't load" in low
+        or "offline" in low
+    ):
         return ModelNotFoundError(
-            f"{where}: model files not found", reasons=[text],
+            f"{where}: model files not found",
+            reasons=[text],
             fix="check the path, or download the model once with network access (it is then used offline)",
         )
     if isinstance(exc, ImportError):
-        return DependencyError(f"{where} needs a package that is missing or broken", reasons=[text],
-                               fix="install the package named above, or choose another option")
-    return LoadError(f"{where} failed", reasons=[text], fix="see the reason above; rerun with -v for the plan")
+        return DependencyError(
+            f"{where} needs a package that is missing or broken",
+            reasons=[text],
+            fix="install the package named above, or choose another option",
+        )
+    return LoadError(
+        f"{where} failed", reasons=[text], fix="see the reason above; rerun with -v for the plan"
+    )
 
 
 def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> Any:
@@ -147,7 +169,9 @@ def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> Any:
 
     cls = getattr(transformers, auto_class, None)
     if cls is None:
-        raise ConfigurationError(f"transformers has no {auto_class}", fix="pass a transformers auto class name")
+        raise ConfigurationError(
+            f"transformers has no {auto_class}", fix="pass a transformers auto class name"
+        )
     with _BUILD_LOCK:
         return cls.from_pretrained(path, **kwargs)
 
@@ -160,7 +184,9 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
     kw["device_map"] = plan.placement.device_map
     if plan.placement.max_memory:
         # the plan keys GPUs as strings ("0") to survive JSON; accelerate only treats int keys as GPUs
-        kw["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in plan.placement.max_memory.items()}
+        kw["max_memory"] = {
+            int(k) if str(k).isdigit() else k: v for k, v in plan.placement.max_memory.items()
+        }
     if plan.quantization.choice and plan.quantization_config is not None:
         from transformers import BitsAndBytesConfig
 
@@ -190,7 +216,9 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
         try:
             with _BUILD_LOCK:
                 model = fastload.load(
-                    path, auto_class=auto_class, device=plan.placement.devices[0],
+                    path,
+                    auto_class=auto_class,
+                    device=plan.placement.devices[0],
                     dtype=_torch_dtype(plan.dtype.choice or "float32"),
                     attn_implementation=plan.attention.choice,
                 )
@@ -234,10 +262,14 @@ def verify(model: Any, plan: Plan, *, allow_offload: bool) -> dict[str, Any]:
     want = _torch_dtype(plan.dtype.choice or "float32")
     by_dtype: dict[str, int] = {}
     for p in model.parameters():
-        by_dtype[str(p.dtype).replace("torch.", "")] = by_dtype.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
+        by_dtype[str(p.dtype).replace("torch.", "")] = (
+            by_dtype.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
+        )
     floating = {k: v for k, v in by_dtype.items() if getattr(torch, k).is_floating_point}
     if floating and max(floating, key=lambda k: floating[k]) != str(want).replace("torch.", ""):
-        problems.append(f"parameters are mostly {max(floating, key=lambda k: floating[k])}, the plan said {want}")
+        problems.append(
+            f"parameters are mostly {max(floating, key=lambda k: floating[k])}, the plan said {want}"
+        )
 
     attn = getattr(model.config, "_attn_implementation", None)
     if plan.attention.choice and attn != plan.attention.choice:
@@ -252,8 +284,11 @@ def verify(model: Any, plan: Plan, *, allow_offload: bool) -> dict[str, Any]:
         problems.append(f"quantization is {quant}, the plan said {plan.quantization.choice}")
 
     if problems:
-        raise VerificationError("the loaded model is not what the plan said", reasons=problems,
-                                fix="pass allow_offload=True to accept offloading, or report this as a bug")
+        raise VerificationError(
+            "the loaded model is not what the plan said",
+            reasons=problems,
+            fix="pass allow_offload=True to accept offloading, or report this as a bug",
+        )
     return {
         "attn_implementation": attn,
         "devices": sorted(d for d in devices if d != "meta"),
@@ -266,11 +301,13 @@ def verify(model: Any, plan: Plan, *, allow_offload: bool) -> dict[str, Any]:
 def _next_attention(plan: Plan, failed: str) -> str | None:
     names = [c.name for c in plan.attention.candidates if c.ok]
     if failed in names:
-        names = names[names.index(failed) + 1:]
+        names = names[names.index(failed) + 1 :]
     return names[0] if names else None
 
 
-def _probe_and_fallback(model: Any, plan: Plan, caps: Capabilities, *, warmup: bool) -> tuple[Plan, list[dict[str, str]]]:
+def _probe_and_fallback(
+    model: Any, plan: Plan, caps: Capabilities, *, warmup: bool
+) -> tuple[Plan, list[dict[str, str]]]:
     """Run a one-step forward on the chosen backend; step down the valid candidates when it fails."""
     fallbacks: list[dict[str, str]] = []
     current = plan.attention.choice
@@ -279,22 +316,36 @@ def _probe_and_fallback(model: Any, plan: Plan, caps: Capabilities, *, warmup: b
         if ok:
             break
         if plan.attention.explicit:
-            raise LoadError(f"attention backend {current!r} fails on this machine", reasons=[reason],
-                            fix="choose another backend with attn=..., or attn='auto' to let cudaload fall back")
+            raise LoadError(
+                f"attention backend {current!r} fails on this machine",
+                reasons=[reason],
+                fix="choose another backend with attn=..., or attn='auto' to let cudaload fall back",
+            )
         nxt = _next_attention(plan, current)
         if nxt is None:
-            raise LoadError("no attention backend works on this machine", reasons=[reason],
-                            fix="report this: even sdpa failed a one-step forward")
+            raise LoadError(
+                "no attention backend works on this machine",
+                reasons=[reason],
+                fix="report this: even sdpa failed a one-step forward",
+            )
         logger.warning("attention %s failed its probe (%s); falling back to %s", current, reason, nxt)
         fallbacks.append({"from": current, "to": nxt, "reason": reason})
         model.set_attn_implementation(nxt)
         current = nxt
     if fallbacks:
         att = plan.attention
-        plan = replace(plan, attention=Decision(
-            choice=current, candidates=att.candidates, explicit=att.explicit,
-            reasons=(*att.reasons, *(f"runtime fallback: {f['from']} -> {f['to']}: {f['reason']}" for f in fallbacks)),
-        ))
+        plan = replace(
+            plan,
+            attention=Decision(
+                choice=current,
+                candidates=att.candidates,
+                explicit=att.explicit,
+                reasons=(
+                    *att.reasons,
+                    *(f"runtime fallback: {f['from']} -> {f['to']}: {f['reason']}" for f in fallbacks),
+                ),
+            ),
+        )
     return plan, fallbacks
 
 
@@ -302,8 +353,9 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
     try:
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     except ImportError as e:
-        raise DependencyError(f"intent {plan.intent!r} needs peft", reasons=[str(e)],
-                              fix="pip install 'cudaload[peft]'") from None
+        raise DependencyError(
+            f"intent {plan.intent!r} needs peft", reasons=[str(e)], fix="pip install 'cudaload[peft]'"
+        ) from None
     if plan.quantization.choice in ("nf4", "int8"):
         # casts norms to fp32 and enables input grads so checkpointed k-bit layers train stably
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
@@ -350,7 +402,8 @@ def load_model(
         clash.remove("attn_implementation")
     if clash:
         raise ConfigurationError(
-            f"{', '.join(clash)} are decided by cudaload", fix="use load_model's own options (dtype=, attn=, device_map=)"
+            f"{', '.join(clash)} are decided by cudaload",
+            fix="use load_model's own options (dtype=, attn=, device_map=)",
         )
     caps = hardware if hardware is not None else detect()
     if caps.source.startswith("profile:"):
@@ -359,14 +412,32 @@ def load_model(
             fix="use cudaload.plan(..., hardware=...) to plan for other hardware",
         )
     plan = make_plan(
-        model, hardware=caps, intent=intent, seq_len=seq_len, batch_size=batch_size, attn=attn, dtype=dtype,
-        quantization=quantization, device_map=device_map, max_memory=max_memory, allow_offload=allow_offload,
-        kernels=kernels, trust_kernels=trust_kernels, model_class=model_class,
+        model,
+        hardware=caps,
+        intent=intent,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        attn=attn,
+        dtype=dtype,
+        quantization=quantization,
+        device_map=device_map,
+        max_memory=max_memory,
+        allow_offload=allow_offload,
+        kernels=kernels,
+        trust_kernels=trust_kernels,
+        model_class=model_class,
         revision=from_pretrained_kwargs.get("revision"),
     )
     if fast is False and plan.load_path.choice == "fast":
-        plan = replace(plan, load_path=Decision("from_pretrained", reasons=("fast=False was passed",),
-                                                candidates=plan.load_path.candidates, explicit=True))
+        plan = replace(
+            plan,
+            load_path=Decision(
+                "from_pretrained",
+                reasons=("fast=False was passed",),
+                candidates=plan.load_path.candidates,
+                explicit=True,
+            ),
+        )
     auto_class = resolve_auto_class(model_class, task, plan)
     is_main = caps.distributed.rank in (None, 0)
     logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
@@ -392,8 +463,15 @@ def load_model(
             logger.error("GPU memory still held after a failed load: %s bytes", leaked)
         raise failure
 
-    verified.update({"load_path": path_taken, "load_seconds": round(seconds, 4), "attention_fallbacks": fallbacks,
-                     "notes": notes, "auto_class": auto_class})
+    verified.update(
+        {
+            "load_path": path_taken,
+            "load_seconds": round(seconds, 4),
+            "attention_fallbacks": fallbacks,
+            "notes": notes,
+            "auto_class": auto_class,
+        }
+    )
     if plan.intent in ("lora", "qlora"):
         loaded = _wrap_peft(loaded, plan)
         trainable = sum(p.numel() for p in loaded.parameters() if p.requires_grad)
@@ -404,6 +482,11 @@ def load_model(
         loaded.train()
     plan = plan.with_verified(verified)
     loaded.cudaload_plan = plan
-    logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload loaded %s in %.2fs via %s",
-               plan.model.name, seconds, path_taken)
+    logger.log(
+        logging.INFO if is_main else logging.DEBUG,
+        "cudaload loaded %s in %.2fs via %s",
+        plan.model.name,
+        seconds,
+        path_taken,
+    )
     return loaded

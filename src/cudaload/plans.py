@@ -143,8 +143,11 @@ class Plan:
             "batch_size": self.batch_size,
             "dtype": self.dtype.to_dict(),
             "attention": self.attention.to_dict(),
-            "quantization": {**self.quantization.to_dict(), "method": self.quantization.choice,
-                             "config": self.quantization_config},
+            "quantization": {
+                **self.quantization.to_dict(),
+                "method": self.quantization.choice,
+                "config": self.quantization_config,
+            },
             "placement": self.placement.to_dict(),
             "memory": self.memory.to_dict(),
             "load_path": self.load_path.to_dict(),

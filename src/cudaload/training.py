@@ -14,7 +14,9 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
     >>> args = TrainingArguments(output_dir="out", **cudaload.training_arguments(model.cudaload_plan))
     """
     if plan.intent == "inference":
-        raise ConfigurationError("this plan is for inference", fix="plan or load with intent='training', 'lora' or 'qlora'")
+        raise ConfigurationError(
+            "this plan is for inference", fix="plan or load with intent='training', 'lora' or 'qlora'"
+        )
     gpus = plan.hardware.get("gpus", [])
     on_gpu = any(d.startswith("cuda") for d in plan.placement.devices)
     ampere = on_gpu and all(tuple(g["compute_capability"]) >= (8, 0) for g in gpus) and bool(gpus)

@@ -28,13 +28,23 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma2": (
         "Gemma2Config",
         "AutoModelForCausalLM",
-        {"head_dim": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 64},
+        {
+            "head_dim": 256,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "sliding_window": 64,
+        },
     ),
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "AutoModelForCausalLM",
-        {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-         "decoder_sparse_step": 1},
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "decoder_sparse_step": 1,
+        },
     ),
     "gpt2": ("GPT2Config", "AutoModelForCausalLM", {}),
     "bert": ("BertConfig", "AutoModel", {}),
@@ -42,8 +52,14 @@ _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
 TINY_KINDS = tuple(_TINY)
 
 _GPT2_KEYS = {"vocab_size": VOCAB, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 512}
-_BERT_KEYS = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "max_position_embeddings": 512}
+_BERT_KEYS = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 512,
+}
 
 
 def tiny_config(kind: str) -> Any:
@@ -85,8 +101,14 @@ def make_tokenizer(vocab_size: int = VOCAB) -> Any:
     )
 
 
-def make_tiny(kind: str, path: str | os.PathLike[str], *, seed: int = 0, dtype: str = "float32",
-              max_shard_size: str | None = None) -> Path:
+def make_tiny(
+    kind: str,
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_shard_size: str | None = None,
+) -> Path:
     """Write a tiny random ``kind`` model (config, safetensors weights, tokenizer) into ``path``."""
     import torch
     import transformers
