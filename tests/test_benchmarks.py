@@ -1,0 +1,201 @@
+"""The benchmark runner (benchmarks/run.py) stays honest: it runs end to end on CPU with tiny shapes and
+writes every section; its pure summaries compute the ratios the README quotes. No timing value is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+def _load_runner() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cudaload_bench_run", RUNNER)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run = _load_runner()
+
+
+# -- pure helpers --
+def test_median_and_ratio_ignore_missing_values() -> None:
+    assert run.median([3.0, None, 1.0, 2.0]) == 2.0
+    assert run.median([None]) is None
+    assert run.ratio(1.0, 4.0) == 0.25
+    assert run.ratio(1.0, 0.0) is None
+    assert run.ratio(None, 1.0) is None
+    assert run.within(1.04, 0.05) is True
+    assert run.within(0.94, 0.05) is False
+
+
+def test_human_bytes_picks_a_readable_unit() -> None:
+    assert run.human(None) == "-"
+    assert run.human(512) == "512 B"
+    assert run.human(3 * 2**20) == "3 MiB"
+    assert run.human(int(15.26 * 2**30)) == "15.3 GiB"
+
+
+def _load_sample(method: str, seconds: float, **kw: Any) -> dict[str, Any]:
+    return {
+        "shape": "s",
+        "quant": "bf16",
+        "cache": "warm",
+        "method": method,
+        "seconds": seconds,
+        "gpu_peak": 10,
+        "rss_peak": 20,
+        **kw,
+    }
+
+
+def test_summarize_load_takes_medians_and_the_cudaload_over_transformers_ratio() -> None:
+    samples = [
+        _load_sample("transformers", 3.0),
+        _load_sample("cudaload", 1.0, load_path="fast"),
+        _load_sample("cudaload", 0.5, load_path="fast"),
+        _load_sample("transformers", 2.0),
+        _load_sample("cudaload", 0.6, load_path="fast"),
+        _load_sample("transformers", 4.0),
+        _load_sample("cudaload", 0.0, error="LoadError: boom"),
+    ]
+    (row,) = run.summarize_load(samples)
+    assert row["transformers"]["seconds"] == 3.0 and row["transformers"]["n"] == 3
+    assert row["cudaload"]["seconds"] == 0.6 and row["cudaload"]["n"] == 3  # the failed sample is not a time
+    assert row["cudaload"]["errors"] == ["LoadError: boom"]
+    assert row["cudaload"]["load_path"] == "fast"
+    assert row["ratio"] == pytest.approx(0.2)
+
+
+def test_summarize_choice_compares_with_the_fastest_and_with_sdpa() -> None:
+    rows = [
+        {"backend": "sdpa", "work": "bs8 p2048", "decode_tok_s": 100.0, "prefill_ms": 50.0},
+        {"backend": "eager", "work": "bs8 p2048", "decode_tok_s": 120.0, "prefill_ms": 100.0},
+        {"backend": "flash_attention_4", "work": "bs8 p2048", "decode_tok_s": 90.0, "prefill_ms": 40.0},
+        {"backend": "flash_attention_2", "work": "bs8 p2048", "error": "ImportError: not installed"},
+    ]
+    out = {s["metric"]: s for s in run.summarize_choice("8b", rows, {"bs8 p2048": "flash_attention_4"})}
+    dec, pre = out["decode_tok_s"], out["prefill_ms"]
+    assert dec["fastest"] == "eager" and dec["choice_vs_fastest"] == pytest.approx(0.75)
+    assert dec["meets_goal"] is False and dec["choice_vs_sdpa"] == pytest.approx(0.9)
+    # prefill: lower ms is faster, and the ratio still reads "1.0 = as fast as the fastest"
+    assert pre["fastest"] == "flash_attention_4" and pre["choice_vs_fastest"] == pytest.approx(1.0)
+    assert pre["meets_goal"] is True and pre["choice_vs_sdpa"] == pytest.approx(50 / 40)
+    assert "flash_attention_2" not in dec["values"]
+
+
+def test_summarize_choice_says_when_the_choice_was_not_timed() -> None:
+    rows = [{"backend": "sdpa", "work": "bs1 p512", "decode_tok_s": 10.0}]
+    (s,) = run.summarize_choice("0.6b", rows, {"bs1 p512": "flash_attention_3"})
+    assert s["choice_vs_fastest"] is None and s["meets_goal"] is None
+    assert "flash_attention_3 was not timed" in s["note"]
+
+
+def test_compare_memory_ratios_estimates_against_measured_peaks() -> None:
+    works = [{"name": "w", "batch": 1, "seq_len": 8}]
+    estimates = {"w": {"terms": {"weights": 100, "kv_cache": 10, "cuda_context": 50}, "total": 160}}
+    measured = {
+        "load": {"gpu_final": 100, "gpu_peak": 104, "outside_allocator": 40},
+        "forwards": [{"work": "w", "gpu_peak": 120, "gpu_reserved_peak": 130}],
+    }
+    rows = {r["what"]: r for r in run.compare_memory("s", "bf16", works, estimates, measured)}
+    assert rows["weights (after load)"]["ratio"] == 1.0 and rows["weights (after load)"]["within_5pct"]
+    assert rows["load peak (allocated) vs weights"]["ratio"] == pytest.approx(100 / 104)
+    assert rows["w: total (device) vs used at forward peak"]["measured"] == 170
+    assert rows["w: total - cuda_context vs allocated peak"]["estimate"] == 110
+    assert rows["w: total - cuda_context vs allocated peak"]["within_5pct"] is False  # 110/120
+
+
+def test_markdown_names_every_section_even_when_skipped() -> None:
+    res = {
+        "meta": {"versions": {"torch": "2"}},
+        "machine": {"gpus": []},
+        "sections": {n: {"status": "skipped: no GPU"} for n in run.ALL_SECTIONS},
+    }
+    md = run.render_markdown(res)
+    for title in run.TITLES.values():
+        assert f"## {title}" in md
+    assert md.count("_skipped: no GPU_") == len(run.ALL_SECTIONS)
+
+
+def test_cli_rejects_unknown_sections(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        run.main(["--out", str(tmp_path), "--sections", "load,speed"])
+
+
+# -- the runner itself, on CPU --
+@pytest.mark.slow
+def test_small_run_writes_json_markdown_and_every_section(tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "--out", str(out), "--small", "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    md = (out / "results.md").read_text()
+
+    assert res["meta"]["small"] is True and res["meta"]["versions"]["transformers"]
+    assert "gpus" in res["machine"] and "packages" in res["machine"]  # cudaload.detect().to_dict()
+    secs = res["sections"]
+    assert set(secs) == set(run.ALL_SECTIONS)
+    for name, title in run.TITLES.items():
+        assert f"## {title}" in md, name
+        assert not str(secs[name]["status"]).startswith(("error", "pending", "running")), (name, secs[name])
+    gpu = res["machine"]["gpus"] != []
+
+    # 1. load: both sides measured in this run, bf16, no errors; quantized loads explain why they were skipped
+    (load,) = secs["load"]["summary"]
+    assert (load["shape"], load["quant"], load["cache"]) == ("tiny-qwen3", "bf16", "warm")
+    for m in ("transformers", "cudaload"):
+        assert load[m]["n"] == 1 and not load[m]["errors"], load[m]
+        assert load[m]["seconds"] > 0 and load[m]["rss_peak"] > 0
+    assert load["ratio"] is not None
+    assert "cold not measured" in secs["load"]["cold"]
+    if not gpu:
+        assert set(secs["load"]["quant_skipped"]) == {"int8", "nf4"}
+
+    # 2. choice: every work size, sdpa and eager timed, cudaload's choice compared
+    summary = secs["choice"]["summary"]
+    assert {s["work"] for s in summary} == {"bs1 p32", "bs2 p64"}
+    for s in summary:
+        assert {"sdpa", "eager"} <= set(s["values"]) and s["cudaload_choice"]
+        assert s["choice_vs_fastest"] is not None and s["choice_vs_sdpa"] is not None
+
+    # 3. memory: the plan's estimate for every work size; measurements only on a GPU
+    rows = secs["memory"]["rows"]
+    assert rows and all(
+        r["estimate"] is not None for r in rows if "total" in r["what"] or "weights" in r["what"]
+    )
+    if not gpu:
+        assert secs["memory"]["measured"].startswith("skipped: no GPU")
+
+    # 4. overheads: import, detect, and plan() of the three configs
+    ov = secs["overheads"]
+    assert ov["import"]["median_ms"] is not None and ov["detect"]["detect_warm_s"] is not None
+    assert {p["config"] for p in ov["plans"]} == set(run.PLAN_CONFIGS)
+    assert all("first_s" in p for p in ov["plans"]), ov["plans"]
+
+    # 5. first use needs a GPU and flash-attn-4
+    if not gpu:
+        assert secs["firstuse"]["status"] == "skipped: no GPU"
+        assert "_skipped: no GPU_" in md
+
+    # 6. the plot, or the reason there is none
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert secs["plot"]["status"] == "ok" and (out / "plot.png").stat().st_size > 1000
+        assert "(plot.png)" in md
+    else:
+        assert "matplotlib not installed" in secs["plot"]["status"]
