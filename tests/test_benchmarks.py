@@ -128,6 +128,29 @@ def test_markdown_names_every_section_even_when_skipped() -> None:
     assert md.count("_skipped: no GPU_") == len(run.ALL_SECTIONS)
 
 
+def test_merge_takes_each_section_from_the_run_that_ran_it(tmp_path: Path) -> None:
+    def results(ran: set[str], tag: str) -> dict[str, Any]:
+        return {
+            "meta": {"date": tag, "versions": {}},
+            "machine": {"gpus": []},
+            "sections": {
+                n: {"status": "ok", "from": tag} if n in ran else {"status": "skipped: not requested"}
+                for n in run.ALL_SECTIONS
+            },
+        }
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(results({"load", "memory"}, "quant-run")))
+    b.write_text(json.dumps(results({"choice", "firstuse", "load"}, "fa4-run")))
+    merged = run.merge([str(a), str(b)], tmp_path / "out", plot=False)
+    secs = merged["sections"]
+    assert secs["load"]["from"] == "quant-run" and secs["memory"]["from"] == "quant-run"
+    assert secs["choice"]["from"] == "fa4-run" and secs["firstuse"]["from"] == "fa4-run"
+    assert secs["overheads"]["status"] == "skipped: not requested"
+    assert [m["date"] for m in merged["meta"]["merged_from"]] == ["quant-run", "fa4-run"]
+    assert (tmp_path / "out" / "results.md").read_text().count("## ") == len(run.ALL_SECTIONS)
+
+
 def test_cli_rejects_unknown_sections(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         run.main(["--out", str(tmp_path), "--sections", "load,speed"])
