@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import cudaload
-from cudaload.errors import CheckpointError, CudaloadError
+from cudaload.errors import CheckpointError
 
 pytestmark = pytest.mark.gpu
 
