@@ -48,6 +48,8 @@ QUANTS = ("bf16", "int8", "nf4")
 CUDALOAD_QUANT = {"bf16": "none", "int8": "int8", "nf4": "nf4"}
 #: configs planned in the overheads section (70B is never loaded, only planned)
 PLAN_CONFIGS = ("Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-70B")
+#: usable backends the choice section leaves out unless cudaload chooses them or --backends names them
+UNTIMED_BY_DEFAULT = ("flex_attention",)
 GOAL_CHOICE = 0.95  # cudaload's backend at least this fraction of the fastest
 GOAL_MEMORY = 0.05  # estimates within 5% of measured peaks
 GOAL_IMPORT_MS = 50.0
@@ -556,6 +558,8 @@ def w_firstuse(spec: dict[str, Any]) -> dict[str, Any]:
         "imports_s": imports_s,
         "ttft_first_s": ttft[0],
         "ttft_second_s": ttft[1],
+        # what the first token paid over a warm one: the JIT compile (0 when a warm-up or a cache paid it)
+        "first_token_extra_s": ttft[0] - ttft[1],
         "ready_plus_first_token_s": load_s + ttft[0],
         "attention": model.config._attn_implementation,
     }
@@ -938,6 +942,17 @@ class Runner:
                 ):
                     if self.has_gpu and self.usable(dist, mod) and name not in backends:
                         backends.append(name)
+            if self.args.backends:
+                backends = list(self.args.backends)
+            else:
+                # transformers runs flex_attention through torch.compile, which compiles again for each new
+                # length: a decode loop would spend the whole budget compiling. Timed when it is the choice.
+                slow = [b for b in backends if b in UNTIMED_BY_DEFAULT and b not in choices.values()]
+                backends = [b for b in backends if b not in slow]
+                for b in slow:
+                    sec.setdefault("not_timed", {})[b] = (
+                        "compiles per input length under torch.compile; pass --backends to time it"
+                    )
             self.log(f"choice {label}: {backends}")
             spec = {
                 "path": path,
@@ -1385,6 +1400,8 @@ def _md_choice(sec: dict[str, Any]) -> list[str]:
             out.append(
                 f"- {r.get('shape')} {r.get('backend', '')} {r.get('work', '')}: {r['error'].splitlines()[0]}"
             )
+    for b, why in (sec.get("not_timed") or {}).items():
+        out.append(f"- {b} not timed: {why}")
     for e in sec.get("plan_errors", []):
         out.append(f"- plan() failed: {e.splitlines()[0]}")
     for s in sec.get("summary", []):
@@ -1480,6 +1497,7 @@ def _md_firstuse(sec: dict[str, Any]) -> list[str]:
             r.get("load_s"),
             r.get("ttft_first_s"),
             r.get("ttft_second_s"),
+            r.get("first_token_extra_s"),
             r.get("ready_plus_first_token_s"),
             r.get("error", "").splitlines()[0] if r.get("error") else None,
         ]
@@ -1492,6 +1510,7 @@ def _md_firstuse(sec: dict[str, Any]) -> list[str]:
             "load s",
             "first token s (1st)",
             "first token s (2nd)",
+            "1st - 2nd (JIT) s",
             "ready + first token s",
             "error",
         ],
@@ -1596,6 +1615,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-timeout-s", type=float, default=300.0)
     p.add_argument(
         "--work", help="where checkpoints are written and reused (default: $TMPDIR/cudaload-bench)"
+    )
+    p.add_argument(
+        "--backends",
+        type=csv,
+        default=None,
+        help="attention backends to time in the choice section (default: sdpa, eager and every valid candidate "
+        "of cudaload's plan except flex_attention)",
     )
     p.add_argument("--no-plot", action="store_true")
     p.add_argument(
