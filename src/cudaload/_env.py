@@ -24,6 +24,7 @@ RECORDED = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "BNB_CUDA_VERSION",
+    "KERNELS_CACHE",
 )
 
 
@@ -98,6 +99,11 @@ def hub_cache(env: Mapping[str, str] | None = None) -> str:
         e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
     )
     return os.path.join(home, "hub")
+
+
+def kernels_cache(env: Mapping[str, str] | None = None) -> str:
+    """Where the ``kernels`` package keeps Hub kernels: ``KERNELS_CACHE``, else the Hub cache."""
+    return _environ(env).get("KERNELS_CACHE") or hub_cache(env)
 
 
 def hub_probe_timeout(env: Mapping[str, str] | None = None) -> float:

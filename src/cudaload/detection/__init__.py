@@ -60,10 +60,8 @@ def _cuda_state() -> tuple[bool, int | None]:
 
 
 def _cached_kernels(cache_dir: str) -> tuple[CachedKernel, ...]:
-    try:
-        from ..hub_kernels import scan_cache
-    except ImportError:
-        return ()
+    from ..hub_kernels import scan_cache
+
     try:
         return tuple(scan_cache(cache_dir))
     except Exception:
@@ -336,7 +334,8 @@ def detect(
         reachable=reachable,
         cache_dir=cache_dir,
         endpoint=endpoint,
-        cached_kernels=_cached_kernels(cache_dir),
+        # kernels downloads into KERNELS_CACHE when set, else the Hub cache: look where it will
+        cached_kernels=_cached_kernels(_env.kernels_cache(e)),
     )
     initialized, torch_count = _cuda_state() if env is None else (False, None)
     return assemble(

@@ -124,7 +124,7 @@ def fit(
             )
             continue
         if ok_name is not None:
-            cands[m].append(f"not needed: {ok_name} fits")
+            cands[m].append(f"not needed: {'the unquantized model' if ok_name == 'none' else ok_name} fits")
             continue
         method = None if m == "none" else m
         if method and bnb:
