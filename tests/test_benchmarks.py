@@ -222,3 +222,45 @@ def test_small_run_writes_json_markdown_and_every_section(tmp_path: Path) -> Non
         assert "(plot.png)" in md
     else:
         assert "matplotlib not installed" in secs["plot"]["status"]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_run_measures_peaks_backends_and_estimates(tmp_path: Path) -> None:
+    """The GPU-only code paths (peaks, CUDA-event timing, memory forwards, first use) on the 0.6B shape."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        str(RUNNER),
+        "--out",
+        str(out),
+        "--sections",
+        "load,choice,memory,firstuse",
+        "--shapes",
+        "0.6b",
+        "--quant",
+        "bf16",
+        "--reps",
+        "1",
+        "--cold",
+        "off",
+        "--new-tokens",
+        "4",
+        "--budget-s",
+        "0",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    secs = json.loads((out / "results.json").read_text())["sections"]
+    (load,) = secs["load"]["summary"]
+    for m in ("transformers", "cudaload"):
+        assert load[m]["n"] == 1 and not load[m]["errors"], load[m]
+        assert load[m]["gpu_peak"] > 1e9  # 1.2 GB of bf16 weights
+    assert {s["work"] for s in secs["choice"]["summary"]} == {"bs1 p512", "bs8 p2048"}
+    assert all(s["choice_vs_fastest"] is not None for s in secs["choice"]["summary"]), secs["choice"][
+        "summary"
+    ]
+    rows = secs["memory"]["rows"]
+    assert all(r["measured"] is not None and r["ratio"] is not None for r in rows), rows
+    if secs["firstuse"]["status"] == "ok":
+        assert all("error" not in r for r in secs["firstuse"]["rows"]), secs["firstuse"]["rows"]
