@@ -84,21 +84,21 @@ def explain(plan: Plan) -> str:
         out.append("warnings:")
         out.extend(f"  ! {w}" for w in plan.warnings)
     if plan.verified:
-        v = plan.verified
+        ver = plan.verified
         out.append("verified after loading:")
         out.append(
-            f"    load path {v.get('load_path')} in {v.get('load_seconds', 0):.3f} s ({v.get('auto_class')})"
+            f"    load path {ver.get('load_path')} in {ver.get('load_seconds', 0):.3f} s ({ver.get('auto_class')})"
         )
         out.append(
-            f"    devices {', '.join(v.get('devices', []))}; attention {v.get('attn_implementation')}; "
-            f"quantization {v.get('quantization') or 'none'}"
+            f"    devices {', '.join(ver.get('devices', []))}; attention {ver.get('attn_implementation')}; "
+            f"quantization {ver.get('quantization') or 'none'}"
         )
-        by_dtype = v.get("parameters_by_dtype", {})
+        by_dtype = ver.get("parameters_by_dtype", {})
         out.append("    parameters " + ", ".join(f"{n:,} {d}" for d, n in by_dtype.items()))
-        for f in v.get("attention_fallbacks", []):
+        for f in ver.get("attention_fallbacks", []):
             out.append(f"    attention fell back {f['from']} -> {f['to']}: {f['reason']}")
-        for note in v.get("notes", []):
+        for note in ver.get("notes", []):
             out.append(f"    note: {note}")
-        if "trainable_parameters" in v:
-            out.append(f"    trainable parameters {v['trainable_parameters']:,} (adapters)")
+        if "trainable_parameters" in ver:
+            out.append(f"    trainable parameters {ver['trainable_parameters']:,} (adapters)")
     return "\n".join(out)
