@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The H200 suite, run on the device machine from the repo root after `source .whl/env.sh`.
+#   benchmarks/gpu_suite.sh OUTDIR PART...
+# parts (each bounded by its own timeout, so one slow part cannot eat the call):
+#   env       cudaload env --json / doctor / demo
+#   tests     every gpu-marked test, plus the fastload tests
+#   fastload  benchmarks/bench_fastload.py (warm and cold, 0.6B and 8B shapes)
+#   load      benchmarks/run.py --sections load
+#   memory    benchmarks/run.py --sections memory,overheads
+#   choice    benchmarks/run.py --sections choice,firstuse   (FA4 wheels)
+# Everything lands in OUTDIR/suite/, packed as OUTDIR/suite.tgz (the device tool returns at most 8 files).
+set -u
+out=$1; shift
+dir=$out/suite; mkdir -p "$dir"
+export PYTHONUNBUFFERED=1
+t() { local s=$1; shift; timeout --kill-after=10 "$s" "$@"; echo "[exit $? after ${SECONDS}s: $*]"; }
+for part in "$@"; do
+  echo "=== $part (t=${SECONDS}s)"
+  case $part in
+    env) t 60 python -m cudaload env --json > "$dir/env.json"; t 60 python -m cudaload doctor > "$dir/doctor.txt" 2>&1
+         t 120 python -m cudaload demo > "$dir/demo.txt" 2>&1; cat "$dir/demo.txt" | tail -8 ;;
+    tests) t "${TESTS_S:-330}" python -m pytest -q -p no:cacheprovider -rs tests/test_fastload.py tests/test_fastload_gpu.py \
+             tests/test_detection.py tests/test_gpu_load.py tests/test_hub_kernels_e2e.py tests/test_benchmarks.py -m "gpu or not slow" \
+             > "$dir/pytest-gpu.txt" 2>&1; tail -25 "$dir/pytest-gpu.txt" ;;
+    fastload) t "${FASTLOAD_S:-280}" python benchmarks/bench_fastload.py --out "$dir/fastload" > "$dir/fastload.log" 2>&1
+              tail -30 "$dir/fastload.log" ;;
+    load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
+          tail -40 "$dir/load/results.md" ;;
+    memory) t "${MEMORY_S:-240}" python benchmarks/run.py --out "$dir/memory" --sections memory,overheads --budget-s "$(( ${MEMORY_S:-240} - 30 ))" > "$dir/memory.log" 2>&1
+            tail -40 "$dir/memory/results.md" ;;
+    choice) t "${CHOICE_S:-420}" python benchmarks/run.py --out "$dir/choice" --sections choice,firstuse --budget-s "$(( ${CHOICE_S:-420} - 30 ))" > "$dir/choice.log" 2>&1
+            tail -40 "$dir/choice/results.md" ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
+tar czf "$out/suite.tgz" -C "$out" suite
