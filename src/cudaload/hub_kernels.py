@@ -634,7 +634,10 @@ def plan_kernels(
     plan: dict[str, Any] = {
         "version": KERNELS_PLAN_VERSION, "use_kernels": False, "requested": request, "device": device,
         "mode": mode, "model_class": class_name, "registered_layers": [], "use_local_kernel": False,
-        "inherit_mapping": False, "apply": "kernel_config" if device == "cuda" else "kernelize",
+        # Applied by kernels' own kernelize after loading, on every device: transformers' use_kernels=True path
+        # also fetches its default function kernels (rotary v2) from the Hub, which raises offline even with
+        # inherit_mapping=False (measured on the H200 with transformers 5.17), and its KernelConfig knows no cpu.
+        "inherit_mapping": False, "apply": "kernelize",
         "entries": [], "mapping": {}, "lock": {}, "reasons": [],
     }
     reasons: list[str] = plan["reasons"]
@@ -751,12 +754,13 @@ def _validate(kernels_plan: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_kernel_config(kernels_plan: Mapping[str, Any]) -> Any:
-    """A fresh ``transformers.KernelConfig`` for the plan (from_pretrained consumes it), or None when the
-    plan uses no kernels or applies them by ``kernelize`` after loading (CPU: transformers' KernelConfig
-    knows no cpu device; see :func:`apply_kernels`). Validated here, not inside ``from_pretrained``."""
+    """A fresh ``transformers.KernelConfig`` for the plan (from_pretrained consumes it), for callers who load
+    with ``from_pretrained(use_kernels=True, kernel_config=...)`` themselves; None when the plan uses no kernels
+    or is for the CPU (transformers' KernelConfig knows no cpu device). Validated here, not inside
+    ``from_pretrained``. ``load_model`` itself applies plans with :func:`apply_kernels`."""
     if not kernels_plan or not kernels_plan.get("use_kernels"):
         return None
-    if kernels_plan.get("apply") != "kernel_config":
+    if kernels_plan.get("device") != "cuda":  # transformers' KernelConfig knows no cpu device
         return None
     mapping = _validate(kernels_plan)
     if not mapping:
