@@ -95,9 +95,14 @@ def test_peak_memory_is_the_model(tmp_path: Path, loaded: Any) -> None:
     torch.cuda.synchronize()
     size = _model_bytes(model)
     peak = torch.cuda.max_memory_allocated(DEV) - base
-    # same dtype: only the model; converting: plus one piece of scratch at a time (and allocator rounding)
-    slack = (1 << 20) + (buffer_bytes if loaded != torch.bfloat16 else 0)
+    # No second copy of the model. Same dtype: the model plus small transients (rotary buffers recomputed,
+    # allocator rounding; 2.4 MB on 89 MB measured on the H200). Converting: plus at most one piece of
+    # scratch per reader thread in flight (30 MB measured with 4 MiB pieces).
+    from cudaload.fastload.staging import default_threads
+
+    slack = size // 20 + (default_threads() * buffer_bytes if loaded != torch.bfloat16 else 0)
     assert peak <= size + slack, (peak, size)
+    assert peak < 1.5 * size
     del model
     gc.collect()
     torch.cuda.empty_cache()

@@ -153,11 +153,11 @@ def test_failed_load_returns_gpu_memory_to_baseline(small_model: Path, tmp_path:
 
 
 _FAKE_FA2 = {
-    "flash_attn/__init__.py": '__version__ = "2.8.3"\nfrom .flash_attn_interface import flash_attn_func, flash_attn_varlen_func\n',
+    "flash_attn/__init__.py": '__version__ = "2.8.3"\nfrom .flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache\n',
     "flash_attn/flash_attn_interface.py": textwrap.dedent("""
         def _fail(*a, **k):
             raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
-        flash_attn_func = flash_attn_varlen_func = _fail
+        flash_attn_func = flash_attn_varlen_func = flash_attn_with_kvcache = _fail
     """),
     "flash_attn/bert_padding.py": "def index_first_axis(*a, **k): raise RuntimeError('unused')\n"
     "pad_input = unpad_input = index_first_axis\n",
