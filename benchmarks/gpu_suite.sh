@@ -4,6 +4,7 @@
 # parts (each bounded by its own timeout, so one slow part cannot eat the call):
 #   env       cudaload env --json / doctor / demo
 #   tests     every gpu-marked test, plus the fastload tests
+#   fa4tests  the attention-backend GPU tests (run with the FA4 wheels)
 #   fastload  benchmarks/bench_fastload.py (warm and cold, 0.6B and 8B shapes)
 #   load      benchmarks/run.py --sections load
 #   memory    benchmarks/run.py --sections memory,overheads
@@ -22,9 +23,11 @@ for part in "$@"; do
     tests) t "${TESTS_S:-330}" python -m pytest -q -p no:cacheprovider -rs tests/test_fastload.py tests/test_fastload_gpu.py \
              tests/test_detection.py tests/test_gpu_load.py tests/test_hub_kernels_e2e.py tests/test_benchmarks.py -m "gpu or not slow" \
              > "$dir/pytest-gpu.txt" 2>&1; tail -25 "$dir/pytest-gpu.txt" ;;
+    fa4tests) t 150 python -m pytest -q -p no:cacheprovider -rs tests/test_gpu_load.py -k "backend or auto_load" \
+             > "$dir/pytest-fa4.txt" 2>&1; tail -8 "$dir/pytest-fa4.txt" ;;
     fastload) t "${FASTLOAD_S:-280}" python benchmarks/bench_fastload.py --out "$dir/fastload" > "$dir/fastload.log" 2>&1
               tail -30 "$dir/fastload.log" ;;
-    load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
+    load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --reps "${REPS:-3}" --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
           tail -40 "$dir/load/results.md" ;;
     memory) t "${MEMORY_S:-240}" python benchmarks/run.py --out "$dir/memory" --sections memory,overheads --budget-s "$(( ${MEMORY_S:-240} - 30 ))" > "$dir/memory.log" 2>&1
             tail -40 "$dir/memory/results.md" ;;
