@@ -25,13 +25,13 @@ for part in "$@"; do
              > "$dir/pytest-gpu.txt" 2>&1; tail -25 "$dir/pytest-gpu.txt" ;;
     fa4tests) t 150 python -m pytest -q -p no:cacheprovider -rs tests/test_gpu_load.py -k "backend or auto_load" \
              > "$dir/pytest-fa4.txt" 2>&1; tail -8 "$dir/pytest-fa4.txt" ;;
-    fastload) t "${FASTLOAD_S:-280}" python benchmarks/bench_fastload.py --out "$dir/fastload" > "$dir/fastload.log" 2>&1
+    fastload) t "${FASTLOAD_S:-280}" python benchmarks/bench_fastload.py --out "$dir/fastload" ${FASTLOAD_ARGS:-} > "$dir/fastload.log" 2>&1
               tail -30 "$dir/fastload.log" ;;
     load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --reps "${REPS:-3}" --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
           tail -40 "$dir/load/results.md" ;;
     memory) t "${MEMORY_S:-240}" python benchmarks/run.py --out "$dir/memory" --sections memory,overheads --budget-s "$(( ${MEMORY_S:-240} - 30 ))" > "$dir/memory.log" 2>&1
             tail -40 "$dir/memory/results.md" ;;
-    choice) t "${CHOICE_S:-420}" python benchmarks/run.py --out "$dir/choice" --sections choice,firstuse --budget-s "$(( ${CHOICE_S:-420} - 30 ))" > "$dir/choice.log" 2>&1
+    choice) t "${CHOICE_S:-420}" python benchmarks/run.py --out "$dir/choice" --sections choice,firstuse ${SHAPES:+--shapes $SHAPES} --budget-s "$(( ${CHOICE_S:-420} - 30 ))" > "$dir/choice.log" 2>&1
             tail -40 "$dir/choice/results.md" ;;
     *) echo "unknown part $part" ;;
   esac
