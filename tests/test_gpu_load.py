@@ -89,7 +89,7 @@ def test_every_backend_here_gives_the_same_logits(small_model: Path, attn: str) 
 def test_fast_path_matches_from_pretrained_bit_for_bit(small_model: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    fast = cudaload.load_model(str(small_model))
+    fast = cudaload.load_model(str(small_model), fast=True)  # small: auto would pick from_pretrained
     assert fast.cudaload_plan.verified["load_path"] == "fast"
     ref = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.bfloat16, device_map="cuda:0")
     sd_fast, sd_ref = fast.state_dict(), ref.state_dict()

@@ -410,7 +410,12 @@ def test_picks_the_gpu_with_room_and_names_it_under_cvd() -> None:
 
 def test_load_path(tiny_model: Any) -> None:
     path = tiny_model("qwen3")
-    assert plan(path, hardware=hw("H200")).load_path.choice == "fast"
+    small = plan(path, hardware=hw("H200")).load_path
+    assert small.choice == "from_pretrained" and "from_pretrained is as fast" in small.reasons[0]
+    assert plan(path, hardware=hw("H200"), fast=True).load_path.choice == "fast"
+    assert plan(path, hardware=hw("H200"), fast=False).load_path.choice == "from_pretrained"
+    with pytest.raises(InvalidChoiceError):
+        plan(path, hardware=Capabilities(), fast=True)  # no GPU: the fast path cannot do it
     q = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4")
     assert q.load_path.choice == "from_pretrained" and "bitsandbytes" in q.load_path.reasons[0]
     assert (

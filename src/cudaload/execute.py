@@ -68,8 +68,8 @@ _DECIDED = {
 }
 
 # transformers' from_pretrained temporarily switches torch's process-wide default dtype while it builds the
-# model, so two loads racing in threads can build each other's modules in the wrong dtype. Construction is
-# serialised; weight reading (the slow part on the fast path) happens outside the lock.
+# model, so two loads racing in threads can build each other's modules in the wrong dtype. Building and
+# filling happen inside one call on both paths, so threaded loads are serialised: correct before concurrent.
 _BUILD_LOCK = threading.RLock()
 
 
@@ -419,17 +419,8 @@ def load_model(
         trust_kernels=trust_kernels,
         model_class=model_class,
         revision=from_pretrained_kwargs.get("revision"),
+        fast=fast,
     )
-    if fast is False and plan.load_path.choice == "fast":
-        plan = replace(
-            plan,
-            load_path=Decision(
-                "from_pretrained",
-                reasons=("fast=False was passed",),
-                candidates=plan.load_path.candidates,
-                explicit=True,
-            ),
-        )
     auto_class = resolve_auto_class(model_class, task, plan)
     is_main = caps.distributed.rank in (None, 0)
     logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())

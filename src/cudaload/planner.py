@@ -124,6 +124,7 @@ def plan(
     trust_kernels: Sequence[str] = (),
     model_class: str | None = None,
     revision: str | None = None,
+    fast: bool | None = None,
 ) -> Plan:
     """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``."""
     if intent not in INTENTS:
@@ -181,7 +182,7 @@ def plan(
         budget=dict(fr.fit.budget),
         notes=fr.breakdown.notes,
     )
-    lp = choose_load_path(info, quantization=fr.decision.choice, placement=placement)
+    lp = choose_load_path(info, quantization=fr.decision.choice, placement=placement, prefer=fast)
 
     warnings: list[str] = []
     warnings.extend(r.removeprefix("WARNING: ") for r in dt.reasons if r.startswith("WARNING: "))
