@@ -16,10 +16,11 @@ from .dtype import dtype_bytes
 MiB = 1 << 20
 GiB = 1 << 30
 
-#: What a CUDA context costs before the first tensor: measured ~500 MiB on the H200 with torch 2.11 + cu130
-#: (driver context, cuBLAS handle and workspace, the caching allocator's first segment). Other GPUs and
-#: builds land between 300 and 600 MiB; we plan with the measured figure.
-CUDA_CONTEXT_BYTES = 500 * MiB
+#: Device memory outside the tensors a model allocates: the CUDA context, cuBLAS/cuDNN handles and
+#: workspaces loaded at the first matmul, and the caching allocator's reserved-but-free slack. Measured on the
+#: H200 (torch 2.11 + cu130) as device memory used at a forward's peak minus the allocator's allocated peak:
+#: 0.63-0.76 GiB across Qwen3 0.6B/8B in bf16 and nf4 (benchmarks/results/2026-11-29-h200/results.md).
+CUDA_CONTEXT_BYTES = 700 * MiB
 
 #: nf4: 4 bits per weight, one absmax per 64-weight block. With double quantisation the absmax is itself
 #: an 8-bit value (1 byte / 64 weights) plus an fp32 scale per 256 blocks; without, an fp32 absmax per block.
@@ -27,10 +28,12 @@ NF4_BYTES_PER_PARAM = 0.5
 NF4_ABSMAX_DOUBLE_QUANT = 1 / 64 + 4 / (64 * 256)
 NF4_ABSMAX_PLAIN = 4 / 64
 
-#: int8 (LLM.int8) as measured, not as the format suggests: the Qwen3-8B shape allocated 12.18 GiB with
-#: 6.95 G quantised parameters and 1.24 G bf16 embedding/head parameters, i.e. ~1.52 bytes per quantised
-#: parameter (int8 weight + fp32 row scales + the state bitsandbytes 0.50 keeps for the outlier path).
-INT8_BYTES_PER_PARAM = 1.52
+#: int8 (LLM.int8, bitsandbytes 0.50.2) as measured on the H200 with cudaload's BitsAndBytesConfig: the
+#: Qwen3-8B shape allocated 8.79 GiB after loading = 6.95 G quantised parameters at ~1.0 byte (int8 weight;
+#: the fp32 row scales are ~0.1%) + 1.24 G bf16 embedding/head parameters; the 0.6B shape 744 MiB (1.07).
+#: (shared/device/README.md quotes 12.18 GiB for an int8 8B load made outside cudaload; we plan with what
+#: cudaload's own loads allocated, measured in the same run as the other terms.)
+INT8_BYTES_PER_PARAM = 1.02
 
 #: LoRA defaults cudaload plans with (LoraConfig kwargs in the plan)
 LORA_R = 16
