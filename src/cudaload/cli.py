@@ -143,3 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CudaloadError as e:
         print(f"cudaload: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `cudaload ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0

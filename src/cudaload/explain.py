@@ -44,8 +44,8 @@ def explain(plan: Plan) -> str:
         f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {m.params / 1e9:.2f} B params, "
         f"{m.layers} layers, "
         f"head_dim {m.head_dim}, weights from {m.weights_source})",
-        f"Machine: {machine} [{hw.get('source')}]; "
-        f"torch {hw.get('torch')}, transformers {hw.get('transformers')}",
+        f"Machine: {machine} [{hw.get('source')}]"
+        + "".join(f"; {k} {hw[k]}" for k in ("torch", "transformers") if hw.get(k)),
         f"Intent: {plan.intent}, seq_len {plan.seq_len} x batch {plan.batch_size}",
         "",
     ]

@@ -56,7 +56,11 @@ def bnb_problems(caps: Capabilities) -> list[str]:
             break
     pkg = caps.package("bitsandbytes")
     if not pkg.installed:
-        out.append("bitsandbytes is not installed (pip install 'cudaload[quant]')")
+        if caps.source.startswith("profile:"):
+            # a profile describes hardware; what will be installed on it is the planner's to say
+            out.append("bitsandbytes is not assumed on a profile (--assume-installed bitsandbytes to plan with it)")
+        else:
+            out.append("bitsandbytes is not installed (pip install 'cudaload[quant]')")
     elif not pkg.usable:
         out.append(
             f"bitsandbytes {pkg.version or ''} is installed but not usable: "
