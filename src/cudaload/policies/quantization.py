@@ -56,7 +56,9 @@ def bnb_problems(caps: Capabilities) -> list[str]:
             break
     pkg = caps.package("bitsandbytes")
     if not pkg.installed:
-        if caps.source.startswith("profile:"):
+        if pkg.assumed:
+            out.append("bitsandbytes is not installed (assumed missing)")
+        elif caps.source.startswith("profile:"):
             # a profile describes hardware; what will be installed on it is the planner's to say
             out.append("bitsandbytes is not assumed on a profile (--assume-installed bitsandbytes to plan with it)")
         else:
