@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -112,12 +111,16 @@ def make_checkpoint(shape: str, path: Path, device: str, shard_bytes: int, sync:
 # ---- one measurement per subprocess -------------------------------------------------------------------------
 
 
-def _rss_bytes() -> int:
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _rss_bytes() -> int:
+    return _status_bytes("VmRSS")
 
 
 def _fingerprint(model: Any) -> float:
@@ -162,12 +165,15 @@ def measure(
         "method": method,
         "seconds": seconds,
         "rss_before": rss_before,
-        "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "fingerprint": _fingerprint(model),
+        # VmHWM, not getrusage's ru_maxrss: a child started by fork+exec inherits its parent's ru_maxrss (the
+        # H200 run reported the orchestrator's 16 GiB for both loaders); VmHWM belongs to this process image.
+        "rss_peak": _status_bytes("VmHWM"),
     }
     if device.startswith("cuda"):
+        # read before the fingerprint, whose float copies would otherwise count as the loader's peak
         out["gpu_peak"] = torch.cuda.max_memory_allocated(device)
         out["gpu_final"] = torch.cuda.memory_allocated(device)
+    out["fingerprint"] = _fingerprint(model)
     return out
 
 

@@ -138,9 +138,13 @@ def _rss_now() -> int | None:
 
 
 def _rss_peak() -> int:
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    """This process image's peak RSS (VmHWM). Not getrusage's ru_maxrss: a worker started by fork+exec
+    inherits its parent's ru_maxrss, so a parent that once held a big checkpoint would show in every worker."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _bnb_config(quant: str) -> Any:
