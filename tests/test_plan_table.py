@@ -380,6 +380,28 @@ def test_split_budgets_and_balance() -> None:
     assert all(p.memory.per_device[d] <= p.memory.budget[d] for d in p.memory.per_device)
 
 
+def test_estimate_gives_the_plans_terms() -> None:
+    """policies.estimate (no plan needed) and plan() count the same bytes for the same split."""
+    from cudaload.model_info import model_info
+    from cudaload.policies import estimate
+
+    cfg = full_config("Llama-3.1-70B")
+    p = plan(cfg, hardware=hw("4xA100-80GB"), seq_len=4096)
+    est = estimate(
+        model_info(cfg),
+        dtype=p.dtype.choice or "",
+        quantization=p.quantization.choice,
+        intent=p.intent,
+        seq_len=p.seq_len,
+        batch_size=p.batch_size,
+        attn=p.attention.choice or "",
+        devices=len(p.placement.devices),
+    )
+    assert est.pop("total") == sum(p.memory.terms.values())
+    assert est == p.memory.terms
+    assert est["cuda_context"] > 0 and est["activations"] > 0
+
+
 def test_max_memory_limits_the_plan() -> None:
     p = plan(full_config("Qwen3-0.6B"), hardware=hw("H200"), max_memory={0: "4GiB"})
     assert p.memory.budget["cuda:0"] == 4 << 30

@@ -20,7 +20,7 @@ from .plans import INTENTS, MemoryEstimate, Plan
 from .policies.attention import choose_attention
 from .policies.dtype import choose_dtype
 from .policies.load_path import choose_load_path
-from .policies.memory import CUDA_CONTEXT_BYTES, LORA_ALPHA, LORA_DROPOUT, LORA_R
+from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
 from .policies.quantization import fit
 
 log = logging.getLogger(__name__)
@@ -171,9 +171,7 @@ def plan(
     placement = fr.fit.placement
     assert placement is not None
     gpu_devs = [d for d in fr.fit.per_device if d.startswith("cuda")]
-    terms = dict(fr.breakdown.terms)
-    terms["activations"] *= max(len(gpu_devs), 1)  # every device runs its layers' working set
-    terms["cuda_context"] = CUDA_CONTEXT_BYTES * len(gpu_devs)
+    terms = gpu_terms(fr.breakdown, len(gpu_devs))
     per_device = dict(fr.fit.per_device)
     memory = MemoryEstimate(
         terms=terms,

@@ -225,9 +225,15 @@ def estimate(
         batch_size=batch_size,
         attn=attn,
     )
-    terms = dict(bd.terms)
-    if devices > 1:
-        terms["activations"] *= devices
-    terms["cuda_context"] = CUDA_CONTEXT_BYTES * devices
+    terms = gpu_terms(bd, devices)
     terms["total"] = sum(terms.values())
+    return terms
+
+
+def gpu_terms(bd: Breakdown, devices: int) -> dict[str, int]:
+    """``bd``'s terms for a model spread over ``devices`` GPUs: every device runs its layers' working set
+    (activations) and holds a CUDA context; the model's own bytes are split, not repeated."""
+    terms = dict(bd.terms)
+    terms["activations"] *= max(devices, 1)
+    terms["cuda_context"] = CUDA_CONTEXT_BYTES * devices
     return terms

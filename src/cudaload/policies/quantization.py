@@ -117,6 +117,19 @@ def fit(
     ok_name: str | None = None
     result: Fit | None = None
     bd_ok: Breakdown | None = None
+
+    def attempt(method: str | None, offload: bool) -> tuple[Breakdown, Fit]:
+        bd = breakdown(
+            info,
+            dtype=dtype,
+            quantization=method,
+            intent=intent,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            attn=attn,
+        )
+        return bd, place(caps, bd, device_map=device_map, max_memory=max_memory, allow_offload=offload)
+
     for m in METHODS:
         if m not in methods:
             cands[m].append(
@@ -142,16 +155,7 @@ def fit(
                     fix="install a bitsandbytes build for this GPU, or use quantization='none'",
                 )
             continue
-        bd = breakdown(
-            info,
-            dtype=dtype,
-            quantization=method,
-            intent=intent,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            attn=attn,
-        )
-        f = place(caps, bd, device_map=device_map, max_memory=max_memory, allow_offload=False)
+        bd, f = attempt(method, offload=False)
         if f.ok:
             ok_name, result, bd_ok = m, f, bd
             assert f.placement is not None
@@ -161,16 +165,7 @@ def fit(
     usable = [m for m in methods if m == "none" or not bnb]
     if result is None and allow_offload and usable:
         method = None if "none" in usable else usable[-1]
-        bd = breakdown(
-            info,
-            dtype=dtype,
-            quantization=method,
-            intent=intent,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            attn=attn,
-        )
-        f = place(caps, bd, device_map=device_map, max_memory=max_memory, allow_offload=True)
+        bd, f = attempt(method, offload=True)
         if f.ok:
             ok_name, result, bd_ok = method or "none", f, bd
             cands[ok_name].append("fits with CPU/disk offload (allowed)")
@@ -221,7 +216,7 @@ def what_would_fit(
     best = methods[-1] if methods else "none"
     q = None if best == "none" else best
 
-    def fits(**kw: Any) -> bool:
+    def estimate_with(**kw: Any) -> Breakdown:
         args: dict[str, Any] = {
             "dtype": dtype,
             "quantization": q,
@@ -231,8 +226,10 @@ def what_would_fit(
             "attn": attn,
         }
         args.update(kw)
-        bd = breakdown(info, **args)
-        return place(caps, bd, max_memory=max_memory).ok
+        return breakdown(info, **args)
+
+    def fits(**kw: Any) -> bool:
+        return place(caps, estimate_with(**kw), max_memory=max_memory).ok
 
     if caps.gpus:
         lo, hi = 0, seq_len
@@ -246,15 +243,7 @@ def what_would_fit(
             tips.append(f"seq_len <= {lo} fits{'' if q is None else f' with {q}'}")
         if batch_size > 1 and fits(batch_size=1):
             tips.append("batch_size=1 fits")
-        bd = breakdown(
-            info,
-            dtype=dtype,
-            quantization=q,
-            intent=intent,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            attn=attn,
-        )
+        bd = estimate_with()
         per_gpu = max(budgets(caps, max_memory).get(f"cuda:{caps.gpus[0].index}", 0), 1)
         need_gpus = 1
         while need_gpus < 1024:
@@ -266,18 +255,13 @@ def what_would_fit(
             need_gpus += 1
         if need_gpus > len(caps.gpus) and need_gpus < 1024:
             tips.append(f"{need_gpus} GPUs like {caps.gpus[0].name} ({per_gpu / GiB:.0f} GiB each)")
-        if intent in ("training", "lora") and "nf4" not in methods:
-            b2 = breakdown(
-                info,
-                dtype=dtype,
-                quantization="nf4",
-                intent="qlora",
-                seq_len=seq_len,
-                batch_size=batch_size,
-                attn=attn,
-            )
-            if place(caps, b2, max_memory=max_memory).ok and not bnb_problems(caps):
-                tips.append("intent='qlora' (nf4 base + LoRA) fits")
+        if (
+            intent in ("training", "lora")
+            and "nf4" not in methods
+            and fits(quantization="nf4", intent="qlora")
+            and not bnb_problems(caps)
+        ):
+            tips.append("intent='qlora' (nf4 base + LoRA) fits")
     if not allow_offload:
         tips.append("allow_offload=True (CPU/disk offload, slow)")
     return "try: " + "; or ".join(tips) if tips else "use a machine with more GPU memory"
