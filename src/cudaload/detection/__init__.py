@@ -8,6 +8,7 @@ made unless CUDA was already initialised by someone else.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
@@ -20,6 +21,8 @@ from . import nvml as _nvml
 from . import packages as _packages
 from . import versions as _versions
 from .visible import NvmlDevice, Selected, Visibility, resolve
+
+log = logging.getLogger(__name__)
 
 __all__ = ["assemble", "clear_cache", "detect", "process_device", "render"]
 
@@ -65,6 +68,9 @@ def _cached_kernels(cache_dir: str) -> tuple[CachedKernel, ...]:
     try:
         return tuple(scan_cache(cache_dir))
     except Exception:
+        # scan_cache skips unreadable entries itself, so this is a bug in it: detection carries on without
+        # cached kernels, but says so rather than reporting an empty cache as if it were true.
+        log.warning("scanning the kernel cache %s failed; no cached kernels are counted", cache_dir, exc_info=True)
         return ()
 
 
