@@ -307,3 +307,32 @@ def test_probe_verdicts_are_cached_atomically(tmp_path: Path, tiny_model: Any, c
     assert not [p for p in cache.parent.iterdir() if p.name.startswith(".probe-")]  # no temp files left
     ok2, reason2 = probes.attention_works(model, "cudaload_test_broken2", caps)
     assert not ok2 and reason2.startswith("cached verdict")
+
+
+def test_fast_path_failure_falls_back_to_from_pretrained_and_says_so(
+    tiny_model: Any, caps: Capabilities, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fast path runs on GPUs only; here its failure is simulated to check the fallback and the notes."""
+    from cudaload import execute, fastload
+
+    path = tiny_model("qwen3")
+    plan = cudaload.plan(str(path), hardware=caps)
+    fast = Decision("fast", candidates=(Candidate("fast", True), Candidate("from_pretrained", True)))
+    plan = dataclasses.replace(plan, load_path=fast)
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("simulated fast-path failure")
+
+    monkeypatch.setattr(fastload, "load", broken)
+    with caplog.at_level("WARNING", logger="cudaload.execute"):
+        model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", {})
+    assert taken == "from_pretrained" and isinstance(model, torch.nn.Module)
+    assert notes and "simulated fast-path failure" in notes[0]
+    assert any("simulated fast-path failure" in r.getMessage() for r in caplog.records)
+
+    def corrupt(*a: Any, **k: Any) -> Any:
+        raise CheckpointError("simulated corrupt file", fix="re-download")
+
+    monkeypatch.setattr(fastload, "load", corrupt)
+    with pytest.raises(CheckpointError, match="simulated corrupt"):
+        execute._load_once(plan, "AutoModelForCausalLM", {})

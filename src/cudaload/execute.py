@@ -219,6 +219,8 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
             raise  # a corrupt file is corrupt for from_pretrained too
         except Exception as e:  # the fast path is an optimisation: never the reason a load fails
             notes.append(f"fast path failed ({type(e).__name__}: {e}); loaded with from_pretrained instead")
+            # the load still succeeds, but slower than planned: say so where it is seen, not only in the plan
+            logger.warning("%s", notes[-1])
             del e
             _release_memory()
     return _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough)), "from_pretrained", notes
