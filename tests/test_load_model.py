@@ -214,6 +214,25 @@ def test_explicit_invalid_attention_raises_with_reasons(tiny_model: Any, caps: C
     assert info.value.reasons
 
 
+def test_invalid_cuda_visible_devices_is_refused_with_the_fix(tiny_model: Any, caps: Capabilities) -> None:
+    from cudaload.capabilities import Finding
+    from cudaload.errors import DeviceSelectionError
+
+    bad = Finding(
+        "cvd-unmatched",
+        "CUDA_VISIBLE_DEVICES='7': '7' matches no GPU",
+        "use indices from nvidia-smi -L",
+        severity="error",
+    )
+    with pytest.raises(DeviceSelectionError) as info:
+        cudaload.load_model(str(tiny_model("qwen3")), hardware=dataclasses.replace(caps, findings=(bad,)))
+    assert isinstance(info.value, ValueError)
+    assert "matches no GPU" in str(info.value) and "nvidia-smi -L" in str(info.value)
+    # a warning (e.g. mixed GPUs without a device order) does not stop a load
+    warn = Finding("device-order", "mixed GPUs", "export CUDA_DEVICE_ORDER=PCI_BUS_ID")
+    cudaload.load_model(str(tiny_model("qwen3")), hardware=dataclasses.replace(caps, findings=(warn,)))
+
+
 def test_profiles_are_for_planning_not_loading(tiny_model: Any) -> None:
     with pytest.raises(ConfigurationError, match="plan"):
         cudaload.load_model(str(tiny_model("qwen3")), hardware=cudaload.hardware("H100-SXM"))

@@ -25,6 +25,7 @@ from .errors import (
     ConfigurationError,
     CudaloadError,
     DependencyError,
+    DeviceSelectionError,
     DoesNotFitError,
     LoadError,
     ModelNotFoundError,
@@ -55,6 +56,9 @@ AUTO_CLASSES = {
     "image-text-to-text": "AutoModelForImageTextToText",
     "vision-language": "AutoModelForImageTextToText",
 }
+
+# detection findings that make "which GPU" ambiguous or wrong; load_model refuses to guess past them
+_DEVICE_FINDINGS = {"cvd-unmatched", "cvd-duplicate", "cvd-after-init", "local-rank"}
 
 # from_pretrained keywords that cudaload decides; passing them twice would make the plan a lie.
 _DECIDED = {
@@ -404,6 +408,15 @@ def load_model(
         raise ConfigurationError(
             f"load_model() loads on this machine, not on {caps.source}",
             fix="use cudaload.plan(..., hardware=...) to plan for other hardware",
+        )
+    # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the
+    # visible GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here.
+    broken = [f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS]
+    if broken:
+        raise DeviceSelectionError(
+            "the GPUs this process may use are misconfigured",
+            reasons=[f.message for f in broken],
+            fix="; ".join(dict.fromkeys(f.fix for f in broken)),
         )
     plan = make_plan(
         model,
