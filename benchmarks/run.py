@@ -480,11 +480,14 @@ def w_overheads(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     import torch
 
+    before = set(sys.modules)  # torch itself imports pynvml: count only what cudaload adds
     t1 = time.perf_counter()
     import cudaload
 
     t2 = time.perf_counter()
-    heavy = sorted(m for m in ("transformers", "accelerate", "safetensors", "pynvml") if m in sys.modules)
+    heavy = sorted(
+        m for m in ("transformers", "accelerate", "safetensors", "pynvml") if m in sys.modules and m not in before
+    )
     out: dict[str, Any] = {
         "import_torch_s": t1 - t0,
         "import_cudaload_s": t2 - t1,
