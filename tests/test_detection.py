@@ -26,16 +26,25 @@ def _installed(dist: str) -> str | None:
         return None
 
 
-def test_detect_round_trips_and_is_fast_warm() -> None:
+def test_detect_round_trips_and_reuses_its_probes() -> None:
     caps = detect(env={"HF_HUB_OFFLINE": "1"})
     assert Capabilities.from_json(caps.to_json()) == caps
     assert caps.transformers_version == md.version("transformers")
     assert caps.torch_version == md.version("torch")
     assert caps.hub.offline and caps.hub.reachable is None  # offline: never probed
-    t = time.perf_counter()
-    detect(env={"HF_HUB_OFFLINE": "1"})
-    assert time.perf_counter() - t < 0.1
+    # a second call answers from the per-process probe cache (its speed is measured in benchmarks/, not here)
+    assert detect(env={"HF_HUB_OFFLINE": "1"}).packages == caps.packages
     assert "Packages:" in render(caps)
+
+
+def test_import_cudaload_is_light() -> None:
+    code = (
+        "import sys, cudaload; "
+        "heavy = [m for m in ('torch', 'transformers', 'accelerate', 'pynvml', 'safetensors') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_versions_without_importing_transformers() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -486,13 +485,13 @@ def test_deterministic() -> None:
     assert a.to_json() == b.to_json()
 
 
-def test_70b_plans_fast() -> None:
-    plan(full_config("Llama-3.1-70B"), hardware=hw("8xH100-SXM"))  # warm imports
+def test_70b_plans_from_the_config_alone() -> None:
+    """No weights exist: the parameter count comes from the config (speed is measured in benchmarks/)."""
     cfg = full_config("Llama-3.1-70B")
     cfg.num_hidden_layers = 81  # a config never counted before: no cache hit
-    t = time.perf_counter()
-    plan(cfg, hardware=hw("8xH100-SXM"))
-    assert time.perf_counter() - t < 0.5
+    p = plan(cfg, hardware=hw("8xH100-SXM"))
+    assert p.model.weights_source == "config" and 70e9 < p.model.params < 72e9
+    assert len(p.placement.devices) > 1
 
 
 def test_explain_mentions_choices_rejections_memory_warnings() -> None:
