@@ -257,17 +257,15 @@ def verify(model: Any, plan: Plan, *, allow_offload: bool) -> dict[str, Any]:
         for d, mods in elsewhere.items():
             problems.append(f"modules on {d}, which the plan did not place anything on: {sorted(mods)[:8]}")
 
-    want = _torch_dtype(plan.dtype.choice or "float32")
+    want = plan.dtype.choice or "float32"
     by_dtype: dict[str, int] = {}
     for p in model.parameters():
-        by_dtype[str(p.dtype).replace("torch.", "")] = (
-            by_dtype.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
-        )
+        name = str(p.dtype).removeprefix("torch.")
+        by_dtype[name] = by_dtype.get(name, 0) + p.numel()
     floating = {k: v for k, v in by_dtype.items() if getattr(torch, k).is_floating_point}
-    if floating and max(floating, key=lambda k: floating[k]) != str(want).replace("torch.", ""):
-        problems.append(
-            f"parameters are mostly {max(floating, key=lambda k: floating[k])}, the plan said {want}"
-        )
+    mostly = max(floating, key=lambda k: floating[k]) if floating else None
+    if mostly is not None and mostly != want:
+        problems.append(f"parameters are mostly {mostly}, the plan said {want}")
 
     attn = getattr(model.config, "_attn_implementation", None)
     if plan.attention.choice and attn != plan.attention.choice:
