@@ -4,12 +4,18 @@
     python benchmarks/bench_fastload.py --small --out /tmp/bench                 # CPU/CI, tiny shapes
 
 For each shape it writes a random bf16 checkpoint (generated on the GPU, saved as safetensors shards under
---work), then times warm loads alternating from_pretrained / fastload (--reps each, median), cold loads where
-``/proc/sys/vm/drop_caches`` is writable, the raw bound (the same files read into pinned buffers and copied to
-one flat GPU buffer, no model) and the disk's sequential read rate. Every load runs in its own subprocess so
-host RSS peaks (``ru_maxrss``) are separate; the GPU peak is ``torch.cuda.max_memory_allocated``. A fingerprint
-of the loaded weights is compared between the two loaders so a fast but wrong load cannot pass.
-Writes ``fastload.json`` and ``fastload.md`` into --out.
+--work), then times warm loads alternating from_pretrained / fastload (--reps each, median), cold loads (the
+checkpoint's files evicted from the page cache, see pagecache.py; no root needed), the raw bound (the same files
+read into pinned buffers and copied to one flat GPU buffer, no model) and the disk's sequential read rate.
+Every load runs in its own subprocess so host memory peaks (``VmHWM``) are separate; the GPU peak is
+``torch.cuda.max_memory_allocated``. A fingerprint of the loaded weights is compared between the two loaders
+so a fast but wrong load cannot pass. Writes ``fastload.json`` and ``fastload.md`` into --out.
+
+    python benchmarks/bench_fastload.py --sweep --out DIR   # staging parameters: threads x buffer size
+
+``--sweep`` times, in one process per shape, the pinning of staging pools and the raw read+copy pipeline for
+each (threads, buffer size, pinning method), and fastload's phases per buffer size: the data behind the
+defaults in cudaload/fastload/staging.py.
 """
 
 from __future__ import annotations
@@ -65,13 +71,15 @@ def _config(shape: str) -> Any:
     return full_config(shape)
 
 
-def make_checkpoint(shape: str, path: Path, device: str, shard_bytes: int, sync: bool = True) -> dict[str, Any]:
+def make_checkpoint(shape: str, path: Path, device: str, shard_bytes: int) -> dict[str, Any]:
     """Random bf16 weights for ``shape`` in safetensors shards, generated on ``device`` one tensor at a time."""
     import torch
     import transformers
     from safetensors.torch import save_file
 
-    if (path / "model.safetensors.index.json").is_file() or (path / "model.safetensors").is_file():
+    if (path / "config.json").is_file() and (
+        (path / "model.safetensors.index.json").is_file() or (path / "model.safetensors").is_file()
+    ):
         return {"reused": True}
     t0 = time.perf_counter()
     path.mkdir(parents=True, exist_ok=True)
@@ -102,9 +110,7 @@ def make_checkpoint(shape: str, path: Path, device: str, shard_bytes: int, sync:
     shards.clear()
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config.save_pretrained(path)
-    if sync:  # cold loads need the bytes on disk: drop_caches cannot drop dirty pages
-        os.sync()
+    config.save_pretrained(path)  # written last: its presence means the checkpoint is complete
     return {"reused": False, "seconds": round(time.perf_counter() - t0, 2), "bytes": total}
 
 
@@ -173,6 +179,9 @@ def measure(
         # read before the fingerprint, whose float copies would otherwise count as the loader's peak
         out["gpu_peak"] = torch.cuda.max_memory_allocated(device)
         out["gpu_final"] = torch.cuda.memory_allocated(device)
+    phases = getattr(model, "cudaload_fastload", None)
+    if phases:
+        out["phases"] = {k: v for k, v in phases.items() if not k.endswith("_keys")}
     out["fingerprint"] = _fingerprint(model)
     return out
 
@@ -226,14 +235,18 @@ def _child(args: list[str], timeout: float = 400) -> dict[str, Any]:
 # ---- page cache ------------------------------------------------------------------------------------------
 
 
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("3\n")
-        return True
-    except OSError:
-        return False
+def _pagecache() -> Any:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pagecache
+
+    return pagecache
+
+
+def evict(path: Path) -> dict[str, Any]:
+    """Drop the checkpoint's files from the page cache; say how, and how much of them is still cached."""
+    pc = _pagecache()
+    ok, how = pc.evict(_files(path))
+    return {"ok": ok, "how": how, "resident_after": pc.resident_fraction(_files(path))}
 
 
 def _files(path: Path) -> list[Path]:
@@ -264,14 +277,157 @@ def sequential_read(path: Path) -> dict[str, Any]:
     return {"seconds": s, "bytes": n, "gb_per_s": n / s / 1e9}
 
 
+# ---- staging parameter sweep (one process per shape) ------------------------------------------------------
+
+
+def _host_empty_cache() -> None:
+    import torch
+
+    fn = getattr(torch._C, "_host_emptyCache", None) or getattr(
+        getattr(torch, "accelerator", None), "empty_host_cache", None
+    )
+    if fn is not None:
+        fn()
+
+
+def sweep_worker(path: str, device: str, reps: int) -> dict[str, Any]:
+    """Pinning cost, raw pipeline rate and fastload phases for each staging configuration, in this process."""
+    import gc
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from cudaload import fastload
+    from cudaload.fastload import read_header, staging
+    from cudaload.fastload.reader import TensorInfo
+
+    dev = torch.device(device)
+    torch.zeros(1, device=dev)
+    header = read_header(path)
+    infos = [
+        TensorInfo(f"t{i}", "U8", (t.nbytes,), t.file, t.start, t.end)
+        for i, t in enumerate(header.in_file_order())
+    ]
+    total = sum(i.nbytes for i in infos)
+    flat = torch.empty(total, dtype=torch.uint8, device=dev)
+    targets, off = [], 0
+    for info in infos:
+        targets.append(staging.Target(info.name, flat[off : off + info.nbytes], torch.uint8))
+        off += info.nbytes
+    out: dict[str, Any] = {"bytes": total, "pin": [], "raw": [], "fastload": []}
+    mib = [4, 8, 16, 32, 64]
+    for m in mib:  # pinning alone: 18 buffers, both methods
+        for register in (True, False):
+            pool = staging.PinnedPool(18, m << 20, register=register)
+            pool._thread.join()
+            out["pin"].append({"mib": m, "count": 18, "register": pool.register, "seconds": pool.pin_seconds})
+            pool.close()
+            _host_empty_cache()
+    configs = [(t, m, True) for t in (8, 16) for m in mib] + [(16, 16, False), (16, 64, False)]
+    for threads, m, register in configs:
+        for prepinned in (False, True):
+            times = []
+            for _ in range(reps):
+                bb = m << 20
+                pool = staging.PinnedPool(staging.pool_size(total, threads, bb), bb, register=register)
+                if prepinned:
+                    pool._thread.join()
+                torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                staging.fill_cuda(targets, infos, device=dev, threads=threads, buffer_bytes=bb, pool=pool)
+                torch.cuda.synchronize(dev)
+                times.append(time.perf_counter() - t0)
+                _host_empty_cache()
+            out["raw"].append(
+                {
+                    "threads": threads,
+                    "mib": m,
+                    "register": register,
+                    "prepinned": prepinned,
+                    "seconds": min(times),
+                    "all": [round(x, 4) for x in times],
+                    "gb_per_s": total / min(times) / 1e9,
+                }
+            )
+            print(json.dumps(out["raw"][-1]), file=sys.stderr, flush=True)
+    del flat, targets
+    torch.cuda.empty_cache()
+    # fastload phases per buffer size (first a throwaway load: module imports and first-call costs)
+    for m in [None, *mib]:
+        model = fastload.load(path, device=dev, dtype=torch.bfloat16, buffer_bytes=(m << 20) if m else None)
+        torch.cuda.synchronize(dev)
+        ph = {k: v for k, v in model.cudaload_fastload.items() if not k.endswith("_keys")}
+        if m is not None:
+            out["fastload"].append({"mib": m, **ph})
+            print(json.dumps(out["fastload"][-1]), file=sys.stderr, flush=True)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        _host_empty_cache()
+    return out
+
+
+def sweep_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# fastload staging sweep ({report['machine']['date']})", ""]
+    for r in report["shapes"]:
+        gb = r["bytes"] / 1e9
+        lines += [
+            f"## {r['shape']} ({gb:.2f} GB, page cache warm)",
+            "",
+            "Pinning 18 buffers:",
+            "",
+            "| MiB each | cudaHostRegister s | torch pin_memory s |",
+            "|---|---|---|",
+        ]
+        for m in sorted({p["mib"] for p in r["pin"]}):
+            reg = [p["seconds"] for p in r["pin"] if p["mib"] == m and p["register"]]
+            tor = [p["seconds"] for p in r["pin"] if p["mib"] == m and not p["register"]]
+            lines.append(f"| {m} | {reg[0] if reg else '-':.3} | {tor[0] if tor else '-':.3} |")
+        lines += [
+            "",
+            "Raw read+copy into one GPU buffer (s, best of reps):",
+            "",
+            "| threads | MiB | pinning | pin in timing | prepinned | GB/s prepinned |",
+            "|---|---|---|---|---|---|",
+        ]
+        for x in r["raw"]:
+            if x["prepinned"]:
+                continue
+            pre = next(
+                y
+                for y in r["raw"]
+                if y["prepinned"]
+                and y["threads"] == x["threads"]
+                and y["mib"] == x["mib"]
+                and y["register"] == x["register"]
+            )
+            lines.append(
+                f"| {x['threads']} | {x['mib']} | {'register' if x['register'] else 'torch'} | "
+                f"{x['seconds']:.3f} | {pre['seconds']:.3f} | {pre['gb_per_s']:.1f} |"
+            )
+        lines += [
+            "",
+            "fastload.load phases (s), default threads:",
+            "",
+            "| MiB | total | build | alloc | fill | finish | pin | first wait |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for f in r["fastload"]:
+            lines.append(
+                f"| {f['mib']} | {f['seconds']} | {f['build_s']} | {f['alloc_s']} | {f['fill_s']} | "
+                f"{f['finish_s']} | {f.get('pin_s')} | {f.get('wait_s')} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---- driver ----------------------------------------------------------------------------------------------
 
 
 def bench_shape(shape: str, args: argparse.Namespace, cold_ok: bool) -> dict[str, Any]:
     path = Path(args.work) / shape
     gen = make_checkpoint(
-        shape, path, args.device if args.device.startswith("cuda") else "cpu", shard_bytes=args.shard_bytes,
-        sync=cold_ok,
+        shape, path, args.device if args.device.startswith("cuda") else "cpu", shard_bytes=args.shard_bytes
     )
     common = ["--path", str(path), "--device", args.device, "--dtype", "bfloat16"]
     if args.threads:
@@ -293,12 +449,14 @@ def bench_shape(shape: str, args: argparse.Namespace, cold_ok: bool) -> dict[str
     res["page_cache_read"] = sequential_read(path)
     if cold_ok:
         cold: dict[str, Any] = {}
+        evictions = []
         for method in runs:
-            drop_caches()
+            evictions.append(evict(path))
             cold[method] = _summary([_child(["--measure", method, *common])])
-        drop_caches()
+        evictions.append(evict(path))
         res["disk_read"] = sequential_read(path)
         res["cold"] = cold
+        res["evictions"] = evictions
     return res
 
 
@@ -309,6 +467,8 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "rss_peak": max(r["rss_peak"] for r in runs),
         "rss_before": min(r["rss_before"] for r in runs),
     }
+    if "phases" in runs[-1]:
+        out["phases"] = runs[-1]["phases"]
     if "gpu_peak" in runs[0]:
         out["gpu_peak"] = max(r["gpu_peak"] for r in runs)
         out["gpu_final"] = max(r["gpu_final"] for r in runs)
@@ -383,7 +543,23 @@ def markdown(report: dict[str, Any]) -> str:
             f"{'-' if cold_rate is None or disk is None else f'{cold_rate / disk:.2f}'} |"
         )
     if not report["cold_measured"]:
-        lines += ["", "Cold loads not measured: /proc/sys/vm/drop_caches is not writable here."]
+        lines += ["", "Cold loads not measured (--no-cold or --small)."]
+    for r in report["shapes"]:
+        ev = r.get("evictions")
+        if ev:
+            worst = max((e["resident_after"] or 0.0) for e in ev)
+            lines += [
+                "",
+                f"{r['shape']} cold: page cache dropped with {ev[0]['how']}; at most {worst:.1%} of the "
+                "checkpoint's pages were still cached before a cold load (mincore).",
+            ]
+        ph = r["warm"]["fastload"].get("phases")
+        if ph:
+            lines += [
+                "",
+                f"{r['shape']} fastload phases (last warm run): "
+                + ", ".join(f"{k} {v}" for k, v in ph.items() if k.endswith("_s")),
+            ]
     lines += [
         "",
         "RSS peak includes the interpreter with torch and transformers imported "
@@ -406,12 +582,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-bytes", type=int, default=5 * 10**9)
     ap.add_argument("--shapes", nargs="*", default=None)
     ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="staging parameter sweep instead of the comparison")
+    ap.add_argument("--sweep-worker", action="store_true", help=argparse.SUPPRESS)
     # internal: one measurement in this process
     ap.add_argument("--measure", choices=["from_pretrained", "fastload"])
     ap.add_argument("--bound", action="store_true")
     ap.add_argument("--path")
     ap.add_argument("--dtype", default="bfloat16")
     a = ap.parse_args(argv)
+    if a.sweep_worker:
+        print(json.dumps(sweep_worker(a.path, a.device, a.reps)))
+        return 0
     if a.measure or a.bound:
         if a.bound:
             out = raw_bound(a.path, a.device, a.threads, a.buffer_bytes)
@@ -428,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.small:
         a.shard_bytes = min(a.shard_bytes, 2 << 20)  # several shards even at tiny sizes
     shapes = a.shapes or SHAPES["small" if a.small else "full"]
-    cold_ok = not a.no_cold and not a.small and drop_caches()
+    cold_ok = not a.no_cold and not a.small
     report: dict[str, Any] = {
         "device": a.device,
         "reps": a.reps,
@@ -437,6 +618,24 @@ def main(argv: list[str] | None = None) -> int:
         "shapes": [],
     }
     t0 = time.perf_counter()
+    if a.sweep:
+        for shape in shapes:
+            path = Path(a.work) / shape
+            make_checkpoint(shape, path, a.device if a.device.startswith("cuda") else "cpu", a.shard_bytes)
+            warm_cache(path)
+            r = _child(
+                ["--sweep-worker", "--path", str(path), "--device", a.device, "--reps", str(min(a.reps, 2))],
+                timeout=600,
+            )
+            report["shapes"].append({"shape": shape, **r})
+            print(f"{shape}: done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.json").write_text(json.dumps(report, indent=2))
+        md = sweep_markdown(report)
+        (out / "sweep.md").write_text(md)
+        print(md)
+        return 0
     for shape in shapes:
         report["shapes"].append(bench_shape(shape, a, cold_ok))
         print(f"{shape}: done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)

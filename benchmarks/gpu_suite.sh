@@ -6,6 +6,7 @@
 #   tests     every gpu-marked test, plus the fastload tests
 #   fa4tests  the attention-backend GPU tests (run with the FA4 wheels)
 #   fastload  benchmarks/bench_fastload.py (warm and cold, 0.6B and 8B shapes)
+#   sweep     benchmarks/bench_fastload.py --sweep (staging threads x buffer size x pinning method)
 #   load      benchmarks/run.py --sections load
 #   memory    benchmarks/run.py --sections memory,overheads
 #   choice    benchmarks/run.py --sections choice,firstuse   (FA4 wheels)
@@ -27,6 +28,8 @@ for part in "$@"; do
              > "$dir/pytest-fa4.txt" 2>&1; tail -8 "$dir/pytest-fa4.txt" ;;
     fastload) t "${FASTLOAD_S:-280}" python benchmarks/bench_fastload.py --out "$dir/fastload" ${FASTLOAD_ARGS:-} > "$dir/fastload.log" 2>&1
               tail -30 "$dir/fastload.log" ;;
+    sweep) t "${SWEEP_S:-300}" python benchmarks/bench_fastload.py --sweep --out "$dir/sweep" --reps 2 > "$dir/sweep.log" 2>&1
+           tail -60 "$dir/sweep/sweep.md" ;;
     load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --reps "${REPS:-3}" --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
           tail -40 "$dir/load/results.md" ;;
     memory) t "${MEMORY_S:-240}" python benchmarks/run.py --out "$dir/memory" --sections memory,overheads --budget-s "$(( ${MEMORY_S:-240} - 30 ))" > "$dir/memory.log" 2>&1

@@ -21,6 +21,7 @@ from cudaload.errors import (  # noqa: E402
     CheckpointError,
     ConfigurationError,
     InvalidChoiceError,
+    LoadError,
     ModelNotFoundError,
 )
 from cudaload.fastload import staging  # noqa: E402
@@ -394,6 +395,59 @@ def test_read_chunk_scatters_and_detects_short_files(tmp_path: Path) -> None:
             staging.read_chunk(fd, short[0], memoryview(bytearray(64)))
     finally:
         os.close(fd)
+
+
+class _FakePool(staging.PinnedPool):
+    """The pool's hand-out logic without CUDA: 'pinning' makes plain slots, failing from the ``fail_at``-th."""
+
+    def __init__(self, count: int, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.fail_at, self.delay, self.pinned = fail_at, delay, 0
+        super().__init__(count, 1024, register=False)
+
+    def _pin_one(self) -> Any:
+        import time
+
+        time.sleep(self.delay)
+        if self.fail_at is not None and self.pinned >= self.fail_at:
+            raise OSError("cannot lock memory")
+        self.pinned += 1
+        return staging._Slot(torch.empty(1024, dtype=torch.uint8), memoryview(bytearray(1)), None)
+
+
+def test_pool_hands_out_buffers_as_they_are_pinned() -> None:
+    pool = _FakePool(3, delay=0.02)
+    got = [pool.get() for _ in range(3)]  # blocks until the background thread has pinned each one
+    assert len({id(s) for s in got}) == 3
+    for s in got:
+        pool.put(s)
+    pool.close()
+    pool.close()  # idempotent: the error path of a load may close it again
+    assert pool.pinned == 3 and pool.pin_seconds > 0
+
+
+def test_pool_that_cannot_pin_anything_raises_instead_of_hanging() -> None:
+    pool = _FakePool(4, fail_at=0)
+    with pytest.raises(LoadError, match="could not pin") as e:
+        pool.get()
+    assert "free host memory" in (e.value.fix or "")
+    pool.close()
+
+
+def test_pool_works_with_the_buffers_it_could_pin() -> None:
+    pool = _FakePool(4, fail_at=2)
+    a, b = pool.get(), pool.get()
+    pool.put(a)
+    assert pool.get() is a  # the third reader waits for a returned buffer instead of failing
+    pool.put(a)
+    pool.put(b)
+    pool.close()
+    assert pool.pinned == 2
+
+
+def test_pool_size_follows_the_checkpoint() -> None:
+    assert staging.pool_size(10 << 30, threads=16, buffer_bytes=64 << 20) == 18
+    assert staging.pool_size(100 << 20, threads=16, buffer_bytes=64 << 20) == 2
+    assert staging.pool_size(1, threads=16, buffer_bytes=64 << 20) == 1
 
 
 def _open_fds() -> int:

@@ -331,42 +331,59 @@ def load(
         raise InvalidChoiceError(
             f"fast loading cannot take {root}: {reason}", fix="load it with from_pretrained"
         )
-    if attn_implementation is not None:
-        config._attn_implementation = attn_implementation
-    cls = model_class(config, auto_class)
-    model = build_skeleton(config, cls, dtype, model_kwargs)
-    keys = plan_keys(model, header)
-    if keys.needs_conversion:
-        raise InvalidChoiceError(
-            f"fast loading cannot take {root}: {len(keys.needs_conversion)} checkpoint tensors need "
-            "transformers' "
-            f"weight conversion (e.g. {keys.needs_conversion[0]!r})",
-            fix="load it with from_pretrained",
-        )
-    if keys.mismatched:
-        raise CheckpointError(
-            f"{root}: {len(keys.mismatched)} tensors have another shape than the model expects",
-            reasons=keys.mismatched[:8],
-            fix="check that config.json belongs to these weights",
-        )
-    t_build = time.perf_counter()
+    # Pinning the staging buffers is a fixed cost; started now, it runs while the skeleton is built and its
+    # GPU storage allocated instead of in front of the first read.
+    pool = (
+        staging.PinnedPool(staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes)
+        if dev.type == "cuda"
+        else None
+    )
+    model: Any = None
     try:
-        read_bytes = _fill(model, keys, header, dev, dtype, threads, buffer_bytes)
+        if attn_implementation is not None:
+            config._attn_implementation = attn_implementation
+        cls = model_class(config, auto_class)
+        model = build_skeleton(config, cls, dtype, model_kwargs)
+        keys = plan_keys(model, header)
+        if keys.needs_conversion:
+            raise InvalidChoiceError(
+                f"fast loading cannot take {root}: {len(keys.needs_conversion)} checkpoint tensors need "
+                "transformers' "
+                f"weight conversion (e.g. {keys.needs_conversion[0]!r})",
+                fix="load it with from_pretrained",
+            )
+        if keys.mismatched:
+            raise CheckpointError(
+                f"{root}: {len(keys.mismatched)} tensors have another shape than the model expects",
+                reasons=keys.mismatched[:8],
+                fix="check that config.json belongs to these weights",
+            )
+        t_build = time.perf_counter()
+        fills = allocate(model, keys, header, dev, dtype)
+        t_alloc = time.perf_counter()
+        fill_times = _fill(fills, dev, threads, buffer_bytes, pool)
+        pool = None  # _fill closed it
         t_fill = time.perf_counter()
         finish(model, keys, root)
     except BaseException as e:
         # Leave nothing behind: the traceback's frames (worker threads included) hold views of the tensors
         # this load allocated; clearing them and the model lets the memory go before the error goes up.
+        if pool is not None:
+            pool.close()
         model = None
         _clear_tracebacks(e)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         raise
     t_end = time.perf_counter()
+    read_bytes = sum(info.nbytes for _, _, info in fills)
     model.cudaload_fastload = {
         "seconds": round(t_end - t0, 4),
         "build_s": round(t_build - t0, 4),
-        "fill_s": round(t_fill - t_build, 4),
+        "alloc_s": round(t_alloc - t_build, 4),
+        "fill_s": round(t_fill - t_alloc, 4),
+        "finish_s": round(t_end - t_fill, 4),
+        **fill_times,
         "bytes": read_bytes,
         "threads": threads,
         "buffer_bytes": buffer_bytes,
@@ -379,30 +396,28 @@ def load(
         root,
         read_bytes / 1e9,
         t_end - t0,
-        read_bytes / 1e9 / max(t_fill - t_build, 1e-9),
+        read_bytes / 1e9 / max(t_fill - t_alloc, 1e-9),
     )
     return model
 
 
 def _fill(
-    model: Any,
-    keys: KeyPlan,
-    header: CheckpointHeader,
+    fills: list[tuple[str, Any, TensorInfo]],
     dev: torch.device,
-    dtype: torch.dtype,
     threads: int,
     buffer_bytes: int,
-) -> int:
+    pool: Any,
+) -> dict[str, float]:
     from . import staging
 
-    fills = allocate(model, keys, header, dev, dtype)
     targets = [staging.Target(name, t.detach(), torch_dtype(info.dtype)) for name, t, info in fills]
     infos = [info for _, _, info in fills]
     if dev.type == "cuda":
-        staging.fill_cuda(targets, infos, device=dev, threads=threads, buffer_bytes=buffer_bytes)
-    else:
-        staging.fill_cpu(targets, infos, threads=threads, buffer_bytes=buffer_bytes)
-    return sum(i.nbytes for i in infos)
+        return staging.fill_cuda(
+            targets, infos, device=dev, threads=threads, buffer_bytes=buffer_bytes, pool=pool
+        )
+    staging.fill_cpu(targets, infos, threads=threads, buffer_bytes=buffer_bytes)
+    return {}
 
 
 def _clear_tracebacks(e: BaseException | None) -> None:
