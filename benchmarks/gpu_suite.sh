@@ -3,7 +3,7 @@
 #   benchmarks/gpu_suite.sh OUTDIR PART...
 # parts (each bounded by its own timeout, so one slow part cannot eat the call):
 #   env       cudaload env --json / doctor / demo
-#   tests     every gpu-marked test, plus the fastload tests
+#   tests     every gpu-marked test, plus the fastload tests (TESTS_FILES: a subset)
 #   fa4tests  the attention-backend GPU tests (run with the FA4 wheels)
 #   fastload  benchmarks/bench_fastload.py (warm and cold, 0.6B and 8B shapes)
 #   sweep     benchmarks/bench_fastload.py --sweep (staging threads x buffer size x pinning method)
@@ -21,8 +21,8 @@ for part in "$@"; do
   case $part in
     env) t 60 python -m cudaload env --json > "$dir/env.json"; t 60 python -m cudaload doctor > "$dir/doctor.txt" 2>&1
          t 120 python -m cudaload demo > "$dir/demo.txt" 2>&1; cat "$dir/demo.txt" | tail -8 ;;
-    tests) t "${TESTS_S:-330}" python -m pytest -q -p no:cacheprovider -rs tests/test_fastload.py tests/test_fastload_gpu.py \
-             tests/test_detection.py tests/test_gpu_load.py tests/test_hub_kernels_e2e.py tests/test_benchmarks.py -m "gpu or not slow" \
+    tests) t "${TESTS_S:-330}" python -m pytest -q -p no:cacheprovider -rs ${TESTS_FILES:-tests/test_fastload.py tests/test_fastload_gpu.py \
+             tests/test_detection.py tests/test_gpu_load.py tests/test_hub_kernels_e2e.py tests/test_benchmarks.py} -m "gpu or not slow" \
              > "$dir/pytest-gpu.txt" 2>&1; tail -25 "$dir/pytest-gpu.txt" ;;
     fa4tests) t 150 python -m pytest -q -p no:cacheprovider -rs tests/test_gpu_load.py -k "backend or auto_load" \
              > "$dir/pytest-fa4.txt" 2>&1; tail -8 "$dir/pytest-fa4.txt" ;;

@@ -226,8 +226,7 @@ def w_write(spec: dict[str, Any]) -> dict[str, Any]:
         (out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
         )
-    config.save_pretrained(out)
-    os.sync()
+    config.save_pretrained(out)  # no global sync: a cold measurement fsyncs the files it evicts
     return {
         "bytes": total,
         "files": len(shards),
@@ -486,7 +485,9 @@ def w_overheads(spec: dict[str, Any]) -> dict[str, Any]:
 
     t2 = time.perf_counter()
     heavy = sorted(
-        m for m in ("transformers", "accelerate", "safetensors", "pynvml") if m in sys.modules and m not in before
+        m
+        for m in ("transformers", "accelerate", "safetensors", "pynvml")
+        if m in sys.modules and m not in before
     )
     out: dict[str, Any] = {
         "import_torch_s": t1 - t0,
@@ -660,17 +661,15 @@ class Runner:
         os.replace(tmp, self.out / "results.json")
         (self.out / "results.md").write_text(render_markdown(self.results))
 
-    def drop_caches(self) -> tuple[bool, str]:
-        """Drop the page cache (needs root and a writable /proc/sys): (done, why not)."""
-        if hasattr(os, "geteuid") and os.geteuid() != 0:
-            return False, "not root"
-        try:
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-                f.write("3\n")
-        except OSError as e:
-            return False, f"drop_caches failed: {e}"
-        return True, ""
+    def evict(self, path: str) -> tuple[bool, str, float | None]:
+        """Drop one checkpoint's files from the page cache (fsync + fadvise, no root needed; see
+        pagecache.py): (done, how or why not, fraction of its pages still cached afterwards)."""
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import pagecache
+
+        files = pagecache.files_of(path)
+        ok, how = pagecache.evict(files)
+        return ok, how, pagecache.resident_fraction(files) if ok else None
 
     # -- set-up ------------------------------------------------------------------------
     def collect_meta(self) -> None:
@@ -846,7 +845,8 @@ class Runner:
         reps = self.args.reps
         cold_ok, cold_why = False, "--cold off"
         if self.args.cold == "on" or (self.args.cold == "auto" and not self.args.small):
-            cold_ok, cold_why = self.drop_caches()
+            cold_ok = hasattr(os, "posix_fadvise") or os.access("/proc/sys/vm/drop_caches", os.W_OK)
+            cold_why = "" if cold_ok else "neither posix_fadvise nor a writable drop_caches here"
         elif self.args.small:
             cold_why = "--small (dropping the page cache would slow everything else on a CI machine)"
         sec["cold"] = "measured" if cold_ok else f"cold not measured: {cold_why}"
@@ -877,17 +877,21 @@ class Runner:
                             {**tag, "why": f"time budget ({self.args.budget_s:.0f} s) reached"}
                         )
                         continue
+                    resident: float | None = None
                     if cache == "cold":
-                        ok, why = self.drop_caches()
+                        ok, why, resident = self.evict(path)
                         if not ok:
                             sec["skipped"].append({**tag, "why": why})
                             continue
+                        sec["cold"] = f"measured (page cache dropped by {why})"
                     elif not any(s["shape"] == tag["shape"] and s["quant"] == quant for s in samples):
                         # the first warm sample of a checkpoint must not be the one that reads it from disk
                         self._read_through(path)
                     self.log(f"load {tag}")
                     res = self.worker("load", {"path": path, "method": method, "quant": quant})
-                    samples.append({**tag, **res})
+                    samples.append(
+                        {**tag, **res, **({"resident_before": resident} if cache == "cold" else {})}
+                    )
                     self.save()
         sec["summary"] = summarize_load(samples)
         if sec["skipped"] or sec["quant_skipped"]:

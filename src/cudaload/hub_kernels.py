@@ -692,6 +692,8 @@ def plan_kernels(
         if not e["local"] and e["pinned"]:
             plan["lock"][e["repo"]] = e["pinned"]
     reasons.append(f"kernels for {', '.join(e['layer'] for e in accepted)} ({mode}, {device})")
+    reasons.extend(f"{e['layer']} left out: {e['reasons'][0] if e['reasons'] else 'failed preflight'}"
+                   for e in entries if not e["ok"])
     return plan
 
 

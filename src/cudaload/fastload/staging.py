@@ -32,7 +32,10 @@ from .reader import TensorInfo
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_BUFFER_BYTES = 64 << 20
+#: Staging buffer size. Measured on the H200 host (benchmarks/results/2026-11-29-h200/sweep.md, 16.4 GB, warm):
+#: pinning costs ~6 ms per 16 MiB buffer and blocks cudaMalloc while it runs, so the pool must stay small;
+#: with 8 readers, 16 MiB buffers read+copy at 28.7 GB/s (0.57 s), 64 MiB ones no faster once pinning counts.
+DEFAULT_BUFFER_BYTES = 16 << 20
 #: Offsets of pieces inside a staging buffer are rounded up to this, so a piece can be viewed as any dtype.
 _ALIGN = 64
 #: Linux's IOV_MAX is 1024; stay well below it.
@@ -40,9 +43,9 @@ _MAX_IOV = 512
 
 
 def default_threads() -> int:
-    # Reads from the page cache scale to ~16 threads on the H200 host (measured 0.56 s for 16.4 GB with 16);
-    # beyond the core count they only contend.
-    return max(2, min(16, os.cpu_count() or 2))
+    # Page-cache reads saturate at ~8 threads on the H200 host: 8 x 16 MiB moved 16.4 GB in 0.57 s, 16 threads
+    # no faster (0.63 s) and each extra reader adds a pinned buffer. Never more readers than cores.
+    return max(2, min(8, os.cpu_count() or 2))
 
 
 @dataclass(frozen=True)
