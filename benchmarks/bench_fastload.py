@@ -636,14 +636,16 @@ def main(argv: list[str] | None = None) -> int:
         (out / "sweep.md").write_text(md)
         print(md)
         return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = ""
     for shape in shapes:
         report["shapes"].append(bench_shape(shape, a, cold_ok))
         print(f"{shape}: done at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fastload.json").write_text(json.dumps(report, indent=2))
-    md = markdown(report)
-    (out / "fastload.md").write_text(md)
+        # written after every shape: a run cut short by its time limit keeps what it measured
+        (out / "fastload.json").write_text(json.dumps(report, indent=2))
+        md = markdown(report)
+        (out / "fastload.md").write_text(md)
     print(md)
     return 0 if all(r["weights_match"] for r in report["shapes"]) else 1
 
