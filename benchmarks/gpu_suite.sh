@@ -30,7 +30,7 @@ for part in "$@"; do
               tail -30 "$dir/fastload.log" ;;
     sweep) t "${SWEEP_S:-300}" python benchmarks/bench_fastload.py --sweep --out "$dir/sweep" --reps 2 > "$dir/sweep.log" 2>&1
            tail -60 "$dir/sweep/sweep.md" ;;
-    load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --reps "${REPS:-3}" --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
+    load) t "${LOAD_S:-500}" python benchmarks/run.py --out "$dir/load" --sections load --reps "${REPS:-3}" ${SHAPES:+--shapes $SHAPES} --budget-s "$(( ${LOAD_S:-500} - 40 ))" > "$dir/load.log" 2>&1
           tail -40 "$dir/load/results.md" ;;
     memory) t "${MEMORY_S:-240}" python benchmarks/run.py --out "$dir/memory" --sections memory,overheads --budget-s "$(( ${MEMORY_S:-240} - 30 ))" > "$dir/memory.log" 2>&1
             tail -40 "$dir/memory/results.md" ;;
