@@ -1128,8 +1128,12 @@ def summarize_load(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: metrics where a smaller number is better (times); the others are rates
+_LOWER_IS_BETTER = {"prefill_ms", "generate_s"}
+
+
 def _better(metric: str, a: float, b: float) -> bool:
-    return a < b if metric == "prefill_ms" else a > b
+    return a < b if metric in _LOWER_IS_BETTER else a > b
 
 
 def summarize_choice(
@@ -1139,7 +1143,8 @@ def summarize_choice(
     out = []
     for work, choice in choices.items():
         wr = [r for r in rows if r["work"] == work and "error" not in r]
-        metrics = ["decode_tok_s"] + (["prefill_ms"] if not work.startswith("bs1") else [])
+        # generate_s: the whole generate() call (prefill + every new token), what a user waits for
+        metrics = ["decode_tok_s"] + (["prefill_ms"] if not work.startswith("bs1") else []) + ["generate_s"]
         for metric in metrics:
             vals = {r["backend"]: r[metric] for r in wr if r.get(metric) is not None}
             best = None
@@ -1151,7 +1156,7 @@ def summarize_choice(
                 # a "higher is better" number for both metrics, so ratios read the same way
                 if v is None:
                     return None
-                return 1.0 / v if metric == "prefill_ms" else v
+                return 1.0 / v if metric in _LOWER_IS_BETTER else v
 
             chosen = vals.get(choice) if choice else None
             r_best = ratio(speed(chosen), speed(vals.get(best))) if best else None

@@ -12,11 +12,11 @@ from typing import Any
 from ..decision import Candidate, Decision
 from ..plans import Placement
 
-#: Below this checkpoint size from_pretrained is as fast or faster: the fast path's fixed costs (pinning its
-#: staging pool, a thread pool) are not paid back. Measured on the H200 (torch 2.11, transformers 5.17), warm:
-#: Qwen3-0.6B shape, 1.2 GB: fast 0.73-0.75 s vs from_pretrained 0.34-0.54 s; Qwen3-8B shape, 16.4 GB:
-#: fast 1.19 s vs from_pretrained 2.49 s (benchmarks/results/2026-11-29-h200/).
-FAST_MIN_BYTES = 4 * 10**9
+#: Below this checkpoint size the fast path is not known to win: its fixed costs (pinning the staging pool,
+#: building the skeleton) are ~0.15 s. Measured on the H200 (torch 2.11, transformers 5.17, warm page cache,
+#: benchmarks/results/2026-11-29-h200/fastload.md): Qwen3-0.6B shape, 1.19 GB, fast 0.227 s vs from_pretrained
+#: 0.284 s; Qwen3-8B shape, 16.4 GB, 0.767 s vs 2.630 s. Smaller checkpoints were not measured.
+FAST_MIN_BYTES = 1 * 10**9
 
 
 def choose_load_path(
@@ -49,8 +49,8 @@ def choose_load_path(
         bad.append("split across several GPUs: the fast path fills one device")
     if prefer is None and s.weights_bytes and s.weights_bytes < FAST_MIN_BYTES:
         bad.append(
-            f"checkpoint of {s.weights_bytes / 1e9:.1f} GB: below {FAST_MIN_BYTES / 1e9:.0f} GB from_pretrained "
-            "is as fast (the fast path's fixed cost is not paid back; measured on the H200)"
+            f"checkpoint of {s.weights_bytes / 1e9:.2f} GB: below {FAST_MIN_BYTES / 1e9:.0f} GB the fast path "
+            "is not known to beat from_pretrained (its fixed cost is ~0.15 s; fast=True forces it)"
         )
     fast = Candidate(
         "fast",
