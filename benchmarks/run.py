@@ -979,6 +979,7 @@ class Runner:
                 sec["status"] = "partial"
                 continue
             rows = [{"shape": label, **r} for r in res["rows"]]
+            sec.setdefault("choices", {})[label] = choices
             sec["rows"] += rows
             sec["summary"] += summarize_choice(label, rows, choices)
             self.save()
@@ -1323,7 +1324,19 @@ def _md_load(sec: dict[str, Any]) -> list[str]:
         "",
     ]
     rows = []
+    merged_runs = any(x.get("run") for x in sec.get("samples", []))
     for r in sec.get("summary", []):
+        if merged_runs:
+            r = {
+                **r,
+                "run": ", ".join(
+                    dict.fromkeys(
+                        x["run"]
+                        for x in sec["samples"]
+                        if (x["shape"], x["quant"], x["cache"]) == (r["shape"], r["quant"], r["cache"])
+                    )
+                ),
+            }
         t, c = r["transformers"], r["cudaload"]
         rows.append(
             [
@@ -1339,6 +1352,7 @@ def _md_load(sec: dict[str, Any]) -> list[str]:
                 human(c["rss_peak"]),
                 c.get("load_path"),
                 f"{t['n']}/{c['n']}",
+                *([r.get("run")] if merged_runs else []),
             ]
         )
     out += md_table(
@@ -1355,6 +1369,7 @@ def _md_load(sec: dict[str, Any]) -> list[str]:
             "RSS peak cl",
             "cudaload path",
             "n tf/cl",
+            *(["run"] if merged_runs else []),
         ],
         rows,
     )
@@ -1418,6 +1433,8 @@ def _md_choice(sec: dict[str, Any]) -> list[str]:
             )
     for b, why in (sec.get("not_timed") or {}).items():
         out.append(f"- {b} not timed: {why}")
+    for shape, run in (sec.get("sources") or {}).items():
+        out.append(f"- {shape}: measured in {run}")
     for e in sec.get("plan_errors", []):
         out.append(f"- plan() failed: {e.splitlines()[0]}")
     for s in sec.get("summary", []):
@@ -1502,6 +1519,7 @@ def _ms(s: float | None) -> float | None:
 
 def _md_firstuse(sec: dict[str, Any]) -> list[str]:
     out = [
+        *([f"From {sec['run']}.", ""] if sec.get("run") else []),
         f"{sec.get('shape')}, bs1, {sec.get('prompt')}-token prompt; `cudaload.load_model(path, attn=..., "
         "warmup=...)` then `generate(max_new_tokens=1)` twice. Ready + first token is what a user waits for.",
         "",
@@ -1532,6 +1550,8 @@ def _md_firstuse(sec: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+    for part in sec.get("also", []):
+        out += ["", *_md_firstuse({**part, "also": []})]
     return out
 
 
@@ -1651,26 +1671,107 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run_label(path: str) -> str:
+    """A results.json's name in a merged table: its folder (e.g. ``run8-load-8b``)."""
+    return Path(path).resolve().parent.name
+
+
+def _merge_load(ran: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Samples per (shape, quant, cache) from the first run that measured that row; summary recomputed."""
+    base = dict(ran[0][1])
+    samples: list[dict[str, Any]] = []
+    have: set[tuple[str, str, str]] = set()
+    colds: list[str] = []
+    for label, sec in ran:
+        mine = [x for x in sec.get("samples", []) if (x["shape"], x["quant"], x["cache"]) not in have]
+        if mine:
+            samples += [{**x, "run": label} for x in mine]
+            have |= {(x["shape"], x["quant"], x["cache"]) for x in mine}
+            if sec.get("cold"):
+                colds.append(f"{label}: {sec['cold']}")
+    skipped = []
+    for _, sec in ran:
+        for x in sec.get("skipped", []):
+            if (x["shape"], x["quant"], x["cache"]) not in have and x not in skipped:
+                skipped.append(x)
+    base.update(samples=samples, summary=summarize_load(samples), skipped=skipped, cold="; ".join(colds))
+    base["status"] = "partial" if skipped else "ok"
+    return base
+
+
+def _merge_choice(ran: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Rows per shape from the first run that timed that shape; summary recomputed (new metrics included)."""
+    base = dict(ran[0][1])
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    sources: dict[str, str] = {}
+    not_timed: dict[str, str] = {}
+    for label, sec in ran:
+        for shape in dict.fromkeys(r.get("shape") for r in sec.get("rows", [])):
+            if shape is None or shape in sources:
+                continue
+            sources[shape] = label
+            mine = [{**r, "run": label} for r in sec["rows"] if r.get("shape") == shape]
+            rows += mine
+            choices = dict((sec.get("choices") or {}).get(shape) or {})
+            for x in sec.get("summary", []):
+                if x["shape"] == shape:
+                    choices.setdefault(x["work"], x["cudaload_choice"])
+            summary += summarize_choice(shape, [r for r in mine if "error" not in r], choices)
+        not_timed.update(sec.get("not_timed") or {})
+    base.update(rows=rows, summary=summary, sources=sources, not_timed=not_timed)
+    return base
+
+
+def _merge_firstuse(ran: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One table per shape, each from the first run that measured it."""
+    seen: set[str] = set()
+    parts = []
+    for label, sec in ran:
+        if sec.get("shape") and sec["shape"] not in seen:
+            seen.add(sec["shape"])
+            parts.append({**sec, "run": label})
+    base = dict(parts[0]) if parts else dict(ran[0][1])
+    base["also"] = parts[1:]
+    return base
+
+
 def merge(paths: Sequence[str], out: Path, plot: bool = True) -> dict[str, Any]:
     """Combine results.json files of split runs (e.g. one with the quant wheels, one with FA4) into one.
 
-    Each section comes from the first file that ran it; meta and machine from the first file, with every
-    file's meta kept under ``meta.merged_from``.
+    Load rows (shape, quant, cache), choice shapes and first-use shapes come from the first file that
+    measured them, so a later run fills what an earlier one lacked and a newer file listed first replaces
+    older rows; every row keeps the name of its run. Other sections come whole from the first file that ran
+    them; meta and machine from the first file, with every file's meta kept under ``meta.merged_from``.
     """
     runs = [json.loads(Path(p).read_text()) for p in paths]
+    labels = [_run_label(p) for p in paths]
     merged: dict[str, Any] = {"meta": dict(runs[0].get("meta", {})), "machine": runs[0].get("machine", {})}
     merged["meta"]["merged_from"] = [
-        {"file": str(p), **r.get("meta", {})} for p, r in zip(paths, runs, strict=True)
+        {"file": str(p), "run": lb, **r.get("meta", {})} for p, lb, r in zip(paths, labels, runs, strict=True)
     ]
     sections: dict[str, Any] = {}
     for name in SECTIONS:
-        ran = [r["sections"][name] for r in runs if name in r.get("sections", {})]
-        done = [
-            s for s in ran if not str(s.get("status", "")).startswith(("skipped: not requested", "pending"))
+        ran = [
+            (lb, r["sections"][name])
+            for lb, r in zip(labels, runs, strict=True)
+            if name in r.get("sections", {})
         ]
-        sections[name] = (
-            done[0] if done else (ran[0] if ran else {"title": TITLES[name], "status": "missing"})
-        )
+        done = [
+            (lb, s)
+            for lb, s in ran
+            if not str(s.get("status", "")).startswith(("skipped: not requested", "pending", "missing"))
+        ]
+        if not done:
+            sections[name] = ran[0][1] if ran else {"title": TITLES[name], "status": "missing"}
+        elif name == "load":
+            sections[name] = _merge_load(done)
+        elif name == "choice":
+            sections[name] = _merge_choice(done)
+        elif name == "firstuse":
+            sections[name] = _merge_firstuse(done)
+        else:
+            sections[name] = {**done[0][1], "run": done[0][0]}
     sections["plot"] = {"title": TITLES["plot"], "status": "skipped: not requested"}
     merged["sections"] = sections
     out.mkdir(parents=True, exist_ok=True)

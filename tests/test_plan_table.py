@@ -535,3 +535,24 @@ def test_cli_plan(tiny_model: Any, capsys: pytest.CaptureFixture[str]) -> None:
         )
         == 2
     )
+
+
+def test_declared_single_short_sequence_picks_eager_on_gpus() -> None:
+    """One sequence of at most 1024 tokens is decode-bound: eager was fastest on the H200 (8B and 0.6B)."""
+    cfg = full_config("Qwen3-8B")
+    h200 = hw("H200", ("flash-attn-4",))
+    short = plan(cfg, hardware=h200, batch_size=1, seq_len=544).attention
+    assert short.choice == "eager" and short.reasons[0].startswith("declared work: 1 sequence")
+    assert "flash_attention_4 would be chosen for batched or longer work" in short.reasons
+    assert {c.name for c in short.candidates if c.ok} >= {"flash_attention_4", "sdpa", "eager"}
+    # batched, longer, undeclared, training, explicit, or an old GPU: the normal order
+    assert plan(cfg, hardware=h200, batch_size=8, seq_len=2080).attention.choice == "flash_attention_4"
+    assert plan(cfg, hardware=h200, batch_size=1, seq_len=4096).attention.choice == "flash_attention_4"
+    assert plan(cfg, hardware=h200, seq_len=544).attention.choice == "flash_attention_4"
+    assert plan(cfg, hardware=h200, batch_size=1).attention.choice == "flash_attention_4"
+    lora = plan(cfg, hardware=h200, batch_size=1, seq_len=512, intent="lora").attention
+    assert lora.choice == "flash_attention_4"
+    explicit = plan(cfg, hardware=h200, batch_size=1, seq_len=544, attn="flash_attention_4").attention
+    assert explicit.choice == "flash_attention_4" and explicit.explicit
+    assert plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), batch_size=1, seq_len=544).attention.choice == "sdpa"
+    assert plan(cfg, hardware=Capabilities(), batch_size=1, seq_len=544).attention.choice == "sdpa"

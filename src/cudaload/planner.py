@@ -137,6 +137,8 @@ def plan(
         caps = caps.with_packages(assume_installed, assume_missing)
     info = model_info(model, model_class=model_class, revision=revision)
     s = info.summary
+    # the work the caller declared (both numbers), before defaults fill them in for the memory estimate
+    declared = (batch_size, seq_len) if batch_size is not None and seq_len is not None else None
     if seq_len is None:
         seq_len = min(s.max_position_embeddings or DEFAULT_SEQ_UNKNOWN, DEFAULT_SEQ_CAP)
     batch_size = batch_size or 1
@@ -152,7 +154,7 @@ def plan(
     assert dt.choice is not None
     trust = (*trust_kernels, *_env.trusted_kernel_repos())
     at = choose_attention(
-        info, caps, dtype=dt.choice, intent=intent, requested=attn, trust=trust, revision=None
+        info, caps, dtype=dt.choice, intent=intent, requested=attn, trust=trust, revision=None, work=declared
     )
     assert at.choice is not None
     fr = fit(

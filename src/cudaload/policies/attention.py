@@ -38,6 +38,14 @@ _FORWARD_ONLY_KERNELS = frozenset({"kernels-community/vllm-flash-attn3"})
 _FA2_SOFTCAP_MIN = (2, 6, 0)
 _FA2_MIN = (2, 3, 3)  # transformers refuses older flash-attn (is_flash_attn_2_available)
 
+#: Declared work of one sequence up to this many tokens (prompt + new) is decode-bound: each new token costs
+#: one attention call per layer, and the host-side cost of the call decides, not the math. Eager's few plain
+#: kernels then beat SDPA's dispatch and FA4's Python wrapper. Measured on the H200 (bf16, generate() of a
+#: 512-token prompt + 32 tokens, benchmarks/results/2026-11-29-h200/results.md section 2): Qwen3-8B eager
+#: 1.17 s, FA4 1.47 s, SDPA 1.88 s; Qwen3-0.6B eager 0.995 s, FA4 1.15 s, SDPA 1.36 s. With 8 sequences of
+#: 2048 tokens FA4 was fastest (8B: 1.78 s vs eager 2.08 s), so the rule stops at one sequence.
+SHORT_DECODE_MAX_TOKENS = 1024
+
 ALL_NAMES = (
     "flash_attention_4",
     HUB_KERNEL["flash_attention_4"],
@@ -246,11 +254,13 @@ def choose_attention(
     requested: str = "auto",
     trust: Sequence[str] = (),
     revision: str | None = None,
+    work: tuple[int, int] | None = None,
 ) -> Decision:
     """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``.
 
     "auto" never raises: eager always qualifies. An explicit name is honoured when valid, else
-    InvalidChoiceError with every reason.
+    InvalidChoiceError with every reason. ``work`` is the (batch_size, seq_len) the caller declared, None
+    when it did not: one short sequence for inference on a GPU picks eager (see SHORT_DECODE_MAX_TOKENS).
     """
     order = priority(caps.gpus[0] if caps.gpus else None)
     cands: list[Candidate] = []
@@ -292,4 +302,31 @@ def choose_attention(
     skipped = [c.name for c in cands[: cands.index(chosen)]]
     if skipped:
         reasons.append("preferred but rejected: " + ", ".join(skipped))
+    short = _short_decode(work, intent, caps)
+    if short and chosen.name != "eager":
+        eager = by["eager"]
+        return Decision(
+            "eager",
+            (
+                short,
+                *eager.reasons,
+                f"{chosen.name} would be chosen for batched or longer work",
+                *(["preferred but rejected: " + ", ".join(skipped)] if skipped else []),
+            ),
+            tuple(cands),
+        )
     return Decision(chosen.name, tuple(reasons), tuple(cands))
+
+
+def _short_decode(work: tuple[int, int] | None, intent: str, caps: Capabilities) -> str | None:
+    """Why the declared work is single-sequence short decode, where eager is fastest; None when it is not."""
+    if work is None or intent != "inference" or not caps.gpus:
+        return None
+    batch, seq = work
+    if batch != 1 or seq > SHORT_DECODE_MAX_TOKENS or caps.gpus[0].compute_capability < (8, 0):
+        return None
+    return (
+        f"declared work: 1 sequence of at most {seq} tokens, so decoding dominates and each step's "
+        "host-side overhead decides; eager's plain kernels had the least (measured on the H200: 1.25x "
+        "FA4, 1.6x SDPA for a 512-token prompt + 32 tokens)"
+    )
