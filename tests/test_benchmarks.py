@@ -95,10 +95,87 @@ def test_summarize_choice_compares_with_the_fastest_and_with_sdpa() -> None:
 
 
 def test_summarize_choice_says_when_the_choice_was_not_timed() -> None:
-    rows = [{"backend": "sdpa", "work": "bs1 p512", "decode_tok_s": 10.0}]
-    (s,) = run.summarize_choice("0.6b", rows, {"bs1 p512": "flash_attention_3"})
-    assert s["choice_vs_fastest"] is None and s["meets_goal"] is None
-    assert "flash_attention_3 was not timed" in s["note"]
+    rows = [{"backend": "sdpa", "work": "bs1 p512", "decode_tok_s": 10.0, "generate_s": 2.0}]
+    out = run.summarize_choice("0.6b", rows, {"bs1 p512": "flash_attention_3"})
+    assert [s["metric"] for s in out] == ["decode_tok_s", "generate_s"]
+    for s in out:
+        assert s["choice_vs_fastest"] is None and s["meets_goal"] is None
+        assert "flash_attention_3 was not timed" in s["note"]
+
+
+def test_summarize_choice_ranks_whole_generate_time_lower_is_better() -> None:
+    rows = [
+        {
+            "backend": "sdpa",
+            "work": "bs8 p2048",
+            "decode_tok_s": 100.0,
+            "prefill_ms": 50.0,
+            "generate_s": 2.0,
+        },
+        {
+            "backend": "eager",
+            "work": "bs8 p2048",
+            "decode_tok_s": 120.0,
+            "prefill_ms": 90.0,
+            "generate_s": 2.2,
+        },
+    ]
+    out = {s["metric"]: s for s in run.summarize_choice("8b", rows, {"bs8 p2048": "sdpa"})}
+    assert out["decode_tok_s"]["fastest"] == "eager"
+    assert out["generate_s"]["fastest"] == "sdpa" and out["generate_s"]["choice_vs_fastest"] == 1.0
+
+
+def test_merge_takes_each_row_from_the_first_run_that_measured_it(tmp_path: Path) -> None:
+    def load_sample(shape: str, cache: str, method: str, seconds: float) -> dict[str, Any]:
+        return {"shape": shape, "quant": "bf16", "cache": cache, "method": method, "seconds": seconds}
+
+    def results(samples: list[dict[str, Any]], choice_rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "meta": {},
+            "machine": {},
+            "sections": {
+                "load": {"status": "ok", "samples": samples, "summary": []},
+                "choice": {
+                    "status": "ok",
+                    "rows": choice_rows,
+                    "summary": [
+                        {"shape": r["shape"], "work": r["work"], "cudaload_choice": "sdpa"}
+                        for r in choice_rows
+                    ],
+                },
+            },
+        }
+
+    new = tmp_path / "run-new" / "results.json"
+    old = tmp_path / "run-old" / "results.json"
+    for f in (new, old):
+        f.parent.mkdir()
+    new.write_text(
+        json.dumps(
+            results(
+                [load_sample("A", "warm", m, 1.0) for m in ("transformers", "cudaload")],
+                [{"shape": "A", "backend": "sdpa", "work": "w", "decode_tok_s": 5.0}],
+            )
+        )
+    )
+    old.write_text(
+        json.dumps(
+            results(
+                [
+                    load_sample(sh, c, m, 9.0)
+                    for sh, c in (("A", "warm"), ("A", "cold"))
+                    for m in ("transformers", "cudaload")
+                ],
+                [{"shape": sh, "backend": "sdpa", "work": "w", "decode_tok_s": 1.0} for sh in ("A", "B")],
+            )
+        )
+    )
+    merged = run.merge([str(new), str(old)], tmp_path / "out", plot=False)
+    load = {(r["shape"], r["cache"]): r for r in merged["sections"]["load"]["summary"]}
+    assert load[("A", "warm")]["transformers"]["seconds"] == 1.0  # the newer run wins
+    assert load[("A", "cold")]["transformers"]["seconds"] == 9.0  # the older run fills the gap
+    assert merged["sections"]["choice"]["sources"] == {"A": "run-new", "B": "run-old"}
+    assert "run-old" in (tmp_path / "out" / "results.md").read_text()
 
 
 def test_compare_memory_ratios_estimates_against_measured_peaks() -> None:

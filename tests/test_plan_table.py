@@ -554,5 +554,8 @@ def test_declared_single_short_sequence_picks_eager_on_gpus() -> None:
     assert lora.choice == "flash_attention_4"
     explicit = plan(cfg, hardware=h200, batch_size=1, seq_len=544, attn="flash_attention_4").attention
     assert explicit.choice == "flash_attention_4" and explicit.explicit
-    assert plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), batch_size=1, seq_len=544).attention.choice == "sdpa"
+    assert (
+        plan(full_config("Qwen3-0.6B"), hardware=hw("T4"), batch_size=1, seq_len=544).attention.choice
+        == "sdpa"
+    )
     assert plan(cfg, hardware=Capabilities(), batch_size=1, seq_len=544).attention.choice == "sdpa"

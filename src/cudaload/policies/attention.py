@@ -142,9 +142,13 @@ def _flash_checks(
                 f"intent {intent} needs a backward pass"
             )
         # flash-attn-4 4.0.0b36: backward asserts sm9x-12x; sm100 hd256 backward has no softcap
-        if (impl == "flash_attention_4" and cc[0] in (10, 11) and info.summary.head_dim == 256
-                and info.attn_softcapping):
-                bad.append("flash-attn-4's sm100 backward for head_dim 256 does not support soft-capping")
+        if (
+            impl == "flash_attention_4"
+            and cc[0] in (10, 11)
+            and info.summary.head_dim == 256
+            and info.attn_softcapping
+        ):
+            bad.append("flash-attn-4's sm100 backward for head_dim 256 does not support soft-capping")
         if info.attention_dropout > 0 and impl != "flash_attention_2":
             bad.append(
                 f"attention_dropout={info.attention_dropout}: {impl} has no dropout (training would differ)"
