@@ -559,3 +559,10 @@ def test_declared_single_short_sequence_picks_eager_on_gpus() -> None:
         == "sdpa"
     )
     assert plan(cfg, hardware=Capabilities(), batch_size=1, seq_len=544).attention.choice == "sdpa"
+
+
+def test_eager_chosen_on_purpose_is_not_warned_about() -> None:
+    h200 = hw("H200", ("flash-attn-4",))
+    short = plan(full_config("Qwen3-8B"), hardware=h200, batch_size=1, seq_len=544)
+    assert short.attention.choice == "eager"
+    assert not any("no fused backend" in w for w in short.warnings)

@@ -190,7 +190,9 @@ def plan(
         warnings.append(
             "layers are offloaded to CPU/disk: every forward pass copies them in (expect slow generation)"
         )
-    if caps.gpus and at.choice == "eager" and not info.attn_softcapping:
+    fused_ok = any(c.ok for c in at.candidates if c.name != "eager")
+    if caps.gpus and at.choice == "eager" and not info.attn_softcapping and not fused_ok:
+        # eager chosen on purpose (explicitly, or for a declared short single sequence) is not a problem
         warnings.append("eager attention on a GPU: no fused backend qualified (see attention candidates)")
     if s.max_position_embeddings and seq_len > s.max_position_embeddings:
         warnings.append(

@@ -334,11 +334,14 @@ def load(
     # Pinning the staging buffers is a fixed cost; started now, it runs while the skeleton is built and its
     # GPU storage allocated instead of in front of the first read.
     pool = (
-        staging.PinnedPool(staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes)
+        staging.PinnedPool(
+            staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes, device=dev
+        )
         if dev.type == "cuda"
         else None
     )
     model: Any = None
+    fills: Any = None
     try:
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
@@ -370,7 +373,8 @@ def load(
         # this load allocated; clearing them and the model lets the memory go before the error goes up.
         if pool is not None:
             pool.close()
-        model = None
+        # this frame is still running, so clearing tracebacks cannot drop its locals: drop them here
+        model = fills = None
         _clear_tracebacks(e)
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -18,6 +18,7 @@ storage, others through a per-thread buffer and one ``copy_``.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -261,12 +262,15 @@ class PinnedPool:
     the fallback where cudart lacks the call) keeps freed pinned blocks cached for the life of the process.
     """
 
-    def __init__(self, count: int, nbytes: int, *, register: bool = True) -> None:
+    def __init__(
+        self, count: int, nbytes: int, *, register: bool = True, device: torch.device | None = None
+    ) -> None:
         if count < 1 or nbytes < 1:
             raise ConfigurationError(
                 f"a staging pool needs buffers (count={count}, nbytes={nbytes})", fix="use positive sizes"
             )
         self.count, self.nbytes = count, nbytes
+        self.device = device  # the load's GPU: registering on another would start a CUDA context there
         self.register = register and _can_register()
         self.pin_seconds = 0.0
         self._cond = threading.Condition()
@@ -284,22 +288,33 @@ class PinnedPool:
         import torch
 
         if self.register:
-            host = torch.empty(self.nbytes, dtype=torch.uint8)
-            err = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), self.nbytes, 1))  # portable
+            # Whole pages only: torch aligns CPU memory to 64 bytes, so two buffers could share a page, and a
+            # page cannot be registered twice. Over-allocate one page and register the page-aligned middle.
+            page = mmap.PAGESIZE
+            span = _round_up(self.nbytes, page)
+            raw = torch.empty(span + page, dtype=torch.uint8)
+            skip = -raw.data_ptr() % page
+            host = raw[skip : skip + self.nbytes]
+            err = int(torch.cuda.cudart().cudaHostRegister(raw.data_ptr() + skip, span, 1))  # portable
             if err != 0:
                 raise LoadError(
-                    f"cudaHostRegister of {self.nbytes} bytes failed (cudaError {err})",
+                    f"cudaHostRegister of {span} bytes failed (cudaError {err})",
                     fix="free host memory or raise the locked-memory limit (ulimit -l)",
                 )
-            self._registered.append(host.data_ptr())
+            self._registered.append(raw.data_ptr() + skip)
+            self._keep.append(raw)
         else:
             host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
         self._keep.append(host)
         return _Slot(host, _host_view(host), torch.cuda.Event())  # type: ignore[no-untyped-call]
 
     def _pin_all(self) -> None:
+        import torch
+
         t0 = time.perf_counter()
         try:
+            if self.device is not None and self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # this thread's current device, not GPU 0
             for _ in range(self.count):
                 if self._closed:
                     break
@@ -372,21 +387,20 @@ def fill_cuda(
     the first reader waited for a buffer)."""
     import torch
 
-    pieces = [p for i, info in enumerate(infos) for p in split_pieces(i, info, buffer_bytes)]
-    chunks = pack_chunks(pieces, buffer_bytes)
-    if pool is None:
-        total = sum(c.used for c in chunks)
-        pool = PinnedPool(buffers or pool_size(total, threads, buffer_bytes), buffer_bytes)
-    elif pool.nbytes < buffer_bytes:
-        pool.close()
-        raise ConfigurationError(
-            f"staging buffers of {pool.nbytes} bytes cannot hold {buffer_bytes}-byte chunks",
-            fix="build the pool with the load's buffer_bytes",
-        )
     files: _Files | None = None
     stream = None
     first_wait: list[float] = []
     try:
+        pieces = [p for i, info in enumerate(infos) for p in split_pieces(i, info, buffer_bytes)]
+        chunks = pack_chunks(pieces, buffer_bytes)
+        if pool is None:
+            total = sum(c.used for c in chunks)
+            pool = PinnedPool(buffers or pool_size(total, threads, buffer_bytes), buffer_bytes, device=device)
+        elif pool.nbytes < buffer_bytes:
+            raise ConfigurationError(
+                f"staging buffers of {pool.nbytes} bytes cannot hold {buffer_bytes}-byte chunks",
+                fix="build the pool with the load's buffer_bytes",
+            )
         if not chunks:
             return {"pin_s": 0.0, "wait_s": 0.0}
         threads = min(threads, pool.count, len(chunks))
@@ -429,6 +443,7 @@ def fill_cuda(
             stream.synchronize()
         if files is not None:
             files.close()
-        pool.close()
+        if pool is not None:
+            pool.close()
     torch.cuda.current_stream(device).wait_stream(stream)
     return {"pin_s": round(pool.pin_seconds, 4), "wait_s": round(first_wait[0] if first_wait else 0.0, 4)}
