@@ -444,6 +444,37 @@ def test_pool_works_with_the_buffers_it_could_pin() -> None:
     assert pool.pinned == 2
 
 
+def test_registered_pool_pins_whole_pages_and_releases_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cudaHostRegister path without a GPU: a fake cudart records what would be registered."""
+    import mmap
+
+    registered: dict[int, int] = {}
+
+    class FakeCudart:
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+            assert ptr % mmap.PAGESIZE == 0 and size % mmap.PAGESIZE == 0 and flags == 1
+            assert all(ptr + size <= p or p + n <= ptr for p, n in registered.items()), "pages registered twice"
+            registered[ptr] = size
+            return 0
+
+        def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+            del registered[ptr]
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart())
+    monkeypatch.setattr(torch.cuda, "Event", lambda: None)
+    pool = staging.PinnedPool(5, 100_000, device=None)  # not a page multiple on purpose
+    slots = [pool.get() for _ in range(5)]
+    assert pool.register and len(registered) == 5
+    for slot in slots:
+        ptr = slot.host.data_ptr()
+        assert slot.host.numel() == 100_000 and len(slot.view) == 100_000
+        assert any(p <= ptr and ptr + 100_000 <= p + n for p, n in registered.items())
+        pool.put(slot)
+    pool.close()
+    assert registered == {}
+
+
 def test_pool_size_follows_the_checkpoint() -> None:
     assert staging.pool_size(10 << 30, threads=16, buffer_bytes=64 << 20) == 18
     assert staging.pool_size(100 << 20, threads=16, buffer_bytes=64 << 20) == 2

@@ -257,7 +257,7 @@ class PinnedPool:
     host). Created when a load starts, the pool pins while the model skeleton is built and its GPU storage
     allocated; readers take buffers as they become ready.
 
-    ``register=True`` pins memory cudaloads owns with ``cudaHostRegister`` and unregisters it in
+    ``register=True`` pins memory cudaload owns with ``cudaHostRegister`` and unregisters it in
     :meth:`close`, so nothing stays pinned after the load; torch's own pinned allocator (``register=False``,
     the fallback where cudart lacks the call) keeps freed pinned blocks cached for the life of the process.
     """
