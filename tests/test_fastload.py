@@ -451,13 +451,15 @@ def test_registered_pool_pins_whole_pages_and_releases_them(monkeypatch: pytest.
     registered: dict[int, int] = {}
 
     class FakeCudart:
-        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
             assert ptr % mmap.PAGESIZE == 0 and size % mmap.PAGESIZE == 0 and flags == 1
-            assert all(ptr + size <= p or p + n <= ptr for p, n in registered.items()), "pages registered twice"
+            assert all(ptr + size <= p or p + n <= ptr for p, n in registered.items()), (
+                "pages registered twice"
+            )
             registered[ptr] = size
             return 0
 
-        def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        def cudaHostUnregister(self, ptr: int) -> int:
             del registered[ptr]
             return 0
 
