@@ -186,27 +186,37 @@ def measure(
     return out
 
 
-def raw_bound(path: str, device: str, threads: int | None, buffer_bytes: int | None) -> dict[str, Any]:
-    """The same files through the same staging code into one flat device buffer: the ceiling for fastload."""
+def _flat_targets(path: str, device: str) -> tuple[list[Any], list[Any], Any]:
+    """Every tensor of the checkpoint as raw bytes, each aimed at its slice of one flat device buffer: what the
+    staging code moves when no model is involved. Returns (infos, targets, flat)."""
     import torch
 
     sys.path.insert(0, str(ROOT / "src"))
     from cudaload.fastload import read_header, staging
     from cudaload.fastload.reader import TensorInfo
 
-    header = read_header(path)
     infos = [
-        TensorInfo(f"file{i}", "U8", (t.nbytes,), t.file, t.start, t.end)
-        for i, t in enumerate(header.in_file_order())
+        TensorInfo(f"t{i}", "U8", (t.nbytes,), t.file, t.start, t.end)
+        for i, t in enumerate(read_header(path).in_file_order())
     ]
-    n = sum(i.nbytes for i in infos)
     if device.startswith("cuda"):
-        torch.zeros(1, device=device)
-    flat = torch.empty(n, dtype=torch.uint8, device=device)
+        torch.zeros(1, device=device)  # CUDA context outside any timed part
+    flat = torch.empty(sum(i.nbytes for i in infos), dtype=torch.uint8, device=device)
     targets, off = [], 0
     for info in infos:
         targets.append(staging.Target(info.name, flat[off : off + info.nbytes], torch.uint8))
         off += info.nbytes
+    return infos, targets, flat
+
+
+def raw_bound(path: str, device: str, threads: int | None, buffer_bytes: int | None) -> dict[str, Any]:
+    """The same files through the same staging code into one flat device buffer: the ceiling for fastload."""
+    import torch
+
+    infos, targets, flat = _flat_targets(path, device)  # puts src/ on sys.path
+
+    from cudaload.fastload import staging
+
     t0 = time.perf_counter()
     th = threads or staging.default_threads()
     bb = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
@@ -215,7 +225,7 @@ def raw_bound(path: str, device: str, threads: int | None, buffer_bytes: int | N
         torch.cuda.synchronize(device)
     else:
         staging.fill_cpu(targets, infos, threads=th, buffer_bytes=bb)
-    return {"seconds": time.perf_counter() - t0, "bytes": n}
+    return {"seconds": time.perf_counter() - t0, "bytes": flat.numel()}
 
 
 def _child(args: list[str], timeout: float = 400) -> dict[str, Any]:
@@ -296,24 +306,13 @@ def sweep_worker(path: str, device: str, reps: int) -> dict[str, Any]:
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "src"))
-    from cudaload import fastload
-    from cudaload.fastload import read_header, staging
-    from cudaload.fastload.reader import TensorInfo
-
     dev = torch.device(device)
-    torch.zeros(1, device=dev)
-    header = read_header(path)
-    infos = [
-        TensorInfo(f"t{i}", "U8", (t.nbytes,), t.file, t.start, t.end)
-        for i, t in enumerate(header.in_file_order())
-    ]
-    total = sum(i.nbytes for i in infos)
-    flat = torch.empty(total, dtype=torch.uint8, device=dev)
-    targets, off = [], 0
-    for info in infos:
-        targets.append(staging.Target(info.name, flat[off : off + info.nbytes], torch.uint8))
-        off += info.nbytes
+    infos, targets, flat = _flat_targets(path, device)
+    total = flat.numel()
+
+    from cudaload import fastload
+    from cudaload.fastload import staging
+
     out: dict[str, Any] = {"bytes": total, "pin": [], "raw": [], "fastload": []}
     mib = [4, 8, 16, 32, 64]
     for m in mib:  # pinning alone: 18 buffers, both methods

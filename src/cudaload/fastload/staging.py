@@ -302,10 +302,9 @@ class PinnedPool:
                     fix="free host memory or raise the locked-memory limit (ulimit -l)",
                 )
             self._registered.append(raw.data_ptr() + skip)
-            self._keep.append(raw)
         else:
             host = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
-        self._keep.append(host)
+        self._keep.append(host)  # a view keeps its whole allocation alive until close()
         return _Slot(host, _host_view(host), torch.cuda.Event())  # type: ignore[no-untyped-call]
 
     def _pin_all(self) -> None:
@@ -377,7 +376,6 @@ def fill_cuda(
     device: torch.device,
     threads: int,
     buffer_bytes: int,
-    buffers: int | None = None,
     pool: PinnedPool | None = None,
 ) -> dict[str, float]:
     """Fill tensors on one CUDA device through a pool of pinned buffers and a side stream.
@@ -395,7 +393,7 @@ def fill_cuda(
         chunks = pack_chunks(pieces, buffer_bytes)
         if pool is None:
             total = sum(c.used for c in chunks)
-            pool = PinnedPool(buffers or pool_size(total, threads, buffer_bytes), buffer_bytes, device=device)
+            pool = PinnedPool(pool_size(total, threads, buffer_bytes), buffer_bytes, device=device)
         elif pool.nbytes < buffer_bytes:
             raise ConfigurationError(
                 f"staging buffers of {pool.nbytes} bytes cannot hold {buffer_bytes}-byte chunks",
