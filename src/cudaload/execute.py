@@ -77,6 +77,28 @@ _DECIDED = {
 _BUILD_LOCK = threading.RLock()
 
 
+class _Phases:
+    """Seconds spent in each step of one load_model() call, in order."""
+
+    def __init__(self) -> None:
+        self._last = self._start = time.perf_counter()
+        self._spent: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self._spent[name] = round(now - self._last, 4)
+        self._last = now
+
+    def as_dict(self, fastload: Mapping[str, Any] | None) -> dict[str, float]:
+        out = dict(self._spent)
+        if fastload:  # the fast path's own split of "load": skeleton, GPU storage, read+copy, finish
+            for key in ("build_s", "alloc_s", "fill_s", "finish_s"):
+                if key in fastload:
+                    out[f"load.{key.removesuffix('_s')}"] = fastload[key]
+        out["total"] = round(time.perf_counter() - self._start, 4)
+        return out
+
+
 def resolve_auto_class(model_class: str | None, task: str | None, plan: Plan) -> str:
     """The transformers auto class name to load with."""
     if model_class and task:
@@ -377,6 +399,7 @@ def load_model(
     task: str | None = None,
     fast: bool | None = None,
     warmup: bool = False,
+    prefetch: bool = True,
     **from_pretrained_kwargs: Any,
 ) -> Any:
     """Detect the machine, plan, load, verify and return a ready transformers model.
@@ -385,7 +408,22 @@ def load_model(
     on the planned device(s), in eval mode for inference and train mode otherwise, with the plan (including
     what was verified) at ``model.cudaload_plan``. cudaload's options are keyword-only; anything else is passed
     to ``from_pretrained`` (``revision``, ``token``, ``trust_remote_code`` - False unless you say so...).
+
+    ``prefetch`` (default True): a local checkpoint's files are read into the page cache on background
+    threads from the first line of this call, while torch and transformers are still being imported, so a
+    cold load waits for about max(imports, disk read) instead of their sum (see :mod:`cudaload.prefetch`).
+    ``plan.verified["phases"]`` says where the seconds went.
     """
+    phases = _Phases()
+    pre = None
+    if prefetch:
+        from . import prefetch as _prefetch
+
+        pre = _prefetch.start(
+            model,
+            subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
+            variant=from_pretrained_kwargs.get("variant"),
+        )
     from .detection import detect
     from .planner import plan as make_plan
 
@@ -402,6 +440,7 @@ def load_model(
             fix="use load_model's own options (dtype=, attn=, device_map=)",
         )
     caps = hardware if hardware is not None else detect()
+    phases.mark("detect")
     if caps.source.startswith("profile:"):
         raise ConfigurationError(
             f"load_model() loads on this machine, not on {caps.source}",
@@ -416,6 +455,11 @@ def load_model(
             reasons=[f.message for f in broken],
             fix="; ".join(dict.fromkeys(f.fix for f in broken)),
         )
+    # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
+    # plan and the load use (the config machinery and modeling_utils, which imports most of it)
+    from transformers import AutoConfig, PreTrainedModel  # noqa: F401
+
+    phases.mark("import_transformers")
     plan = make_plan(
         model,
         hardware=caps,
@@ -435,6 +479,7 @@ def load_model(
         fast=fast,
     )
     auto_class = resolve_auto_class(model_class, task, plan)
+    phases.mark("plan")
     is_main = caps.distributed.rank in (None, 0)
     logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
 
@@ -451,8 +496,11 @@ def load_model(
 
             apply_kernels(loaded, plan.kernels)
         seconds = time.perf_counter() - t0
+        phases.mark("load")
         plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
+        phases.mark("probe")
         verified = verify(loaded, plan, allow_offload=allow_offload)
+        phases.mark("verify")
     except Exception as e:  # translated below, after the attempt's memory is released
         failure = _translate(e, f"loading {plan.model.name}")
         del e
@@ -472,6 +520,8 @@ def load_model(
             "attention_fallbacks": fallbacks,
             "notes": notes,
             "auto_class": auto_class,
+            "phases": phases.as_dict(getattr(loaded, "cudaload_fastload", None)),
+            "prefetch": pre.summary() if pre is not None else None,
         }
     )
     if plan.intent in ("lora", "qlora"):

@@ -1,0 +1,293 @@
+"""Time to a ready model from a fresh process: ``python -c`` start to the first forward's result (issue 14).
+
+Each sample is a new interpreter, so it pays what a user's script pays: importing torch and transformers,
+creating the CUDA context, loading, and the first forward. Methods, interleaved within each repetition:
+
+- ``plain``: ``AutoModelForCausalLM.from_pretrained(path, dtype=bfloat16, device_map="cuda")`` (+ a
+  ``BitsAndBytesConfig`` for int8 / nf4, nf4 with double quant and bf16 compute as cudaload plans it);
+- ``cudaload``: ``cudaload.load_model(path, quantization=...)`` with its defaults (prefetch on);
+- ``cudaload-noprefetch``: the same with ``prefetch=False``, to show what reading while importing buys.
+
+Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
+files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
+resident fraction is reported). Phases are timestamps taken in the child (seconds since the parent started
+it): imports, CUDA context, load, first forward; the cudaload side also reports ``plan.verified['phases']``.
+
+    # on the H200, from the repo root after `source .whl/env.sh` (quant wheels for int8/nf4):
+    python benchmarks/bench_fresh.py --out $OUT/fresh --shapes Qwen3-8B,Qwen3-0.6B --quant bf16 --budget-s 300
+    python benchmarks/bench_fresh.py --smoke --out /tmp/fresh     # CPU, a tiny model, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+TAG = "@@FRESH@@"
+
+# The child program: every timestamp is seconds since the parent's clock at Popen (passed in T0).
+CHILD = r"""
+import json, os, sys, time
+T0 = float(os.environ["FRESH_T0"]); spec = json.loads(os.environ["FRESH_SPEC"])
+marks = {"python_started": time.time() - T0}
+def mark(name): marks[name] = time.time() - T0
+cuda = spec["device"].startswith("cuda")
+if spec["method"] == "plain":
+    import torch; mark("import_torch")
+    if cuda: torch.cuda.init(); mark("cuda_context")
+    import transformers; mark("import_transformers")
+    kw = {"dtype": torch.bfloat16 if cuda else torch.float32, "device_map": spec["device"]}
+    if spec["quant"] != "bf16":
+        from transformers import BitsAndBytesConfig
+        kw["quantization_config"] = (BitsAndBytesConfig(load_in_8bit=True) if spec["quant"] == "int8" else
+            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.bfloat16))
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], **kw)
+    if cuda: torch.cuda.synchronize()
+    mark("loaded")
+    extra = {}
+else:
+    import cudaload; mark("import_cudaload")
+    quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
+    kw = {} if spec["method"] == "cudaload" else {"prefetch": False}
+    model = cudaload.load_model(spec["path"], quantization=quant, **kw)
+    import torch
+    if cuda: torch.cuda.synchronize()
+    mark("loaded")
+    v = model.cudaload_plan.verified or {}
+    extra = {"phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"),
+             "attention": model.cudaload_plan.attention.choice}
+ids = torch.randint(4, int(model.config.vocab_size), (1, 16), device=spec["device"])
+with torch.no_grad():
+    out = model(input_ids=ids).logits
+    float(out[0, -1, 0])  # the first forward's result on the host
+mark("first_forward")
+print(__import__("os").environ.get("FRESH_TAG", "") + json.dumps({"marks": marks, **extra}), flush=True)
+"""
+
+
+def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["FRESH_SPEC"] = json.dumps(spec)
+    env["FRESH_TAG"] = TAG
+    src = str(HERE.parent / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["FRESH_T0"] = repr(time.time())
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - t0
+    for line in proc.stdout.splitlines():
+        if line.startswith(TAG):
+            res: dict[str, Any] = json.loads(line[len(TAG) :])
+            res["wall_s"] = round(wall, 3)
+            return res
+    return {"error": (proc.stderr or proc.stdout)[-1500:], "wall_s": round(wall, 3)}
+
+
+def write_checkpoint(shape: str, path: Path, device: str) -> dict[str, Any]:
+    """A random bf16 checkpoint of a full-size shape (benchmarks/run.py's writer), in a subprocess."""
+    if (path / "config.json").exists():
+        return {"reused": True}
+    spec = {"path": str(path), "config": shape}
+    code = (
+        "import json,sys; sys.path.insert(0, sys.argv[1]); import run; "
+        "print(json.dumps(run.w_write(json.loads(sys.argv[2]))))"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(HERE.parent / "src") + (os.pathsep + env.get("PYTHONPATH", ""))
+    if not device.startswith("cuda"):
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(HERE), json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def write_tiny(path: Path) -> None:
+    from cudaload.testing.models import make_tiny
+
+    make_tiny("qwen3", path)
+
+
+def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for s in samples:
+        groups.setdefault((s["shape"], s["quant"], s["temp"], s["method"]), []).append(s)
+    rows = []
+    for (shape, quant, temp, method), ss in groups.items():
+        ok = [s for s in ss if "marks" in s]
+        total = [s["marks"]["first_forward"] for s in ok]
+        row: dict[str, Any] = {
+            "shape": shape,
+            "quant": quant,
+            "temp": temp,
+            "method": method,
+            "n": len(ok),
+            "errors": [s["error"][-300:] for s in ss if "error" in s],
+            "total_median": statistics.median(total) if total else None,
+            "total_min": min(total) if total else None,
+            "total_max": max(total) if total else None,
+        }
+        if ok:
+            keys = [k for k in ok[0]["marks"] if all(k in s["marks"] for s in ok)]
+            row["marks_median"] = {k: round(statistics.median(s["marks"][k] for s in ok), 3) for k in keys}
+            if ok[0].get("phases"):
+                row["phases_first"] = ok[0]["phases"]
+            res = [s.get("resident_before") for s in ok if s.get("resident_before") is not None]
+            row["resident_before_max"] = max(res) if res else None
+        rows.append(row)
+    plain = {(r["shape"], r["quant"], r["temp"]): r["total_median"] for r in rows if r["method"] == "plain"}
+    for r in rows:
+        p = plain.get((r["shape"], r["quant"], r["temp"]))
+        r["vs_plain"] = round(r["total_median"] / p, 3) if p and r["total_median"] else None
+    return sorted(rows, key=lambda r: (r["shape"], r["quant"], r["temp"], r["method"]))
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    out = [
+        "# Fresh process: start to first forward",
+        "",
+        f"{meta.get('date')}, {meta.get('gpu')}, torch {meta.get('torch')}, "
+        f"transformers {meta.get('transformers')}; median (min-max) of n fresh processes, seconds since start.",
+        "",
+        "| shape | quant | cache | method | n | total s | vs plain | import torch | import transformers/cudaload"
+        " | loaded | resident before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r.get("marks_median") or {}
+        fmt = (
+            f"{r['total_median']:.2f} ({r['total_min']:.2f}-{r['total_max']:.2f})"
+            if r["total_median"] is not None
+            else "failed"
+        )
+        imp = m.get("import_transformers", m.get("import_cudaload"))
+        out.append(
+            f"| {r['shape']} | {r['quant']} | {r['temp']} | {r['method']} | {r['n']} | {fmt} | "
+            f"{r['vs_plain'] if r['vs_plain'] is not None else '-'} | {m.get('import_torch', '-')} | "
+            f"{imp if imp is not None else '-'} | {m.get('loaded', '-')} | {r.get('resident_before_max', '-')} |"
+        )
+    for r in rows:
+        if r.get("phases_first"):
+            out.append(f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']} phases: `{r['phases_first']}`")
+        for e in r["errors"][:2]:
+            out.append(f"\nerror {r['shape']} {r['quant']} {r['temp']} {r['method']}: `{e}`")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="Qwen3-8B,Qwen3-0.6B")
+    ap.add_argument("--quant", default="bf16", help="comma list of bf16,int8,nf4")
+    ap.add_argument("--temps", default="warm,cold")
+    ap.add_argument("--methods", default="plain,cudaload,cudaload-noprefetch")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temp dir)")
+    ap.add_argument("--smoke", action="store_true", help="CPU, a tiny model, one rep")
+    args = ap.parse_args(argv)
+
+    from pagecache import evict, files_of, resident_fraction
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    device = "cpu" if args.smoke else "cuda:0"
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="cudaload-fresh-"))
+    shapes = ["tiny"] if args.smoke else args.shapes.split(",")
+    reps = 1 if args.smoke else args.reps
+    meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": device, "command": sys.argv}
+    try:
+        import torch
+        import transformers
+
+        meta.update(torch=torch.__version__, transformers=transformers.__version__)
+        if torch.cuda.is_available():
+            meta["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    samples: list[dict[str, Any]] = []
+
+    def save() -> None:
+        rows = summarize(samples)
+        (out / "fresh.json").write_text(
+            json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=1)
+        )
+        (out / "fresh.md").write_text(markdown(rows, meta))
+
+    for shape in shapes:
+        path = work / shape
+        if args.smoke:
+            if not (path / "config.json").exists():
+                write_tiny(path)
+        else:
+            print(f"writing {shape} ...", flush=True)
+            meta.setdefault("writes", {})[shape] = write_checkpoint(shape, path, device)
+        files = [str(f) for f in files_of(path)]
+        for quant in args.quant.split(","):
+            for temp in args.temps.split(","):
+                if temp == "warm":  # one untimed pass puts the files in the page cache
+                    for f in files:
+                        with open(f, "rb") as fh:
+                            while fh.read(64 << 20):
+                                pass
+                for rep in range(reps):
+                    for method in args.methods.split(","):
+                        left = args.budget_s - (time.perf_counter() - t_start)
+                        if left < 25 and not args.smoke:
+                            print(
+                                f"budget spent: skipping {shape} {quant} {temp} {method} rep {rep}",
+                                flush=True,
+                            )
+                            continue
+                        res_before = None
+                        if temp == "cold":
+                            evict(files)
+                            res_before = resident_fraction(files)
+                        spec = {"path": str(path), "device": device, "quant": quant, "method": method}
+                        r = run_child(spec, timeout=max(20.0, min(left, 240.0)))
+                        r.update(
+                            shape=shape,
+                            quant=quant,
+                            temp=temp,
+                            method=method,
+                            rep=rep,
+                            resident_before=res_before,
+                        )
+                        samples.append(r)
+                        total = r.get("marks", {}).get("first_forward")
+                        print(
+                            f"{shape} {quant} {temp} {method} rep{rep}: "
+                            f"{f'{total:.2f} s' if total else r.get('error', '')[-200:]}",
+                            flush=True,
+                        )
+                        save()
+    save()
+    print((out / "fresh.md").read_text(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

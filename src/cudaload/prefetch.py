@@ -1,0 +1,182 @@
+"""Read a checkpoint into the page cache while Python is still importing (issue 14).
+
+A fresh process spends ~3 s importing torch and 7-8 s importing transformers and the model's module before
+any load starts (H200, ``shared/device/README.md``); a cold 16 GB checkpoint takes ~11 s to read at the disk's
+1.5 GB/s. Done one after the other, the user waits for the sum. ``load_model()`` knows the checkpoint path
+before it imports anything heavy, so it starts a :class:`Prefetch` first: background threads ask the kernel
+to read the files (``posix_fadvise(POSIX_FADV_WILLNEED)``, which queues readahead and costs no copy into
+Python), so that by the time the loader reads, the bytes are in the page cache. With a warm cache the advice
+finds every page present and returns at once.
+
+Safety: never more than half the memory the kernel reports available is asked for (beyond that the
+prefetch would evict its own pages before they are used); the threads are daemons that stop at the first
+error, hold no Python objects of the load, and finish on their own. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Size of one advice call: small enough that a stop request is honoured quickly, large enough that the
+#: kernel builds long sequential reads.
+CHUNK_BYTES = 256 << 20
+#: Fraction of MemAvailable a prefetch may ask the page cache to hold.
+MAX_AVAILABLE_FRACTION = 0.5
+MODES = ("willneed", "read", "off")
+
+
+def checkpoint_files(
+    path: str | os.PathLike[str], subfolder: str = "", variant: str | None = None
+) -> list[str]:
+    """The ``.safetensors`` files a load of ``path`` reads, largest first ([] for a Hub id or no files).
+
+    transformers' names: ``model.safetensors`` or ``model-00001-of-00004.safetensors``, with a variant
+    ``model.fp16.safetensors`` / ``model.fp16-00001-of-00002.safetensors``; other files in the folder (another
+    variant, an adapter) are not read by the load, so they are not prefetched either."""
+    root = Path(path) / subfolder if subfolder else Path(path)
+    if not root.is_dir():
+        return []
+    stem = re.escape(f"model.{variant}" if variant else "model")
+    pattern = re.compile(rf"{stem}(-\d+-of-\d+)?\.safetensors")
+    files = [p for p in root.glob("*.safetensors") if p.is_file() and pattern.fullmatch(p.name)]
+    return [str(p) for p in sorted(files, key=lambda p: p.stat().st_size, reverse=True)]
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, or None where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass
+class Prefetch:
+    """Background read-ahead of ``files``. ``start()`` returns at once; ``summary()`` says what it did."""
+
+    files: Sequence[str]
+    mode: str = "willneed"
+    threads: int = 4
+    limit_bytes: int | None = None
+    started_at: float = 0.0
+    done_at: float | None = None
+    advised_bytes: int = 0
+    error: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _workers: list[threading.Thread] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"prefetch mode {self.mode!r}: use one of {', '.join(MODES)}")
+
+    def _ranges(self) -> list[tuple[str, int, int]]:
+        budget = self.limit_bytes
+        avail = available_bytes()
+        if avail is not None:
+            cap = int(avail * MAX_AVAILABLE_FRACTION)
+            budget = cap if budget is None else min(budget, cap)
+        out: list[tuple[str, int, int]] = []
+        for f in self.files:
+            try:
+                size = os.path.getsize(f)
+            except OSError:
+                continue
+            for off in range(0, size, CHUNK_BYTES):
+                n = min(CHUNK_BYTES, size - off)
+                if budget is not None:
+                    if budget <= 0:
+                        return out
+                    n = min(n, budget)
+                    budget -= n
+                out.append((f, off, n))
+        return out
+
+    def start(self) -> Prefetch:
+        if self.mode == "off" or not self.files or not hasattr(os, "posix_fadvise"):
+            self.done_at = self.started_at = time.perf_counter()
+            return self
+        self.started_at = time.perf_counter()
+        work = self._ranges()
+        # interleave: thread i takes ranges i, i+n, ... so every file advances from its start together
+        n = max(1, min(self.threads, len(work)))
+        remaining = [n]
+        for i in range(n):
+            t = threading.Thread(
+                target=self._run, args=(work[i::n], remaining), name=f"cudaload-prefetch-{i}", daemon=True
+            )
+            self._workers.append(t)
+            t.start()
+        return self
+
+    def _run(self, work: list[tuple[str, int, int]], remaining: list[int]) -> None:
+        fds: dict[str, int] = {}
+        buf = bytearray(16 << 20) if self.mode == "read" else None
+        try:
+            for f, off, n in work:
+                if self._stop.is_set():
+                    break
+                fd = fds.get(f)
+                if fd is None:
+                    fd = fds[f] = os.open(f, os.O_RDONLY)
+                if buf is None:
+                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+                else:
+                    view = memoryview(buf)
+                    pos = 0
+                    while pos < n and not self._stop.is_set():
+                        got = os.preadv(fd, [view[: min(len(buf), n - pos)]], off + pos)
+                        if got <= 0:
+                            break
+                        pos += got
+                with self._lock:
+                    self.advised_bytes += n
+        except OSError as e:  # a prefetch is advice: it never fails the load
+            with self._lock:
+                self.error = f"{type(e).__name__}: {e}"
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            with self._lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    self.done_at = time.perf_counter()
+
+    def stop(self) -> None:
+        """Ask the threads to stop after their current chunk (they are daemons either way)."""
+        self._stop.set()
+
+    def summary(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "mode": self.mode,
+                "files": len(self.files),
+                "bytes": self.advised_bytes,
+                "seconds": None if self.done_at is None else round(self.done_at - self.started_at, 4),
+                "error": self.error,
+            }
+
+
+def start(
+    path: str | os.PathLike[str],
+    *,
+    subfolder: str = "",
+    variant: str | None = None,
+    mode: str = "willneed",
+    threads: int = 4,
+) -> Prefetch | None:
+    """Start prefetching the checkpoint at ``path`` (a local directory); None when there is nothing to read."""
+    files = checkpoint_files(path, subfolder, variant)
+    if not files or mode == "off":
+        return None
+    return Prefetch(files, mode=mode, threads=threads).start()

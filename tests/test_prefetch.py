@@ -1,0 +1,86 @@
+"""Reading a checkpoint while Python imports (issue 14): which files, how much, and that it never fails a load."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cudaload import prefetch
+
+
+def _touch(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(size))
+
+
+def test_files_follow_transformers_names(tmp_path: Path) -> None:
+    _touch(tmp_path / "model-00001-of-00002.safetensors", 300)
+    _touch(tmp_path / "model-00002-of-00002.safetensors", 100)
+    _touch(tmp_path / "model.fp16.safetensors", 50)  # another variant: not read by a plain load
+    _touch(tmp_path / "adapter_model.safetensors", 50)  # not the model's weights
+    got = [Path(f).name for f in prefetch.checkpoint_files(tmp_path)]
+    assert got == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]  # largest first
+    assert [Path(f).name for f in prefetch.checkpoint_files(tmp_path, variant="fp16")] == [
+        "model.fp16.safetensors"
+    ]
+
+
+def test_subfolder_and_hub_ids(tmp_path: Path) -> None:
+    _touch(tmp_path / "text" / "model.safetensors", 10)
+    assert prefetch.checkpoint_files(tmp_path) == []
+    assert [Path(f).name for f in prefetch.checkpoint_files(tmp_path, "text")] == ["model.safetensors"]
+    assert prefetch.start("org/some-model-id") is None  # a Hub id: nothing local to read
+
+
+@pytest.mark.parametrize("mode", ["willneed", "read"])
+def test_prefetch_covers_every_byte(tmp_path: Path, mode: str) -> None:
+    sizes = [3 * prefetch.CHUNK_BYTES // 1024 + 7, 1000]
+    for i, n in enumerate(sizes):
+        _touch(tmp_path / f"model-0000{i + 1}-of-00002.safetensors", n)
+    p = prefetch.start(tmp_path, mode=mode, threads=3)
+    assert p is not None
+    for t in p._workers:
+        t.join(timeout=30)
+    s = p.summary()
+    assert s["bytes"] == sum(sizes) and s["error"] is None and s["seconds"] is not None
+
+
+def test_limit_caps_what_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefetch, "CHUNK_BYTES", 4096)
+    _touch(tmp_path / "model.safetensors", 5 * 4096)
+    p = prefetch.Prefetch([str(tmp_path / "model.safetensors")], limit_bytes=2 * 4096 + 10).start()
+    for t in p._workers:
+        t.join(timeout=30)
+    assert p.summary()["bytes"] == 2 * 4096 + 10
+    # the page-cache guard: half of what the kernel says is available
+    monkeypatch.setattr(prefetch, "available_bytes", lambda: 2 * 4096)
+    p = prefetch.Prefetch([str(tmp_path / "model.safetensors")]).start()
+    for t in p._workers:
+        t.join(timeout=30)
+    assert p.summary()["bytes"] == 4096
+
+
+def test_errors_are_advice_not_failures(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="willneed"):
+        prefetch.Prefetch([], mode="fast")
+    p = prefetch.Prefetch([str(tmp_path / "gone.safetensors")]).start()  # vanished before reading
+    for t in p._workers:
+        t.join(timeout=30)
+    assert p.summary()["bytes"] == 0
+
+
+def test_load_model_records_phases_and_prefetch(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import cudaload
+
+    tiny_qwen3 = tiny_model("qwen3")
+    model = cudaload.load_model(str(tiny_qwen3))
+    v = model.cudaload_plan.verified
+    phases = v["phases"]
+    for key in ("detect", "import_transformers", "plan", "load", "probe", "verify", "total"):
+        assert key in phases and phases[key] >= 0
+    assert phases["total"] >= phases["load"]
+    assert v["prefetch"]["files"] >= 1 and v["prefetch"]["error"] is None
+    off = cudaload.load_model(str(tiny_qwen3), prefetch=False)
+    assert off.cudaload_plan.verified["prefetch"] is None
