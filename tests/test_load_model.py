@@ -355,3 +355,13 @@ def test_fast_path_failure_falls_back_to_from_pretrained_and_says_so(
     monkeypatch.setattr(fastload, "load", corrupt)
     with pytest.raises(CheckpointError, match="simulated corrupt"):
         execute._load_once(plan, "AutoModelForCausalLM", {})
+
+
+def test_hardware_as_a_profile_name_is_a_clear_error(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """Issue 16.1: load_model(hardware="H100") crashed with AttributeError ('str' has no 'source')."""
+    import cudaload
+    from cudaload.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"profile:H100") as ei:
+        cudaload.load_model(str(tiny_model("qwen3")), hardware="H100")
+    assert "cudaload.plan" in (ei.value.fix or "")

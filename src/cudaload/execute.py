@@ -383,7 +383,7 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
 def load_model(
     model: str | os.PathLike[str],
     *,
-    hardware: Capabilities | None = None,
+    hardware: Capabilities | str | os.PathLike[str] | None = None,
     intent: str = "inference",
     seq_len: int | None = None,
     batch_size: int | None = None,
@@ -424,8 +424,8 @@ def load_model(
             subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
             variant=from_pretrained_kwargs.get("variant"),
         )
-    from .detection import detect
     from .planner import plan as make_plan
+    from .planner import resolve_hardware
 
     clash = sorted(_DECIDED & from_pretrained_kwargs.keys())
     if "torch_dtype" in from_pretrained_kwargs and dtype == "auto":
@@ -439,7 +439,9 @@ def load_model(
             f"{', '.join(clash)} are decided by cudaload",
             fix="use load_model's own options (dtype=, attn=, device_map=)",
         )
-    caps = hardware if hardware is not None else detect()
+    # a profile name or a recorded machine's JSON, as plan() takes: resolved the same way, then refused below
+    # when it is not this machine
+    caps = resolve_hardware(hardware)
     phases.mark("detect")
     if caps.source.startswith("profile:"):
         raise ConfigurationError(
