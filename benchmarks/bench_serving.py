@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -91,7 +92,11 @@ def weight_bytes(model: Any) -> int:
 def decode_bound(wbytes: int, bandwidth: float, concurrency: int) -> dict[str, float]:
     """The bandwidth floor of one decode step (every weight read once) and the tokens/s it allows at a concurrency."""
     step_s = wbytes / bandwidth
-    return {"step_ms": step_s * 1e3, "tokens_s_at_concurrency": concurrency / step_s, "concurrency": concurrency}
+    return {
+        "step_ms": step_s * 1e3,
+        "tokens_s_at_concurrency": concurrency / step_s,
+        "concurrency": concurrency,
+    }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -254,7 +259,10 @@ class Bench:
             p = cudaload.plan(config, intent="serving", seq_len=longest, batch_size=len(reqs))
             serving = getattr(p, "serving", None)
             if serving is None:
-                return {}, "plan has no serving section (intent serving not implemented): transformers defaults"
+                return (
+                    {},
+                    "plan has no serving section (intent serving not implemented): transformers defaults",
+                )
             d = serving.settings() if hasattr(serving, "settings") else serving
             return dict(d), serving.to_dict() if hasattr(serving, "to_dict") else str(serving)
         except Exception as e:  # the benchmark still compares the rest
@@ -262,9 +270,13 @@ class Bench:
 
     # runs
     def run_cb(
-        self, model: Any, reqs: list[tuple[list[int], int]], attn: str | None, cb_kw: dict[str, Any], cap_s: float
+        self,
+        model: Any,
+        reqs: list[tuple[list[int], int]],
+        attn: str | None,
+        cb_kw: dict[str, Any],
+        cap_s: float,
     ) -> dict[str, Any]:
-        import torch
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
@@ -323,7 +335,6 @@ class Bench:
                     if time.perf_counter() > deadline:
                         res["partial"] = True
                         break
-                t_end = time.perf_counter()
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {str(e)[:400]}"
             res["oom"] = is_oom(e)
@@ -349,7 +360,7 @@ class Bench:
             gaps = []
             for r in good:
                 ts = r.timestamps or []
-                gaps.extend(b - a for a, b in zip(ts, ts[1:], strict=False))
+                gaps.extend(b - a for a, b in itertools.pairwise(ts))
             res["decode_step_ms"] = statistics.median(gaps) * 1e3 if gaps else None
         if res.get("partial") and good:
             res["partial_note"] = f"stopped at its time share: {len(good)}/{len(reqs)} requests completed"
@@ -462,8 +473,17 @@ class Bench:
             self.warm(model)
             order: list[tuple[str, Any]] = [("plan", settings), ("default", {})]
             order += [(f"padded{b}", b) for b in a.padded]
-            order += [(f"plan+{name}", {**cb_kwargs_from(settings)[1], **v, "attn_implementation": v.get(
-                "attn_implementation", cb_kwargs_from(settings)[0])}) for name, v in variants.items()]
+            order += [
+                (
+                    f"plan+{name}",
+                    {
+                        **cb_kwargs_from(settings)[1],
+                        **v,
+                        "attn_implementation": v.get("attn_implementation", cb_kwargs_from(settings)[0]),
+                    },
+                )
+                for name, v in variants.items()
+            ]
             # the budget left is shared by this model and the ones after it
             share = self.left() / (len(shapes) - si)
             t_model = time.perf_counter()
@@ -487,8 +507,11 @@ class Bench:
                                 kw = {"num_blocks": 64, "max_batch_tokens": 256, **kw}
                             r = self.run_cb(model, reqs, attn, kw, cap)
                     except Exception as e:  # recorded, never fatal
-                        r = {"error": f"{type(e).__name__}: {str(e)[:400]}", "oom": is_oom(e),
-                             "trace": traceback.format_exc()[-800:]}
+                        r = {
+                            "error": f"{type(e).__name__}: {str(e)[:400]}",
+                            "oom": is_oom(e),
+                            "trace": traceback.format_exc()[-800:],
+                        }
                     r.update({"config": name, "rep": rep})
                     entry["runs"].append(r)
                     log(
@@ -498,7 +521,9 @@ class Bench:
                         + (" (partial)" if r.get("partial") else "")
                     )
                     entry["configs"] = {
-                        n: summarize([x for x in entry["runs"] if x.get("config") == n and "skipped" not in x])
+                        n: summarize(
+                            [x for x in entry["runs"] if x.get("config") == n and "skipped" not in x]
+                        )
                         for n, _ in order
                     }
                     self.save()
@@ -557,7 +582,9 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"| {fmt(b.get('step_ms'))} | {fmt(s.get('setup_s'))} | {fmt(s.get('peak_alloc_gib'))} "
                 f"| {s.get('ok_runs')}/{s.get('runs')} | {s.get('ooms')} | {s.get('partial')} |"
             )
-        errs = [f"{r.get('config')} rep {r.get('rep')}: {r['error']}" for r in e.get("runs", []) if r.get("error")]
+        errs = [
+            f"{r.get('config')} rep {r.get('rep')}: {r['error']}" for r in e.get("runs", []) if r.get("error")
+        ]
         if errs:
             lines += ["", "Errors:", *[f"- {x}" for x in errs]]
         lines.append("")
@@ -576,8 +603,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--new", type=int, nargs=2, default=[128, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--padded", default="32,8", help="padded generate() batch sizes, comma-separated ('' for none)")
-    ap.add_argument("--bandwidth", type=float, default=H200_HBM_BYTES_S, help="HBM bytes/s for the decode bound")
+    ap.add_argument(
+        "--padded", default="32,8", help="padded generate() batch sizes, comma-separated ('' for none)"
+    )
+    ap.add_argument(
+        "--bandwidth", type=float, default=H200_HBM_BYTES_S, help="HBM bytes/s for the decode bound"
+    )
     ap.add_argument(
         "--settings",
         default=None,
