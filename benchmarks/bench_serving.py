@@ -52,6 +52,13 @@ H200_HBM_BYTES_S = 4.8e12
 
 PADDED_BATCHES = (32, 8)
 
+#: after the compared configurations, while budget remains: the plan with its CUDA-graph / async choices undone,
+#: so one run shows what each of them is worth ('{}' to skip)
+DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
+    "no-graphs": {"use_cuda_graph": False, "use_async_batching": False},
+    "no-async": {"use_async_batching": False},
+}
+
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -263,8 +270,12 @@ class Bench:
                     {},
                     "plan has no serving section (intent serving not implemented): transformers defaults",
                 )
-            d = serving.settings() if hasattr(serving, "settings") else serving
-            return dict(d), serving.to_dict() if hasattr(serving, "to_dict") else str(serving)
+            from dataclasses import fields
+
+            from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+            names = [f.name for f in fields(ContinuousBatchingConfig)]
+            return dict(serving.settings(names)), serving.to_dict()
         except Exception as e:  # the benchmark still compares the rest
             return {}, f"plan failed: {type(e).__name__}: {e}"
 
@@ -484,14 +495,18 @@ class Bench:
                 )
                 for name, v in variants.items()
             ]
+            n_main = 2 + len(a.padded)
             # the budget left is shared by this model and the ones after it
             share = self.left() / (len(shapes) - si)
             t_model = time.perf_counter()
             for rep in range(a.reps):
                 for oi, (name, what) in enumerate(order):
                     left_model = share - (time.perf_counter() - t_model)
-                    remaining = len(order) * (a.reps - rep) - oi
+                    # the compared configurations first: variants share what the last repetition leaves
+                    remaining = n_main * (a.reps - rep) - oi if oi < n_main else len(order) - oi
                     cap = max(10.0, left_model / max(1, remaining))
+                    if oi >= n_main and rep < a.reps - 1:
+                        continue  # variants run once, after the last repetition of the compared configurations
                     if left_model < 5 or self.left() < 5:
                         entry["runs"].append({"config": name, "rep": rep, "skipped": "budget"})
                         continue
@@ -617,7 +632,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--variants",
-        default=None,
+        default=json.dumps(DEFAULT_VARIANTS),
         help="JSON {name: {kwargs replacing the plan's}}: extra continuous-batching runs while budget remains",
     )
     a = ap.parse_args(argv)
