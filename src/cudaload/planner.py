@@ -228,7 +228,9 @@ def plan(
         dtype=dt.choice,
         intent=base_intent,
         seq_len=seq_len,
-        batch_size=batch_size,
+        # serving: one longest request must fit beside the weights; the paged cache for the rest is the serving
+        # section's (transformers queues what does not fit at once)
+        batch_size=1 if intent == "serving" else batch_size,
         attn=at.choice,
         quantization=quantization,
         device_map=device_map,

@@ -146,6 +146,9 @@ class CacheShape:
     masked: bool  # sdpa/eager need the dense attention mask
     fast_decode: bool  # FA2/FA3 block table
     sliding: bool = False  # a sliding-window group exists (a second mask)
+    # transformers >= 5.22 also counts the K/V read back from the cache with masked kernels' repeated heads
+    # (5.22.2/5.24 cache.py PagedAttentionMemoryHandler: kv_heads_at_peak = 2 * heads + kv_heads, else 2 * kv_heads)
+    repeated_kv_peak: bool = False
 
     @property
     def page(self) -> int:
@@ -160,9 +163,9 @@ class CacheShape:
 
 def footprint_coefficients(
     s: CacheShape, *, io_multiplier: int, max_blocks_per_request: int
-) -> tuple[int, ...]:
-    """(per batch token M, per cache token N, per M*N, per M^2) bytes, the max over transformers' two activation
-    peaks: 5.17 cache.py:621-641 (activation_peak) and 770-804 (_equation_coefficients)."""
+) -> list[tuple[int, int, int, int]]:
+    """Per activation peak: (per batch token M, per cache token N, per M*N, per M^2) bytes, as transformers 5.17
+    computes them (cache.py:621-641 activation_peak, 770-804 _equation_coefficients)."""
     a = s.dtype_bytes  # activations and cache share the dtype (cache.py:598-599)
     i = 4  # int32
     k = io_multiplier
@@ -171,34 +174,41 @@ def footprint_coefficients(
     lm_head_m = s.hidden * a + s.vocab * 4  # hidden states + fp32 logits of every batch token
     attn_m = a * (s.hidden + s.heads * s.head_dim + 2 * s.page)
     attn_n = 2 * s.page * a  # old K and V read from the cache, whole cache in the worst case
+    if s.repeated_kv_peak:
+        at_peak = (2 * s.heads + s.kv_heads) if s.masked else 2 * s.kv_heads
+        attn_m += a * at_peak * s.head_dim
+        attn_n = max(attn_n, at_peak * s.head_dim * a)
     io_m = k * 7 * i + k * 1 * i + k * groups * max_blocks_per_request * i + k * groups * 8 + k * groups * 8
     cn_base = s.kv_bytes_per_token + k * groups * 8
-    best = (0, 0, 0, 0)
-    for dm, dn in ((lm_head_m, 0), (attn_m, attn_n)):
-        coeff = (dm + io_m, dn + cn_base, k * masks * a, k * masks * a)
-        best = tuple(max(x, y) for x, y in zip(best, coeff, strict=True))  # type: ignore[assignment]
-    return best
+    return [
+        (dm + io_m, dn + cn_base, k * masks * a, k * masks * a)
+        for dm, dn in ((lm_head_m, 0), (attn_m, attn_n))
+    ]
 
 
 def footprint(
     s: CacheShape, m: int, n_tokens: int, *, io_multiplier: int, max_blocks_per_request: int
 ) -> int:
-    cm, cn, cmn, cmm = footprint_coefficients(
-        s, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
+    """Bytes of the paged cache and the batch buffers: the largest peak (cache.py:806-814)."""
+    return max(
+        cn * n_tokens + cm * m + cmn * m * n_tokens + cmm * m * m
+        for cm, cn, cmn, cmm in footprint_coefficients(
+            s, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
+        )
     )
-    return cn * n_tokens + cm * m + cmn * m * n_tokens + cmm * m * m
 
 
 def solve_cache_tokens(
     s: CacheShape, m: int, budget: int, *, io_multiplier: int, max_blocks_per_request: int
 ) -> int:
-    """Largest cache size in tokens whose footprint with ``m`` batch tokens fits ``budget`` (linear in N, as
-    cache.py:722-726 solves it)."""
-    cm, cn, cmn, cmm = footprint_coefficients(
+    """Largest cache size in tokens whose footprint with ``m`` batch tokens fits ``budget`` at every peak (linear
+    in N, as cache.py:722-726 solves it, the minimum over peaks as cache.py:692-700)."""
+    sizes = []
+    for cm, cn, cmn, cmm in footprint_coefficients(
         s, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
-    )
-    left = budget - cm * m - cmm * m * m
-    return max(0, left // (cn + cmn * m))
+    ):
+        sizes.append(max(0, (budget - cm * m - cmm * m * m) // (cn + cmn * m)))
+    return min(sizes)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -376,15 +386,29 @@ def choose_paged_attention(attention_choice: str, *, supports_sdpa: bool = True)
             ),
         )
     )
-    if base in _PAGED:
+    if attention_choice.startswith("kernels-community/") and base in _PAGED:
+        # the Hub kernel itself, paged: transformers registers "paged|<repo>" when it loads the kernel
+        # (modeling_flash_attention_utils.py:188-189)
+        choice = f"paged|{attention_choice}"
+        reasons = [f"paged form of the attention decision's {attention_choice}"]
+        cands.insert(0, Candidate(choice, True, (f"the Hub kernel {attention_choice} provides {base}",)))
+    elif base in _PAGED:
         choice = _PAGED[base]
         reasons = [f"paged form of the attention decision's {attention_choice}"]
     else:  # flex_attention or an unknown kernel string: sdpa, or eager for models without sdpa
         choice = "paged|sdpa" if supports_sdpa else "paged|eager"
         reasons = [f"{attention_choice} has no paged form in transformers: {choice}"]
-    if attention_choice.startswith("kernels-community/"):
-        reasons.append(f"the Hub kernel {attention_choice} provides {base}")
     return Decision(choice, tuple(reasons), tuple(cands))
+
+
+def _kind(paged: str) -> str:
+    """The implementation behind a paged name: "paged|kernels-community/flash-attn3" -> "flash_attention_3"."""
+    name = paged.removeprefix("paged|")
+    if name.startswith("kernels-community/"):
+        from .attention import _KERNEL_TO_IMPL
+
+        return _KERNEL_TO_IMPL.get(name, name)
+    return name
 
 
 def choose_block_size(paged: str, seq_len: int | None) -> Decision:
@@ -402,6 +426,10 @@ def choose_block_size(paged: str, seq_len: int | None) -> Decision:
             why.append(f"half a block ({b // 2}) wastes more than 1/16 of a {seq_len}-token request")
         if b == TF_DEFAULT_BLOCK_SIZE:
             why.append("transformers' default (configuration_utils.py:1753)")
+        elif ok:
+            why.append(
+                f"finer allocation (a request wastes under {b} tokens), {TF_DEFAULT_BLOCK_SIZE // b}x the blocks"
+            )
         cands.append(Candidate(str(b), ok, tuple(why)))
     pick = next((c for c in cands if c.ok), None)
     if pick is None:  # fast decode with a very short declared length: the kernel's constraint wins
@@ -518,8 +546,9 @@ def plan_serving(
 
     att = choose_paged_attention(attention_choice, supports_sdpa=bool(getattr(info, "supports_sdpa", True)))
     paged = att.choice or "paged|sdpa"
-    masked = paged in _MASKED
-    fast = paged in _FAST_DECODE
+    kind = _PAGED.get(_kind(paged), paged)
+    masked = kind in _MASKED
+    fast = kind in _FAST_DECODE
     kv_heads = s.num_kv_heads or s.num_heads
     heads = s.num_heads
     if tp > 1:
@@ -548,13 +577,14 @@ def plan_serving(
         masked=masked,
         fast_decode=fast,
         sliding=bool(info.sliding_layers) and info.sliding_layers < s.layers,
+        repeated_kv_peak=(_version(transformers_version) or (0,))[:2] >= PLAIN_NAMES_FROM,
     )
     if info.sliding_layers:
         notes.append(
             "sliding-window layers: transformers gives them their own cache group and disables the decode fast path "
             "(continuous_api.py:1048-1050); planned as full-length (an upper bound)"
         )
-    bs_dec = choose_block_size(paged, seq_len)
+    bs_dec = choose_block_size(kind, seq_len)
     block = int(bs_dec.choice or TF_DEFAULT_BLOCK_SIZE)
 
     # --- the largest batch in tokens: transformers' default, never more than the declared work
