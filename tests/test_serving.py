@@ -64,7 +64,7 @@ def test_declared_work_gets_a_cache_sized_to_it_within_the_device(shape: str) ->
     assert s.max_requests_per_batch == 64
     # the memory it counts stays inside what the device may hold
     m = s.memory
-    used = m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["kv_cache"]
+    used = m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["cache_and_buffers"]
     assert used <= m["device"]
     assert m["headroom"] >= int(0.05 * 140 * GiB)
     kv_token = 2 * p.model.layers * p.model.num_kv_heads * p.model.head_dim * 2
@@ -84,7 +84,10 @@ def test_undeclared_work_fills_the_device_like_transformers_does() -> None:
     assert filled.cache_tokens > 3 * declared.cache_tokens
     assert filled.max_requests_per_batch is None  # transformers sizes it from its workload hints
     m = filled.memory
-    assert m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["kv_cache"] <= m["device"]
+    assert (
+        m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["cache_and_buffers"]
+        <= m["device"]
+    )
 
 
 def test_serving_section_round_trips_through_json_and_explains_itself() -> None:
@@ -143,7 +146,10 @@ def test_more_concurrent_requests_than_blocks_queue_with_a_warning() -> None:
     assert any("queues the rest" in w for w in s.warnings)
     # the cache then takes what the device holds, not more
     m = s.memory
-    assert m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["kv_cache"] <= m["device"]
+    assert (
+        m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["cache_and_buffers"]
+        <= m["device"]
+    )
 
 
 # -- decisions ------------------------------------------------------------------------------------------------
@@ -246,7 +252,7 @@ def test_tensor_parallel_shards_the_cache_per_rank() -> None:
 
 def test_settle_shrinks_the_cache_to_measured_free_memory_never_grows_it() -> None:
     s = _direct("Qwen3-8B", seq_len=2304, batch_size=64)
-    planned = s.memory["kv_cache"]
+    planned = s.memory["cache_and_buffers"]
     plenty = sv.settle(s, planned + s.memory["working_set"] + s.memory["headroom"] + 10 * GiB)
     assert plenty == s
     tight = sv.settle(s, planned // 2 + s.memory["working_set"] + s.memory["headroom"])
@@ -421,6 +427,9 @@ def test_newer_transformers_memory_model_is_counted_no_smaller() -> None:
             assert f_new >= f_old
             if masked and n > 100 * m:  # the attention peak (not the logits') is the larger one there
                 assert f_new > f_old
+    # the plan counts them for every transformers version: the expanded copies are real memory either way
     s17 = _direct("Qwen3-8B", transformers_version="5.17.0")
     s24 = _direct("Qwen3-8B", transformers_version="5.24.0")
-    assert s24.num_blocks < s17.num_blocks
+    assert s24.num_blocks == s17.num_blocks
+    flash = _direct("Qwen3-8B", attention_choice="flash_attention_3")
+    assert flash.num_blocks > s17.num_blocks  # no expanded heads without the mask

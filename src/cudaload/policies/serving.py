@@ -577,7 +577,9 @@ def plan_serving(
         masked=masked,
         fast_decode=fast,
         sliding=bool(info.sliding_layers) and info.sliding_layers < s.layers,
-        repeated_kv_peak=(_version(transformers_version) or (0,))[:2] >= PLAIN_NAMES_FROM,
+        # counted for every version: masked kernels really hold the expanded K/V of every key the batch reads
+        # (sdpa_paged.py repeat_kv); 5.17's check leaves it out, which only makes its check pass more easily
+        repeated_kv_peak=True,
     )
     if info.sliding_layers:
         notes.append(
@@ -747,7 +749,7 @@ def plan_serving(
     # transformers checks (total - reserved) * max_memory_percent >= footprint (cache.py:643-649, 733-742): pass
     # the fraction our headroom leaves, so the check and this plan agree
     pct = round(1.0 - HEADROOM_FRACTION, 3)
-    mem["kv_cache"] = footprint(
+    mem["cache_and_buffers"] = footprint(
         shape, m, num_blocks * block, io_multiplier=io, max_blocks_per_request=max_blocks_req
     )
     return ServingPlan(
@@ -774,7 +776,7 @@ def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0)
     than planned, smaller when less is free than planned (another process, a bigger working set)."""
     m = section.memory
     usable = free_bytes - m.get("working_set", 0) - m.get("headroom", 0) - reserved_by_model
-    planned = m.get("kv_cache", 0)
+    planned = m.get("cache_and_buffers", 0)
     if planned <= 0 or usable >= planned:
         return section
     block = int(section.block_size.choice or TF_DEFAULT_BLOCK_SIZE)
@@ -787,7 +789,7 @@ def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0)
     return replace(
         section,
         num_blocks=blocks,
-        memory={**m, "kv_cache": int(planned * scale)},
+        memory={**m, "cache_and_buffers": int(planned * scale)},
         notes=(*section.notes, note),
     )
 
