@@ -124,6 +124,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_s": med("tokens_s"),
         "tokens_s_min": min(tps) if tps else None,
         "tokens_s_max": max(tps) if tps else None,
+        "tokens_s_incl_setup": med("tokens_s_incl_setup"),
         "p50_s": med("p50_s"),
         "p95_s": med("p95_s"),
         "decode_step_ms": med("decode_step_ms"),
@@ -224,20 +225,20 @@ class Bench:
         }
 
     # model
-    def build(self, shape: str) -> Any:
-        import torch
-        from transformers import AutoModelForCausalLM
-
+    def config_for(self, shape: str) -> Any:
         if self.args.smoke:
             from cudaload.testing.models import tiny_config
 
-            config = tiny_config("qwen3")
-            dtype = torch.float32
-        else:
-            from cudaload.testing import full_config
+            return tiny_config("qwen3")
+        from cudaload.testing import full_config
 
-            config = full_config(shape)
-            dtype = torch.bfloat16
+        return full_config(shape)
+
+    def build(self, shape: str, config: Any) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.float32 if self.args.smoke else torch.bfloat16
         t = time.perf_counter()
         # random weights made directly on the device: no checkpoint, no Hub
         with torch.device(self.device):
@@ -366,6 +367,8 @@ class Bench:
             res["completed"] = len(good)
             res["generated_tokens"] = sum(len(r.generated_tokens) for r in good)
             res["tokens_s"] = res["generated_tokens"] / res["wall_s"] if res["wall_s"] > 0 else None
+            # the manager's set-up (cache allocation, CUDA-graph warm-up captures) counted too
+            res["tokens_s_incl_setup"] = res["generated_tokens"] / (res["wall_s"] + res.get("setup_s", 0.0))
             lat = [r.lifespan[1] - t0 for r in good]
             res["p50_s"], res["p95_s"] = percentile(lat, 50), percentile(lat, 95)
             gaps = []
@@ -464,23 +467,25 @@ class Bench:
                 continue
             entry: dict[str, Any] = {"configs": {}, "runs": []}
             self.results["models"][shape] = entry
+            config = self.config_for(shape)
+            vocab = int(config.vocab_size)
+            reqs = workload(a.requests, seed=a.seed, vocab=vocab, prompt=tuple(a.prompt), new=tuple(a.new))
+            entry["requested_tokens"] = sum(k for _, k in reqs)
+            # planned before the model exists, as a user plans before loading (the device is still free)
+            settings, plan_info = self.plan_settings(config, reqs)
+            entry["plan_settings"] = settings
+            entry["plan_serving"] = plan_info
+            log(f"{shape}: plan settings {settings}")
             try:
-                config, model = self.build(shape)
+                config, model = self.build(shape, config)
             except Exception as e:
                 entry["error"] = f"build: {type(e).__name__}: {e}"
                 entry["oom"] = is_oom(e)
                 self.save()
                 continue
-            vocab = int(config.vocab_size)
-            reqs = workload(a.requests, seed=a.seed, vocab=vocab, prompt=tuple(a.prompt), new=tuple(a.new))
             wb = weight_bytes(model)
             entry["weight_bytes"] = wb
             entry["bound"] = decode_bound(wb, a.bandwidth, min(a.requests, 64))
-            entry["requested_tokens"] = sum(k for _, k in reqs)
-            settings, plan_info = self.plan_settings(config, reqs)
-            entry["plan_settings"] = settings
-            entry["plan_serving"] = plan_info
-            log(f"{shape}: plan settings {settings}")
             self.warm(model)
             order: list[tuple[str, Any]] = [("plan", settings), ("default", {})]
             order += [(f"padded{b}", b) for b in a.padded]
@@ -581,8 +586,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             "| config | tok/s (median) | min-max | vs best padded | vs default | p50 s | p95 s | decode ms/step "
-            "| bound ms/step | setup s | peak alloc GiB | runs ok/all | OOM | partial |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| bound ms/step | setup s | tok/s incl. setup | peak alloc GiB | runs ok/all | OOM | partial |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         cfgs = e.get("configs", {})
         pads = [c.get("tokens_s") for n, c in cfgs.items() if n.startswith("padded") and c.get("tokens_s")]
@@ -594,7 +599,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"| {name} | {fmt(t, 4)} | {fmt(s.get('tokens_s_min'), 4)}-{fmt(s.get('tokens_s_max'), 4)} "
                 f"| {fmt(t / base_pad if t and base_pad else None)}x | {fmt(t / base_def if t and base_def else None)}x "
                 f"| {fmt(s.get('p50_s'))} | {fmt(s.get('p95_s'))} | {fmt(s.get('decode_step_ms'))} "
-                f"| {fmt(b.get('step_ms'))} | {fmt(s.get('setup_s'))} | {fmt(s.get('peak_alloc_gib'))} "
+                f"| {fmt(b.get('step_ms'))} | {fmt(s.get('setup_s'))} | {fmt(s.get('tokens_s_incl_setup'), 4)} "
+                f"| {fmt(s.get('peak_alloc_gib'))} "
                 f"| {s.get('ok_runs')}/{s.get('runs')} | {s.get('ooms')} | {s.get('partial')} |"
             )
         errs = [
