@@ -380,6 +380,31 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
     return get_peft_model(model, LoraConfig(**(plan.peft or {"target_modules": "all-linear"})))
 
 
+def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
+    """intent="serving": the plan's cache settled against the memory free after loading (measured here, passed to
+    the pure policy), then transformers' own ``ContinuousBatchingConfig`` at ``model.cudaload_cb_config`` for
+    ``generate_batch`` / ``continuous_batching_context_manager``. The model keeps its planned attention: at the
+    manager's start transformers switches it to the paged form (5.17 continuous_api.py:651-683) and back at stop."""
+    from dataclasses import fields
+
+    import torch
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from .policies.serving import settle
+
+    section = plan.serving
+    assert section is not None
+    device = getattr(model, "device", None)
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        section = settle(section, int(free))
+    names = [f.name for f in fields(ContinuousBatchingConfig)]
+    kwargs = section.continuous_batching_config(names)
+    model.cudaload_cb_config = ContinuousBatchingConfig(**kwargs)
+    verified["serving"] = {"continuous_batching_config": kwargs, "num_blocks": section.num_blocks}
+    return replace(plan, serving=section)
+
+
 def load_model(
     model: str | os.PathLike[str],
     *,
@@ -530,10 +555,12 @@ def load_model(
         loaded = _wrap_peft(loaded, plan)
         trainable = sum(p.numel() for p in loaded.parameters() if p.requires_grad)
         verified["trainable_parameters"] = trainable
-    if plan.intent == "inference":
+    if plan.intent in ("inference", "serving"):
         loaded.eval()
     else:
         loaded.train()
+    if plan.serving is not None:
+        plan = _attach_serving(loaded, plan, verified)
     plan = plan.with_verified(verified)
     loaded.cudaload_plan = plan
     logger.log(

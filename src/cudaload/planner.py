@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from . import _env
@@ -22,6 +23,7 @@ from .policies.dtype import choose_dtype
 from .policies.load_path import choose_load_path
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
 from .policies.quantization import fit
+from .policies.serving import ServingPlan, plan_serving
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,58 @@ def _kernels(
     )
 
 
+def _serving(
+    info: ModelInfo,
+    caps: Capabilities,
+    dtype: str,
+    attn: str,
+    fr: Any,
+    gpu_devs: list[str],
+    seq_len: int | None,
+    batch_size: int | None,
+) -> ServingPlan:
+    """The serving section on the first GPU the model is placed on (every rank is alike under tensor parallel)."""
+    weights = int(fr.breakdown.terms.get("weights", 0))
+    world = caps.distributed.world_size or 1
+    total: int | None = None
+    name = None
+    # no GPU: the host's budget (None when unknown)
+    budget: int | None = fr.fit.budget.get("cpu")
+    if gpu_devs:
+        dev = gpu_devs[0]
+        gpu = next((g for g in caps.gpus if f"cuda:{g.index}" == dev), None)
+        if gpu is not None:
+            total, name = gpu.total_memory, gpu.name
+        budget = int(fr.fit.budget.get(dev, total or 0))
+        if len(gpu_devs) > 1 and world == 1:
+            # layers split over GPUs (one runs at a time): plan each device's share of the weights
+            weights = weights // len(gpu_devs)
+    sp = plan_serving(
+        info,
+        dtype=dtype,
+        attention_choice=attn,
+        quantization=fr.decision.choice,
+        weights_bytes=weights,
+        device_total=total,
+        device_budget=budget,
+        gpu_name=name,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        world_size=world,
+        transformers_version=caps.transformers_version,
+    )
+    if len(gpu_devs) > 1 and world == 1:
+        sp = replace(
+            sp,
+            notes=(
+                *sp.notes,
+                f"layers split over {len(gpu_devs)} GPUs run one device at a time; tensor parallel (torchrun, "
+                "tp_plan='auto') serves faster: see the parallelism decision",
+            ),
+        )
+    return sp
+
+
 def plan(
     model: Any,
     *,
@@ -132,6 +186,9 @@ def plan(
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ConfigurationError(f"{name}={v!r} must be a positive integer", fix=f"pass {name}=1 or more")
+    # serving plans the model like inference, then adds transformers' continuous-batching settings
+    base_intent = "inference" if intent == "serving" else intent
+    declared_seq, declared_batch = seq_len, batch_size
     caps = resolve_hardware(hardware)
     if assume_installed or assume_missing:
         caps = caps.with_packages(assume_installed, assume_missing)
@@ -147,23 +204,33 @@ def plan(
         caps,
         checkpoint_dtype=s.checkpoint_dtype,
         model_type=s.type,
-        intent=intent,
+        intent=base_intent,
         requested=str(dtype),
         fp16_overflow=info.fp16_overflow,
     )
     assert dt.choice is not None
     trust = (*trust_kernels, *_env.trusted_kernel_repos())
     at = choose_attention(
-        info, caps, dtype=dt.choice, intent=intent, requested=attn, trust=trust, revision=None, work=declared
+        info,
+        caps,
+        dtype=dt.choice,
+        intent=base_intent,
+        requested=attn,
+        trust=trust,
+        revision=None,
+        # one generate() call's work picks its kernel; a server's many requests are not one short sequence
+        work=None if intent == "serving" else declared,
     )
     assert at.choice is not None
     fr = fit(
         info,
         caps,
         dtype=dt.choice,
-        intent=intent,
+        intent=base_intent,
         seq_len=seq_len,
-        batch_size=batch_size,
+        # serving: one longest request must fit beside the weights; the paged cache for the rest is the serving
+        # section's (transformers queues what does not fit at once)
+        batch_size=1 if intent == "serving" else batch_size,
         attn=at.choice,
         quantization=quantization,
         device_map=device_map,
@@ -214,10 +281,13 @@ def plan(
         placement=placement,
         memory=memory,
         load_path=lp,
-        kernels=_kernels(info, caps, intent, kernels, trust, model_class),
+        kernels=_kernels(info, caps, base_intent, kernels, trust, model_class),
         quantization_config=fr.quantization_config,
         peft=_peft(info) if intent in ("lora", "qlora") else None,
         warnings=tuple(warnings),
+        serving=_serving(info, caps, dt.choice, at.choice, fr, gpu_devs, declared_seq, declared_batch)
+        if intent == "serving"
+        else None,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .decision import Decision
 
+if TYPE_CHECKING:
+    from .policies.serving import ServingPlan
+
 PLAN_SCHEMA_VERSION = 1
-INTENTS = ("inference", "training", "lora", "qlora")
+INTENTS = ("inference", "training", "lora", "qlora", "serving")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class Plan:
     peft: dict[str, Any] | None = None  # LoraConfig kwargs for lora / qlora
     warnings: tuple[str, ...] = ()
     verified: dict[str, Any] | None = None  # filled in by load_model()
+    # intent "serving": transformers' continuous-batching settings (cudaload.policies.serving.ServingPlan)
+    serving: ServingPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +160,7 @@ class Plan:
             "peft": self.peft,
             "warnings": list(self.warnings),
             "verified": self.verified,
+            "serving": self.serving.to_dict() if self.serving is not None else None,
         }
 
     @classmethod
@@ -179,6 +185,7 @@ class Plan:
             peft=d.get("peft"),
             warnings=tuple(d.get("warnings", ())),
             verified=d.get("verified"),
+            serving=_serving_from(d.get("serving")),
         )
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -194,4 +201,15 @@ class Plan:
     def explain(self) -> str:
         from .explain import explain
 
-        return explain(self)
+        text = explain(self)
+        if self.serving is not None:
+            text = text.rstrip("\n") + "\n" + "\n".join(self.serving.explain_lines()) + "\n"
+        return text
+
+
+def _serving_from(d: dict[str, Any] | None) -> ServingPlan | None:
+    if not d:
+        return None
+    from .policies.serving import ServingPlan
+
+    return ServingPlan.from_dict(d)

@@ -1,0 +1,810 @@
+"""Serving: the settings transformers' continuous batching runs with, planned from memory.
+
+transformers 5 serves many requests at once through ``model.generate_batch(...)`` /
+``model.init_continuous_batching(...)`` / ``model.continuous_batching_context_manager(...)``: a paged KV cache
+(``PagedAttentionCache``), a scheduler that admits requests while blocks are free and queues the rest, and the
+``paged|...`` attention implementations. Everything it reads comes from one ``ContinuousBatchingConfig``
+(transformers 5.17 generation/configuration_utils.py:1674-1790). cudaload re-implements none of it: this policy
+decides the values of those fields and why, and the model is handed to transformers' own API with them.
+
+Decided here, each as a :class:`~cudaload.decision.Decision` with every candidate:
+
+* ``attention``: the paged form of the attention decision's choice (same measured truth). transformers 5.17
+  registers ``paged|flash_attention_{2,3,4}``, ``paged|sdpa`` and ``paged|eager`` (modeling_utils.py:5082-5086);
+  from 5.22 the prefix is dropped except for ``paged|eager`` (5.22.2 modeling_utils.py:1733-1744 strips it with a
+  FutureWarning). sdpa and eager need a dense block-diagonal mask over every key the batch reads
+  (continuous_batching/utils.py:54-56, ``attn_mask_is_needed``); flash does not.
+* ``cuda_graphs``: transformers' own rule turns graphs on iff no mask is needed (continuous_batching/
+  initialization.py:228-247): padded shapes cost masked kernels more. cudaload decides with the numbers instead:
+  on when an eager step is launch-bound (host launch cost of the layers > 1.5 x the padded GPU step) and the
+  capture cost is repaid by the expected run.
+* ``async_batching``: double-buffered inputs so the host prepares batch n+1 while the GPU runs batch n
+  (``use_async_batching``, configuration_utils.py:1774-1778; transformers defaults it to graphs-and-no-mask,
+  initialization.py:252-267). It doubles the IO tensors (cache.py:609, ``io_multiplier``), so it is on only with
+  graphs and only where the doubled IO still leaves the KV cache the work needs.
+* ``block_size``: tokens per KV block (configuration_utils.py:1753, default 256).
+* ``num_blocks`` / ``max_batch_tokens``: from the memory left after weights, the CUDA context, one layer's working
+  set and a stated headroom, through the same memory polynomial transformers checks the pair against
+  (cache.py:565-814, ``PagedAttentionMemoryHandler``), so transformers' own ``_check_footprint`` (cache.py:733-742)
+  accepts them.
+
+Bad input never reaches an out-of-memory crash: a declared request longer than the whole KV budget is a
+:class:`~cudaload.errors.DoesNotFitError` at planning time; more concurrent requests than blocks is a warning,
+because transformers' scheduler queues requests until blocks free up (scheduler.py:122-143, 253-265).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..decision import Candidate, Decision
+from ..errors import DoesNotFitError
+from .dtype import dtype_bytes
+from .memory import CUDA_CONTEXT_BYTES, GiB
+from .memory import estimate as memory_estimate
+
+#: transformers' defaults this plan departs from or keeps (5.17 file:line)
+TF_DEFAULT_BLOCK_SIZE = 256  # configuration_utils.py:1753
+TF_DEFAULT_MAX_BATCH_TOKENS = 8192  # cache.py:579 (_default_max_batch_tokens)
+TF_MIN_MAX_BATCH_TOKENS = 256  # cache.py:578
+TF_Q_PADDING = 64  # initialization.py:34 (graph query padding, tokens)
+TF_KV_PADDING = 64 * 256  # initialization.py:35 (graph KV padding, tokens)
+TF_MAX_REQUESTS = 1024  # initialization.py:32
+TF_FIFO_SAFETY_MARGIN = 0.15  # scheduler.py:337: prefill admission stops below 15% free blocks
+
+#: flash-attn's ``flash_attn_with_kvcache`` with a block table (the FA2/FA3 decode fast path transformers uses,
+#: initialization.py:114-146) wants page_block_size a multiple of 256 (flash-attn 2.8.3
+#: flash_attn/flash_attn_interface.py, flash_attn_with_kvcache docstring: "page_block_size must be a multiple of 256")
+FLASH_PAGE_MULTIPLE = 256
+BLOCK_SIZES = (256, 128, 64, 32, 16)
+
+#: Headroom kept free on each device beyond what is counted: allocator fragmentation, cuBLAS workspaces,
+#: the CUDA-graph pool's private segments. 5% of the device, at least 1 GiB.
+HEADROOM_FRACTION = 0.05
+HEADROOM_MIN = 1 * GiB
+
+#: Host time to launch one decoder layer's kernels in an eager forward on the H200 host (torch 2.11 + cu130):
+#: generate() at batch 1 ran ~60 ms a token for the 28-layer Qwen3-0.6B shape and ~87 ms (11.5 tok/s) for the
+#: 36-layer 8B shape, both against a < 4 ms bandwidth floor (/work/shared/device/README.md, 2026-11-29), i.e.
+#: ~2.1-2.4 ms per layer of launch-bound host work. A measured figure passed as ``launch_s_per_layer`` wins.
+H200_LAUNCH_S_PER_LAYER = 2.0e-3
+#: graphs must make the step at least this much faster to be worth their padding
+GRAPH_SPEEDUP_MIN = 1.5
+#: a capture runs the forward twice (a warm run, then the capture: model_runner.py _capture_graph)
+CAPTURE_FORWARDS = 2
+#: query sizes a run meets in practice: decode-only batches, full prefill chunks, a couple of tails
+GRAPH_Q_SIZES = 4
+
+#: HBM bandwidth by GPU name (vendor datasheets), for the decode step estimate
+HBM_BYTES_S = {"H200": 4.8e12, "H100": 3.35e12, "H20": 4.0e12, "A100": 2.0e12, "B200": 8.0e12, "L40": 0.86e12}
+HBM_FALLBACK = 1.0e12
+
+#: the first transformers version whose flash/sdpa paged forms drop the "paged|" prefix (5.22.2
+#: modeling_utils.py:1733-1744 strips it with a FutureWarning and removes it in 5.23)
+PLAIN_NAMES_FROM = (5, 22)
+#: ContinuousBatchingConfig with use_async_batching / use_cuda_graph exists from transformers 5.17 (the oldest
+#: cudaload supports); before it the knobs lived on GenerationConfig
+CB_CONFIG_FROM = (5, 17)
+
+_PAGED = {
+    "flash_attention_2": "paged|flash_attention_2",
+    "flash_attention_3": "paged|flash_attention_3",
+    "flash_attention_4": "paged|flash_attention_4",
+    "sdpa": "paged|sdpa",
+    "eager": "paged|eager",
+}
+_MASKED = frozenset({"paged|sdpa", "paged|eager"})
+#: FA2/FA3 have transformers' decode fast path (block table + flash_attn_with_kvcache, initialization.py:122)
+_FAST_DECODE = frozenset({"paged|flash_attention_2", "paged|flash_attention_3"})
+
+
+def _version(v: str | None) -> tuple[int, ...] | None:
+    if not v:
+        return None
+    out: list[int] = []
+    for part in v.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out) or None
+
+
+def hbm_bandwidth(gpu_name: str | None) -> float:
+    name = (gpu_name or "").upper()
+    for key, bw in HBM_BYTES_S.items():
+        if key in name:
+            return bw
+    return HBM_FALLBACK
+
+
+def transformers_name(paged: str, transformers_version: str | None) -> str:
+    """The ``attn_implementation`` string the installed transformers wants for a paged implementation."""
+    v = _version(transformers_version)
+    if v is not None and v[:2] >= PLAIN_NAMES_FROM and paged != "paged|eager":
+        return paged.removeprefix("paged|")
+    return paged
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# memory: transformers' own polynomial (5.17 cache.py:565-814), evaluated before loading
+# ------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CacheShape:
+    """What the paged cache's footprint depends on, per device."""
+
+    layers: int
+    kv_heads: int  # per device (divided by the tensor-parallel size when it divides them)
+    head_dim: int
+    heads: int  # query heads per device
+    hidden: int
+    vocab: int
+    dtype_bytes: int
+    masked: bool  # sdpa/eager need the dense attention mask
+    fast_decode: bool  # FA2/FA3 block table
+    sliding: bool = False  # a sliding-window group exists (a second mask)
+    # transformers >= 5.22 also counts the K/V read back from the cache with masked kernels' repeated heads
+    # (5.22.2/5.24 cache.py PagedAttentionMemoryHandler: kv_heads_at_peak = 2 * heads + kv_heads, else 2 * kv_heads)
+    repeated_kv_peak: bool = False
+
+    @property
+    def page(self) -> int:
+        """Elements of one token's K (or V) in one layer (cache.py:596, page_size)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token in every layer (cache.py:771: 2 * group_size * page_size * dtype, one group)."""
+        return 2 * self.layers * self.page * self.dtype_bytes
+
+
+def footprint_coefficients(
+    s: CacheShape, *, io_multiplier: int, max_blocks_per_request: int
+) -> list[tuple[int, int, int, int]]:
+    """Per activation peak: (per batch token M, per cache token N, per M*N, per M^2) bytes, as transformers 5.17
+    computes them (cache.py:621-641 activation_peak, 770-804 _equation_coefficients)."""
+    a = s.dtype_bytes  # activations and cache share the dtype (cache.py:598-599)
+    i = 4  # int32
+    k = io_multiplier
+    masks = (2 if s.sliding else 1) if s.masked else 0
+    groups = 1
+    lm_head_m = s.hidden * a + s.vocab * 4  # hidden states + fp32 logits of every batch token
+    attn_m = a * (s.hidden + s.heads * s.head_dim + 2 * s.page)
+    attn_n = 2 * s.page * a  # old K and V read from the cache, whole cache in the worst case
+    if s.repeated_kv_peak:
+        at_peak = (2 * s.heads + s.kv_heads) if s.masked else 2 * s.kv_heads
+        attn_m += a * at_peak * s.head_dim
+        attn_n = max(attn_n, at_peak * s.head_dim * a)
+    io_m = k * 7 * i + k * 1 * i + k * groups * max_blocks_per_request * i + k * groups * 8 + k * groups * 8
+    cn_base = s.kv_bytes_per_token + k * groups * 8
+    return [
+        (dm + io_m, dn + cn_base, k * masks * a, k * masks * a)
+        for dm, dn in ((lm_head_m, 0), (attn_m, attn_n))
+    ]
+
+
+def footprint(
+    s: CacheShape, m: int, n_tokens: int, *, io_multiplier: int, max_blocks_per_request: int
+) -> int:
+    """Bytes of the paged cache and the batch buffers: the largest peak (cache.py:806-814)."""
+    return max(
+        cn * n_tokens + cm * m + cmn * m * n_tokens + cmm * m * m
+        for cm, cn, cmn, cmm in footprint_coefficients(
+            s, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
+        )
+    )
+
+
+def solve_cache_tokens(
+    s: CacheShape, m: int, budget: int, *, io_multiplier: int, max_blocks_per_request: int
+) -> int:
+    """Largest cache size in tokens whose footprint with ``m`` batch tokens fits ``budget`` at every peak (linear
+    in N, as cache.py:722-726 solves it, the minimum over peaks as cache.py:692-700)."""
+    sizes = []
+    for cm, cn, cmn, cmm in footprint_coefficients(
+        s, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
+    ):
+        sizes.append(max(0, (budget - cm * m - cmm * m * m) // (cn + cmn * m)))
+    return min(sizes)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the section
+# ------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServingPlan:
+    """The serving section of a Plan: transformers' continuous-batching settings and why."""
+
+    attention: Decision  # the paged attention implementation (cudaload's name, "paged|...")
+    attn_implementation: str  # the string the installed transformers takes
+    cuda_graphs: Decision  # "on" / "off"
+    async_batching: Decision  # "on" / "off" / "unavailable"
+    block_size: Decision  # "256", "128", ...
+    num_blocks: int
+    max_batch_tokens: int
+    max_requests_per_batch: int | None
+    max_memory_percent: float
+    memory: dict[str, int] = field(
+        default_factory=dict
+    )  # bytes per device: weights, context, working set, ...
+    kv_bytes_per_token: int = 0
+    tensor_parallel: int = 1
+    concurrent_requests: int | None = None  # declared requests (seq_len long) that fit at once
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def cache_tokens(self) -> int:
+        return self.num_blocks * int(self.block_size.choice or TF_DEFAULT_BLOCK_SIZE)
+
+    def continuous_batching_config(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
+        """Keyword arguments for transformers' ``ContinuousBatchingConfig``. ``fields``: the installed class's
+        field names (``dataclasses.fields``), so a renamed knob follows it (``block_size`` became ``page_size``
+        by 5.22, configuration_utils.py:1901-1906 there) and an absent one is left out."""
+        graphs = self.cuda_graphs.choice == "on"
+        kw: dict[str, Any] = {
+            "block_size": int(self.block_size.choice or TF_DEFAULT_BLOCK_SIZE),
+            "num_blocks": self.num_blocks,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_memory_percent": self.max_memory_percent,
+            "use_cuda_graph": graphs,
+            "use_async_batching": self.async_batching.choice == "on",
+        }
+        if self.max_requests_per_batch is not None:
+            kw["max_requests_per_batch"] = self.max_requests_per_batch
+        if fields is None:
+            return kw
+        names = set(fields)
+        if "block_size" in kw and "page_size" in names:
+            kw["page_size"] = kw.pop("block_size")
+        return {k: v for k, v in kw.items() if k in names}
+
+    def settings(self, fields: Iterable[str] | None = None) -> dict[str, Any]:
+        """``{"attn_implementation": ..., "continuous_batching": {ContinuousBatchingConfig kwargs}}``."""
+        return {
+            "attn_implementation": self.attn_implementation,
+            "continuous_batching": self.continuous_batching_config(fields),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attention": self.attention.to_dict(),
+            "attn_implementation": self.attn_implementation,
+            "cuda_graphs": self.cuda_graphs.to_dict(),
+            "async_batching": self.async_batching.to_dict(),
+            "block_size": self.block_size.to_dict(),
+            "num_blocks": self.num_blocks,
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_requests_per_batch": self.max_requests_per_batch,
+            "max_memory_percent": self.max_memory_percent,
+            "memory": dict(self.memory),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "tensor_parallel": self.tensor_parallel,
+            "concurrent_requests": self.concurrent_requests,
+            "notes": list(self.notes),
+            "warnings": list(self.warnings),
+            "continuous_batching_config": self.continuous_batching_config(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ServingPlan:
+        return cls(
+            attention=Decision.from_dict(d["attention"]),
+            attn_implementation=str(d["attn_implementation"]),
+            cuda_graphs=Decision.from_dict(d["cuda_graphs"]),
+            async_batching=Decision.from_dict(d["async_batching"]),
+            block_size=Decision.from_dict(d["block_size"]),
+            num_blocks=int(d["num_blocks"]),
+            max_batch_tokens=int(d["max_batch_tokens"]),
+            max_requests_per_batch=d.get("max_requests_per_batch"),
+            max_memory_percent=float(d["max_memory_percent"]),
+            memory={k: int(v) for k, v in d.get("memory", {}).items()},
+            kv_bytes_per_token=int(d.get("kv_bytes_per_token", 0)),
+            tensor_parallel=int(d.get("tensor_parallel", 1)),
+            concurrent_requests=d.get("concurrent_requests"),
+            notes=tuple(d.get("notes", ())),
+            warnings=tuple(d.get("warnings", ())),
+        )
+
+    def explain_lines(self) -> list[str]:
+        out = ["serving (transformers continuous batching):"]
+        for label, dec in (
+            ("attention", self.attention),
+            ("cuda graphs", self.cuda_graphs),
+            ("async batching", self.async_batching),
+            ("block size", self.block_size),
+        ):
+            out.append(f"  {label}: {dec.choice}" + (f"  ({'; '.join(dec.reasons)})" if dec.reasons else ""))
+            for c in dec.candidates:
+                if c.name != dec.choice:
+                    mark = "ok" if c.ok else "rejected"
+                    out.append(f"      {c.name}: {mark}: {'; '.join(c.reasons)}")
+        out.append(
+            f"  KV cache: {self.num_blocks} blocks x {self.block_size.choice} tokens = {self.cache_tokens:,} tokens "
+            f"({self.kv_bytes_per_token / 1024:.0f} KiB/token, {self.cache_tokens * self.kv_bytes_per_token / GiB:.1f}"
+            f" GiB); max_batch_tokens {self.max_batch_tokens}; max_requests_per_batch {self.max_requests_per_batch}"
+        )
+        if self.memory:
+            out.append(
+                "  memory per device: " + ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in self.memory.items())
+            )
+        if self.tensor_parallel > 1:
+            out.append(
+                f"  tensor parallel over {self.tensor_parallel} GPUs: each rank holds its share of the cache"
+            )
+        out += [f"  note: {n}" for n in self.notes]
+        out += [f"  WARNING: {w}" for w in self.warnings]
+        kw = ", ".join(f"{k}={v!r}" for k, v in self.continuous_batching_config().items())
+        out.append(f"  ContinuousBatchingConfig({kw}); attn_implementation={self.attn_implementation!r}")
+        return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the decisions
+# ------------------------------------------------------------------------------------------------------------------
+def choose_paged_attention(attention_choice: str, *, supports_sdpa: bool = True) -> Decision:
+    """The paged implementation continuous batching runs, from the attention decision's choice."""
+    base = attention_choice
+    if base.startswith("kernels-community/"):
+        from .attention import _KERNEL_TO_IMPL
+
+        base = _KERNEL_TO_IMPL.get(base, base)
+    cands: list[Candidate] = []
+    for impl, paged in _PAGED.items():
+        why: list[str] = []
+        ok = True
+        if impl == base:
+            why.append(f"the attention decision chose {attention_choice}")
+        if paged in _MASKED:
+            why.append(
+                "needs a dense block-diagonal mask over every key the batch reads (continuous_batching/utils.py:54)"
+            )
+        else:
+            why.append("no mask: attends per request (varlen)")
+        if paged in _FAST_DECODE:
+            why.append("decode fast path with a block table (initialization.py:114-146)")
+        if impl.startswith("flash") and impl != base:
+            ok = False
+            why.append(
+                f"not the attention decision's choice ({attention_choice}): not installed or not supported"
+            )
+        if impl == "sdpa" and not supports_sdpa:
+            ok = False
+            why.append("the model does not support sdpa")
+        if impl == "eager" and base != "eager":
+            why.append("materialises the scores of every head over the batch's keys: last resort")
+        cands.append(Candidate(paged, ok, tuple(why)))
+    cands.append(
+        Candidate(
+            "flex_attention",
+            False,
+            (
+                "no paged form: transformers 5.17 registers paged flash/sdpa/eager only (modeling_utils.py:5082-5086)",
+            ),
+        )
+    )
+    if attention_choice.startswith("kernels-community/") and base in _PAGED:
+        # the Hub kernel itself, paged: transformers registers "paged|<repo>" when it loads the kernel
+        # (modeling_flash_attention_utils.py:188-189)
+        choice = f"paged|{attention_choice}"
+        reasons = [f"paged form of the attention decision's {attention_choice}"]
+        cands.insert(0, Candidate(choice, True, (f"the Hub kernel {attention_choice} provides {base}",)))
+    elif base in _PAGED:
+        choice = _PAGED[base]
+        reasons = [f"paged form of the attention decision's {attention_choice}"]
+    else:  # flex_attention or an unknown kernel string: sdpa, or eager for models without sdpa
+        choice = "paged|sdpa" if supports_sdpa else "paged|eager"
+        reasons = [f"{attention_choice} has no paged form in transformers: {choice}"]
+    return Decision(choice, tuple(reasons), tuple(cands))
+
+
+def _kind(paged: str) -> str:
+    """The implementation behind a paged name: "paged|kernels-community/flash-attn3" -> "flash_attention_3"."""
+    name = paged.removeprefix("paged|")
+    if name.startswith("kernels-community/"):
+        from .attention import _KERNEL_TO_IMPL
+
+        return _KERNEL_TO_IMPL.get(name, name)
+    return name
+
+
+def choose_block_size(paged: str, seq_len: int | None) -> Decision:
+    """Tokens per KV block. A request wastes half a block on average: keep that under 1/16 of the declared
+    length. FA2/FA3's block-table decode wants multiples of 256."""
+    cands = []
+    for b in BLOCK_SIZES:
+        why = []
+        ok = True
+        if paged in _FAST_DECODE and b % FLASH_PAGE_MULTIPLE:
+            ok = False
+            why.append(f"flash_attn_with_kvcache needs page blocks of a multiple of {FLASH_PAGE_MULTIPLE}")
+        if seq_len is not None and b > max(BLOCK_SIZES[-1], seq_len // 8):
+            ok = False
+            why.append(f"half a block ({b // 2}) wastes more than 1/16 of a {seq_len}-token request")
+        if b == TF_DEFAULT_BLOCK_SIZE:
+            why.append("transformers' default (configuration_utils.py:1753)")
+        elif ok:
+            why.append(
+                f"finer allocation (a request wastes under {b} tokens), {TF_DEFAULT_BLOCK_SIZE // b}x the blocks"
+            )
+        cands.append(Candidate(str(b), ok, tuple(why)))
+    pick = next((c for c in cands if c.ok), None)
+    if pick is None:  # fast decode with a very short declared length: the kernel's constraint wins
+        return Decision(
+            "256", ("flash decode needs 256-token blocks; short requests waste the rest",), tuple(cands)
+        )
+    return Decision(
+        pick.name, ("the largest block whose average waste stays under 1/16 of a request",), tuple(cands)
+    )
+
+
+def decide_graphs(
+    *,
+    has_cuda: bool,
+    masked: bool,
+    layers: int,
+    launch_s_per_layer: float,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    kv_heads: int,
+    heads: int,
+    bandwidth: float,
+    concurrent: int,
+    context: int,
+    cache_tokens: int,
+    max_batch_tokens: int,
+    expected_steps: int | None,
+) -> tuple[Decision, dict[str, float]]:
+    """CUDA graphs for continuous batching, with the estimate behind the choice."""
+    eager = layers * launch_s_per_layer
+    # a decode step at `concurrent` requests of `context` tokens: weights once, plus the KV the batch reads.
+    # Masked kernels gather the keys and expand them to every query head (sdpa_paged.py repeat_kv): read + write
+    # of the gathered and the expanded copies.
+    expand = 1 + 2 * max(1, heads // max(kv_heads, 1)) if masked else 1
+    kv_read = concurrent * context * kv_bytes_per_token * expand
+    gpu = (weight_bytes + kv_read) / bandwidth
+    pad_tokens = TF_KV_PADDING if masked else 0
+    gpu_padded = gpu + pad_tokens * kv_bytes_per_token * expand / bandwidth
+    # distinct graph shapes (model_runner.py maybe_pad_inputs: query padded to 64-token steps, KV to 16384-token
+    # steps): in a run, a few query sizes (decode-only batches, full prefill chunks of max_batch_tokens, tails)
+    # times the KV buckets the cache spans
+    kv_buckets = max(1, math.ceil(cache_tokens / TF_KV_PADDING))
+    q_buckets = min(GRAPH_Q_SIZES, max(1, math.ceil(max_batch_tokens / TF_Q_PADDING)))
+    graphs = kv_buckets * q_buckets
+    capture_s = graphs * CAPTURE_FORWARDS * max(eager, gpu_padded)
+    saving = max(eager, gpu) - gpu_padded
+    est = {
+        "eager_step_ms": eager * 1e3,
+        "gpu_step_ms": gpu * 1e3,
+        "graph_step_ms": gpu_padded * 1e3,
+        "graphs": float(graphs),
+        "capture_s": capture_s,
+        "break_even_steps": (capture_s / saving) if saving > 0 else float("inf"),
+    }
+    on_why: list[str] = []
+    off_why: list[str] = []
+    ok_on = True
+    if not has_cuda:
+        ok_on = False
+        on_why.append("no CUDA device (transformers turns graphs off there too, initialization.py:210-217)")
+    else:
+        step = (
+            f"eager step ~{eager * 1e3:.1f} ms of launches ({layers} layers x {launch_s_per_layer * 1e3:.1f} ms) "
+            f"vs ~{gpu_padded * 1e3:.1f} ms on the GPU with graph padding"
+        )
+        if not masked:
+            on_why.append("no attention mask: padding to graph shapes is cheap (transformers' own default)")
+        elif eager < GRAPH_SPEEDUP_MIN * gpu_padded:
+            ok_on = False
+            on_why.append(f"{step}: not launch-bound enough to repay the padding of a masked kernel")
+        else:
+            on_why.append(f"{step}: launch-bound, the graph replay removes the launches")
+        if ok_on and expected_steps is not None and saving > 0 and expected_steps < est["break_even_steps"]:
+            ok_on = False
+            on_why.append(
+                f"~{graphs} captures cost ~{capture_s:.1f} s, more than the ~{expected_steps} expected steps save"
+            )
+        elif ok_on:
+            on_why.append(
+                f"~{graphs} captures (~{capture_s:.1f} s) repaid after ~{est['break_even_steps']:.0f} steps"
+            )
+    off_why.append("every step pays the host's kernel launches")
+    if masked:
+        off_why.append("transformers' default for masked attention (initialization.py:228-236)")
+    cands = (Candidate("on", ok_on, tuple(on_why)), Candidate("off", True, tuple(off_why)))
+    choice = "on" if ok_on else "off"
+    return Decision(choice, tuple(on_why), cands), est
+
+
+def plan_serving(
+    info: Any,
+    *,
+    dtype: str,
+    attention_choice: str,
+    quantization: str | None,
+    weights_bytes: int,
+    device_total: int | None,
+    device_budget: int | None,
+    gpu_name: str | None,
+    seq_len: int | None,
+    batch_size: int | None,
+    world_size: int = 1,
+    transformers_version: str | None = None,
+    launch_s_per_layer: float | None = None,
+) -> ServingPlan:
+    """The serving section. ``weights_bytes``: the whole model's weights (split over ``world_size`` ranks);
+    ``device_total`` / ``device_budget``: one GPU's memory and what it may hold (None: no GPU, planning for the CPU);
+    ``seq_len`` / ``batch_size``: the declared longest request (prompt + new tokens) and concurrent requests, or
+    None when the caller did not declare them."""
+    s = info.summary
+    tp = max(1, int(world_size))
+    notes: list[str] = []
+    warnings: list[str] = []
+
+    att = choose_paged_attention(attention_choice, supports_sdpa=bool(getattr(info, "supports_sdpa", True)))
+    paged = att.choice or "paged|sdpa"
+    kind = _PAGED.get(_kind(paged), paged)
+    masked = kind in _MASKED
+    fast = kind in _FAST_DECODE
+    kv_heads = s.num_kv_heads or s.num_heads
+    heads = s.num_heads
+    if tp > 1:
+        if kv_heads % tp == 0 and heads % tp == 0:
+            kv_heads //= tp
+            heads //= tp
+            notes.append(
+                f"tensor parallel over {tp} ranks: each holds 1/{tp} of the weights and of the KV heads; "
+                "transformers shards the paged cache by the model's tp_plan (continuous_api.py:1031-1038) and keeps "
+                "num_blocks equal on every rank (cache.py:224-228). The parallelism decision owns how the model is "
+                "split; load it with tp_plan='auto' under torchrun"
+            )
+        else:
+            warnings.append(
+                f"{s.num_kv_heads} KV heads do not divide over {tp} ranks: the cache is planned unsharded"
+            )
+    b = dtype_bytes(dtype)
+    shape = CacheShape(
+        layers=max(s.layers, 1),
+        kv_heads=kv_heads,
+        head_dim=s.head_dim,
+        heads=heads,
+        hidden=s.hidden_size,
+        vocab=s.vocab_size,
+        dtype_bytes=b,
+        masked=masked,
+        fast_decode=fast,
+        sliding=bool(info.sliding_layers) and info.sliding_layers < s.layers,
+        # counted for every version: masked kernels really hold the expanded K/V of every key the batch reads
+        # (sdpa_paged.py repeat_kv); 5.17's check leaves it out, which only makes its check pass more easily
+        repeated_kv_peak=True,
+    )
+    if info.sliding_layers:
+        notes.append(
+            "sliding-window layers: transformers gives them their own cache group and disables the decode fast path "
+            "(continuous_api.py:1048-1050); planned as full-length (an upper bound)"
+        )
+    bs_dec = choose_block_size(kind, seq_len)
+    block = int(bs_dec.choice or TF_DEFAULT_BLOCK_SIZE)
+
+    # --- the largest batch in tokens: transformers' default, never more than the declared work
+    m = TF_DEFAULT_MAX_BATCH_TOKENS
+    if seq_len is not None and batch_size is not None:
+        m = min(m, max(TF_MIN_MAX_BATCH_TOKENS, seq_len * batch_size))
+    max_blocks_req = 0
+    if fast:
+        # the block table's width: enough blocks for the longest declared request (initialization.py:88-92)
+        max_blocks_req = (math.ceil(seq_len / block) + 1) if seq_len else 32
+        max_blocks_req += max_blocks_req % 2
+
+    # --- memory per device: weights, context, one layer's working set at the largest batch, headroom
+    w_dev = weights_bytes // tp
+    work = memory_estimate(
+        info, dtype=dtype, quantization=quantization, intent="inference", seq_len=m, batch_size=1, attn="sdpa"
+    )["activations"]
+    has_cuda = device_total is not None
+    total = device_total if device_total is not None else (device_budget or 0)
+    budget_dev = device_budget if device_budget is not None else total
+    headroom = max(HEADROOM_MIN, int(HEADROOM_FRACTION * total)) if total else HEADROOM_MIN
+    ctx = CUDA_CONTEXT_BYTES if has_cuda else 0
+    cache_budget = budget_dev - w_dev - ctx - work - headroom
+    mem = {
+        "device": budget_dev,
+        "weights": w_dev,
+        "cuda_context": ctx,
+        "working_set": work,
+        "headroom": headroom,
+    }
+
+    # the declared need, in tokens: every request padded to whole blocks, plus one (initialization.py:91)
+    need_tokens = None
+    per_request_tokens = None
+    if seq_len is not None:
+        per_request_tokens = (math.ceil(seq_len / block) + 1) * block
+        need_tokens = per_request_tokens * (batch_size or 1)
+
+    def cache_tokens_for(io: int) -> int:
+        return solve_cache_tokens(
+            shape, m, max(cache_budget, 0), io_multiplier=io, max_blocks_per_request=max_blocks_req
+        )
+
+    # --- graphs first (they decide whether async is worth anything), then async within memory
+    fill1 = cache_tokens_for(1)
+    planned_tokens = min(fill1, need_tokens) if need_tokens else fill1
+    bw = hbm_bandwidth(gpu_name)
+    concurrent = min(batch_size or 64, max(1, planned_tokens // max(per_request_tokens or 2048, 1)))
+    context = (seq_len or 2048) // 2  # a request is half-way through on average
+    lps = launch_s_per_layer if launch_s_per_layer is not None else H200_LAUNCH_S_PER_LAYER
+    # expected decode steps of a declared workload: each request generates at most seq_len tokens; assume half
+    expected = None
+    if seq_len is not None and batch_size is not None:
+        expected = math.ceil(batch_size / max(concurrent, 1)) * max(1, seq_len // 2)
+    graphs, est = decide_graphs(
+        has_cuda=has_cuda,
+        masked=masked,
+        layers=shape.layers,
+        launch_s_per_layer=lps,
+        weight_bytes=w_dev,
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+        kv_heads=kv_heads,
+        heads=heads,
+        bandwidth=bw,
+        concurrent=concurrent,
+        context=context,
+        cache_tokens=planned_tokens,
+        max_batch_tokens=m,
+        expected_steps=expected,
+    )
+    if has_cuda:
+        notes.append(
+            "step estimate: eager {eager_step_ms:.1f} ms, GPU {gpu_step_ms:.1f} ms, with graph padding "
+            "{graph_step_ms:.1f} ms; ~{graphs:.0f} graphs".format(**est)
+            + f" (HBM {bw / 1e12:.2f} TB/s for {gpu_name or 'an unknown GPU'})"
+        )
+
+    v = _version(transformers_version)
+    async_cands: list[Candidate] = []
+    if v is not None and v[:2] < CB_CONFIG_FROM:
+        async_dec = Decision(
+            "unavailable",
+            (f"transformers {transformers_version} has no ContinuousBatchingConfig.use_async_batching",),
+            (Candidate("on", False, ("not in this transformers",)), Candidate("off", True, ())),
+        )
+        io = 1
+    else:
+        fill2 = cache_tokens_for(2)
+        on_ok = graphs.choice == "on"
+        why_on: list[str] = []
+        if not on_ok:
+            why_on.append("without graphs the host is busy launching the current step: nothing to overlap")
+        else:
+            why_on.append("the host prepares the next batch while the graph replays")
+        if on_ok and need_tokens is not None and fill2 < need_tokens <= fill1:
+            on_ok = False
+            why_on.append(
+                f"the doubled IO tensors would shrink the cache below the declared {need_tokens:,} tokens"
+            )
+        if on_ok and need_tokens is None and fill2 < 0.9 * fill1:
+            on_ok = False
+            why_on.append(
+                f"the doubled IO tensors cost {100 * (1 - fill2 / max(fill1, 1)):.0f}% of the cache"
+            )
+        elif on_ok:
+            why_on.append("its doubled IO tensors are counted in the cache budget (cache.py:609)")
+        async_cands = [
+            Candidate("on", on_ok, tuple(why_on)),
+            Candidate("off", True, ("one set of IO tensors; the host prepares each batch between steps",)),
+        ]
+        choice = "on" if on_ok else "off"
+        async_dec = Decision(choice, async_cands[0].reasons, tuple(async_cands))
+        io = 2 if on_ok else 1
+
+    fill = cache_tokens_for(io)
+    if not has_cuda and fill < block:
+        # no GPU and no known host budget: the declared need, else 64 blocks
+        fill = need_tokens or 64 * block
+        notes.append("no GPU: the cache is sized to the declared work (64 blocks when none is declared)")
+    if has_cuda and fill < block:
+        raise DoesNotFitError(
+            f"no room for a KV cache: {budget_dev / GiB:.1f} GiB on the device minus weights {w_dev / GiB:.1f} GiB, "
+            f"context, working set {work / GiB:.2f} GiB and headroom {headroom / GiB:.1f} GiB leaves nothing",
+            fix="quantize the weights (quantization='nf4'), serve over more GPUs (tensor parallel), or free the device",
+        )
+    cache_tokens = fill
+    concurrent_fit: int | None = None
+    if need_tokens is not None and per_request_tokens is not None:
+        if per_request_tokens > fill:
+            raise DoesNotFitError(
+                f"a {seq_len}-token request needs {per_request_tokens:,} cache tokens "
+                f"({per_request_tokens * shape.kv_bytes_per_token / GiB:.1f} GiB of KV), the device holds "
+                f"{fill:,} ({fill * shape.kv_bytes_per_token / GiB:.1f} GiB) after the weights",
+                fix=f"declare a shorter seq_len (at most {max(fill - block, 0):,}), quantize the weights "
+                "(quantization='nf4'), or serve over more GPUs (tensor parallel)",
+            )
+        concurrent_fit = fill // per_request_tokens if per_request_tokens else None
+        if need_tokens <= fill:
+            # the declared work fits: the cache is sized to it (a larger one only costs masked kernels their
+            # mask and the warm-up capture over the whole cache), with the FIFO scheduler's 15% admission margin
+            cache_tokens = min(fill, math.ceil(need_tokens / (1 - TF_FIFO_SAFETY_MARGIN)))
+            notes.append(
+                f"cache sized to the declared {batch_size} x {seq_len} tokens (+{TF_FIFO_SAFETY_MARGIN:.0%} for the "
+                f"scheduler's admission margin, scheduler.py:337); the device could hold {fill:,} tokens"
+            )
+        else:
+            warnings.append(
+                f"{batch_size} concurrent {seq_len}-token requests need {need_tokens:,} cache tokens; "
+                f"{concurrent_fit} fit at once: transformers' scheduler queues the rest until blocks free up "
+                "(scheduler.py:122-143)"
+            )
+    elif not has_cuda:
+        cache_tokens = min(fill, 64 * block)
+        notes.append("no GPU and no declared work: a small host cache of 64 blocks")
+    num_blocks = max(1, cache_tokens // block)
+
+    max_req: int | None = None
+    if batch_size is not None:
+        max_req = min(batch_size, TF_MAX_REQUESTS)
+    # transformers checks (total - reserved) * max_memory_percent >= footprint (cache.py:643-649, 733-742): pass
+    # the fraction our headroom leaves, so the check and this plan agree
+    pct = round(1.0 - HEADROOM_FRACTION, 3)
+    mem["cache_and_buffers"] = footprint(
+        shape, m, num_blocks * block, io_multiplier=io, max_blocks_per_request=max_blocks_req
+    )
+    return ServingPlan(
+        attention=att,
+        attn_implementation=transformers_name(paged, transformers_version),
+        cuda_graphs=graphs,
+        async_batching=async_dec,
+        block_size=bs_dec,
+        num_blocks=num_blocks,
+        max_batch_tokens=m,
+        max_requests_per_batch=max_req,
+        max_memory_percent=pct,
+        memory=mem,
+        kv_bytes_per_token=shape.kv_bytes_per_token,
+        tensor_parallel=tp,
+        concurrent_requests=concurrent_fit,
+        notes=tuple(notes),
+        warnings=tuple(warnings),
+    )
+
+
+def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0) -> ServingPlan:
+    """The plan's cache against the device memory measured after loading (a fact, passed in): never larger
+    than planned, smaller when less is free than planned (another process, a bigger working set)."""
+    m = section.memory
+    usable = free_bytes - m.get("working_set", 0) - m.get("headroom", 0) - reserved_by_model
+    planned = m.get("cache_and_buffers", 0)
+    if planned <= 0 or usable >= planned:
+        return section
+    block = int(section.block_size.choice or TF_DEFAULT_BLOCK_SIZE)
+    scale = max(usable, 0) / planned
+    blocks = max(1, int(section.num_blocks * scale))
+    note = (
+        f"measured {free_bytes / GiB:.1f} GiB free after loading, less than planned: "
+        f"{section.num_blocks} -> {blocks} blocks ({blocks * block:,} tokens)"
+    )
+    return replace(
+        section,
+        num_blocks=blocks,
+        memory={**m, "cache_and_buffers": int(planned * scale)},
+        notes=(*section.notes, note),
+    )
+
+
+__all__ = [
+    "CacheShape",
+    "ServingPlan",
+    "choose_block_size",
+    "choose_paged_attention",
+    "decide_graphs",
+    "footprint",
+    "footprint_coefficients",
+    "hbm_bandwidth",
+    "plan_serving",
+    "settle",
+    "solve_cache_tokens",
+    "transformers_name",
+]
