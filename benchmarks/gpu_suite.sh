@@ -10,10 +10,18 @@
 #   load      benchmarks/run.py --sections load
 #   memory    benchmarks/run.py --sections memory,overheads
 #   choice    benchmarks/run.py --sections choice,firstuse   (FA4 wheels)
+#   attention benchmarks/bench_attention.py: every backend through generate() on 8+ work shapes (FA4 wheels)
+#   fresh     benchmarks/bench_fresh.py: process start to first forward, warm and cold (FRESH_ARGS)
+#   memtrain  benchmarks/bench_memory_train.py: training peaks and fit boundaries (quant wheels)
+#   serving   benchmarks/bench_serving.py: 64 mixed requests, both shapes (SERVING_S each)
+#   parallel  benchmarks/bench_parallel.py: DDP / FSDP2 / TP / layer split on 2 GPUs
+# DEV=cuda:N (or CUDA_VISIBLE_DEVICES) puts a single-GPU part on another GPU of a 2-GPU machine, so two
+# parts can run side by side: `benchmarks/gpu_suite.sh OUT memtrain & DEV=1 benchmarks/gpu_suite.sh OUT serving`.
 # Everything lands in OUTDIR/suite/, packed as OUTDIR/suite.tgz (the device tool returns at most 8 files).
 set -u
 out=$1; shift
-dir=$out/suite; mkdir -p "$dir"
+dir=$out/suite${SUITE_TAG:-}; mkdir -p "$dir"
+[ -n "${DEV:-}" ] && export CUDA_VISIBLE_DEVICES=${DEV#cuda:}
 export PYTHONUNBUFFERED=1
 t() { local s=$1; shift; timeout --kill-after=10 "$s" "$@"; echo "[exit $? after ${SECONDS}s: $*]"; }
 for part in "$@"; do
@@ -36,7 +44,18 @@ for part in "$@"; do
             tail -40 "$dir/memory/results.md" ;;
     choice) t "${CHOICE_S:-420}" python benchmarks/run.py --out "$dir/choice" --sections choice,firstuse ${SHAPES:+--shapes $SHAPES} --budget-s "$(( ${CHOICE_S:-420} - 30 ))" > "$dir/choice.log" 2>&1
             tail -40 "$dir/choice/results.md" ;;
+    attention) t "${ATTN_S:-450}" python benchmarks/bench_attention.py --out "$dir/attention" --budget-s "$(( ${ATTN_S:-450} - 30 ))" > "$dir/attention.log" 2>&1
+            tail -40 "$dir/attention/results.md" ;;
+    fresh) t "${FRESH_S:-330}" python benchmarks/bench_fresh.py --out "$dir/fresh" --budget-s "$(( ${FRESH_S:-330} - 30 ))" ${FRESH_ARGS:-} > "$dir/fresh.log" 2>&1
+           tail -30 "$dir/fresh/fresh.md" ;;
+    memtrain) t "${MEMTRAIN_S:-480}" python benchmarks/bench_memory_train.py --out "$dir/memtrain" --budget-s "$(( ${MEMTRAIN_S:-480} - 30 ))" ${MEMTRAIN_ARGS:-} > "$dir/memtrain.log" 2>&1
+              tail -30 "$dir/memtrain.log" ;;
+    serving) for shape in ${SERVING_SHAPES:-Qwen3-0.6B Qwen3-8B}; do
+               t "${SERVING_S:-270}" python benchmarks/bench_serving.py --out "$dir/serving-$shape" --shapes "$shape" --budget-s "$(( ${SERVING_S:-270} - 20 ))" > "$dir/serving-$shape.log" 2>&1
+               tail -20 "$dir/serving-$shape.log"; done ;;
+    parallel) t "${PARALLEL_S:-300}" python benchmarks/bench_parallel.py --out "$dir/parallel" --budget-s "$(( ${PARALLEL_S:-300} - 20 ))" ${PARALLEL_ARGS:-} > "$dir/parallel.log" 2>&1
+              tail -30 "$dir/parallel.log" ;;
     *) echo "unknown part $part" ;;
   esac
 done
-tar czf "$out/suite.tgz" -C "$out" suite
+tar czf "$out/suite${SUITE_TAG:-}.tgz" -C "$out" "suite${SUITE_TAG:-}"
