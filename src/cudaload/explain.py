@@ -3,8 +3,12 @@ the memory terms, the warnings."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .decision import Decision
-from .plans import Plan
+
+if TYPE_CHECKING:  # plans.py imports this module (Plan.explain); the type alone flows back, so no cycle
+    from .plans import Plan
 
 
 def _size(n: int) -> str:

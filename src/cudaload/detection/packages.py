@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..capabilities import PackageInfo
@@ -35,6 +35,38 @@ DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "torchao": ("torchao",),
 }
 PROBED = tuple(sorted(DISTRIBUTIONS))
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+#: every spelling a user may give (cudaload's name or a distribution name, ``_`` or ``-``) -> cudaload's name
+_SPELLINGS: dict[str, str] = {
+    _norm(alias): name for name, dists in DISTRIBUTIONS.items() for alias in (name, *dists)
+}
+
+
+def check_names(names: Iterable[str]) -> list[str]:
+    """cudaload's names for the packages ``names`` (``--assume-installed`` / ``--assume-missing``).
+
+    A name cudaload does not probe would be recorded and never read, so a typo (``flash-atn``) would change
+    nothing without a word: it raises :class:`~cudaload.errors.ConfigurationError` naming the close ones.
+    """
+    out: list[str] = []
+    for raw in names:
+        key = _norm(raw)
+        if key in _SPELLINGS:
+            out.append(_SPELLINGS[key])
+            continue
+        from ..errors import ConfigurationError, close_names
+
+        close = close_names(key, sorted(DISTRIBUTIONS))
+        raise ConfigurationError(
+            f"unknown package {raw!r}" + (f"; did you mean {' or '.join(close)}?" if close else ""),
+            fix=f"use one of {', '.join(sorted(DISTRIBUTIONS))}",
+        )
+    return list(dict.fromkeys(out))
 
 _cache: dict[tuple[object, ...], PackageInfo] = {}
 
