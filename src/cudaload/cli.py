@@ -36,6 +36,9 @@ _KEYWORD = re.compile(
 )
 
 
+_KERNELS_WORD = {"True": "on", "False": "off", "None": "auto"}
+
+
 def as_flags(text: str) -> str:
     """Rewrite Python keyword syntax in a library message into the CLI's flags: ``allow_offload=True`` ->
     ``--allow-offload``, ``seq_len=1`` -> ``--seq-len 1``, ``quantization='nf4'`` -> ``--quantization nf4``.
@@ -47,7 +50,7 @@ def as_flags(text: str) -> str:
             return flag
         value = value.strip("'\"")
         if m.group(1) == "kernels" and value in ("True", "False", "None"):
-            return f"{flag} {dict(True='on', False='off', None='auto')[value]}"
+            return f"{flag} {_KERNELS_WORD[value]}"
         if value == "True":
             return flag
         return f"{flag} {value}"

@@ -84,6 +84,10 @@ def explain(plan: Plan) -> str:
         kp = plan.kernels
         out.append(f"Hub kernels: {'on' if kp.get('enabled') or kp.get('use_kernels') else 'off'}")
         out.extend(f"    {r}" for r in kp.get("reasons", []) or [])
+        for e in kp.get("entries", []) or []:  # each layer's kernel, with why it passed or not
+            mark = "ok " if e.get("ok") else "no "
+            why = "; ".join(e.get("reasons") or []) or "-"
+            out.append(f"  - {mark}{e.get('layer')} <- {e.get('repo')}:{e.get('layer_name')}: {why}")
     if plan.warnings:
         out.append("warnings:")
         out.extend(f"  ! {w}" for w in plan.warnings)
