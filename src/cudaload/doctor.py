@@ -12,6 +12,13 @@ from dataclasses import dataclass
 from .capabilities import GPU, Capabilities
 from .detection.support import FLASH_PACKAGES, bitsandbytes_support, flash_support
 
+#: The newest kernels release published when this cudaload was made (`pip index versions kernels`,
+#: 2026-12-01), and the transformers/kernels pair ``pip install 'cudaload[kernels]'`` installs (pyproject's
+#: ``kernels`` extra; tests/test_newuser.py checks they agree). A fix must name a release that exists:
+#: transformers 5.23+ asks for kernels >=0.18.2, which did not.
+NEWEST_KERNELS = "0.17.2"
+KERNELS_PAIR = ("transformers>=5.20,<5.23", "kernels>=0.17.2,<0.18")
+
 STATUSES = ("ok", "warn", "fail", "info")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
 
@@ -157,6 +164,33 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
     return out
 
 
+def kernels_fix(accepted: str | None) -> str:
+    """A command that installs a kernels this transformers accepts, naming only published releases."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    pair = "pip install 'cudaload[kernels]' (transformers 5.20-5.22 with kernels 0.17.x, a pair that works)"
+    if not accepted:
+        return pair
+    try:
+        published = SpecifierSet(accepted).contains(NEWEST_KERNELS) or not any(
+            s.operator in (">=", ">") and _newer(s.version, NEWEST_KERNELS) for s in SpecifierSet(accepted)
+        )
+    except InvalidSpecifier:
+        return pair
+    if published:
+        return f"pip install 'kernels{accepted}'"
+    return (
+        f"{pair}; this transformers asks for kernels {accepted}, which had no release when this cudaload "
+        f"was made (newest: {NEWEST_KERNELS}): once one is published, pip install 'kernels{accepted}'"
+    )
+
+
+def _newer(a: str, b: str) -> bool:
+    from packaging.version import Version
+
+    return Version(a) > Version(b)
+
+
 def _kernels_verdict(caps: Capabilities) -> Verdict:
     k = caps.package("kernels")
     cached = len(caps.hub.cached_kernels)
@@ -165,7 +199,7 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
             "hub kernels",
             "info",
             "kernels not installed: Hub kernels are off",
-            f"pip install 'kernels{k.accepted}'" if k.accepted else "pip install 'cudaload[kernels]'",
+            kernels_fix(k.accepted),
             code="kernels",
         )
     if k.in_range is False:
@@ -174,7 +208,7 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
             "warn",
             f"kernels {k.version} is outside the range this transformers accepts "
             f"({k.accepted}); transformers treats kernels as unavailable",
-            f"pip install 'kernels{k.accepted}'",
+            kernels_fix(k.accepted),
             code="kernels-out-of-range",
         )
     if not k.usable:
@@ -233,10 +267,9 @@ def diagnose(caps: Capabilities) -> Report:
     for f in caps.findings:
         if f.code in handled and caps.gpus:
             continue  # already a per-GPU or kernels verdict
+        fix = kernels_fix(caps.package("kernels").accepted) if f.code == "kernels-out-of-range" else f.fix
         out.append(
-            Verdict(
-                "configuration", "fail" if f.severity == "error" else "warn", f.message, f.fix, code=f.code
-            )
+            Verdict("configuration", "fail" if f.severity == "error" else "warn", f.message, fix, code=f.code)
         )
     if caps.gpus and not any(v.subject == "configuration" for v in out):
         out.append(
