@@ -65,7 +65,8 @@ def _invalid(name: str, raw: str, expected: str, example: str) -> Exception:
     from .errors import ConfigurationError
 
     return ConfigurationError(
-        f"{name}={raw!r} is not {expected}", fix=f"unset {name} or set it to {expected} (e.g. {name}={example})"
+        f"{name}={raw!r} is not {expected}",
+        fix=f"unset {name} or set it to {expected} (e.g. {name}={example})",
     )
 
 

@@ -32,7 +32,9 @@ FLAGS: dict[str, str] = {
     "trust_kernels": "--trust-kernels",
 }
 _KEYWORD = re.compile(
-    r"(?<![\w.-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")=('[^']*'|\"[^\"]*\"|\.\.\.|[\w.+-]+)?"
+    r"(?<![\w.-])("
+    + "|".join(sorted(FLAGS, key=len, reverse=True))
+    + r")=('[^']*'|\"[^\"]*\"|\.\.\.|[\w.+-]+)?"
 )
 
 
@@ -170,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--hardware", help=hw_help)
     e.set_defaults(func=_cmd_env)
 
-    d = sub.add_parser("doctor", parents=[common], help="verdicts: what works, what is misconfigured, and the fix")
+    d = sub.add_parser(
+        "doctor", parents=[common], help="verdicts: what works, what is misconfigured, and the fix"
+    )
     d.add_argument("--hardware", help=hw_help)
     d.set_defaults(func=_cmd_doctor)
 
@@ -189,7 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--hardware", help=hw_help)
     pl.add_argument("--intent", default="inference", choices=["inference", "training", "lora", "qlora"])
     pl.add_argument(
-        "--seq-len", type=_positive_int, metavar="N", help="tokens per sequence (default: the model's, at most 4096)"
+        "--seq-len",
+        type=_positive_int,
+        metavar="N",
+        help="tokens per sequence (default: the model's, at most 4096)",
     )
     pl.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per batch (default 1)")
     pl.add_argument(
@@ -237,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Detect, plan, load and verify a tiny random model made on the spot, then generate "
         "(decoders) or extract features (bert). Offline; the output text is noise (random weights).",
     )
-    de.add_argument("--model", default="qwen3", choices=TINY_KINDS, help="tiny model family to make (default qwen3)")
+    de.add_argument(
+        "--model", default="qwen3", choices=TINY_KINDS, help="tiny model family to make (default qwen3)"
+    )
     de.add_argument("--prompt", default="The fastest way to load a model is")
     de.add_argument("--max-new-tokens", type=_positive_int, metavar="N", default=16)
     de.add_argument("--cpu", action="store_true", help="use the CPU even when a GPU is present")

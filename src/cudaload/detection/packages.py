@@ -68,6 +68,7 @@ def check_names(names: Iterable[str]) -> list[str]:
         )
     return list(dict.fromkeys(out))
 
+
 _cache: dict[tuple[object, ...], PackageInfo] = {}
 
 
