@@ -328,3 +328,13 @@ def test_assumed_package_keeps_pure_planning(monkeypatch: pytest.MonkeyPatch) ->
     from cudaload.detection.packages import check_names
 
     assert caps.with_packages(check_names(["FA4"])).package("flash-attn-4").usable
+
+
+def test_detected_out_of_range_finding_names_an_installable_fix() -> None:
+    from cudaload.detection import detect
+
+    caps = detect(probe_hub=False)
+    if caps.package("kernels").in_range is not False:
+        pytest.skip("kernels is in the range this transformers accepts here (only .venvs/newest is unpaired)")
+    (f,) = [f for f in caps.findings if f.code == "kernels-out-of-range"]
+    assert f.fix and f.fix.startswith("pip install 'cudaload[kernels]'")

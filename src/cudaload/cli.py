@@ -165,17 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
     sub = p.add_subparsers(dest="command", required=True, metavar="{env,doctor,plan,profiles,demo}")
 
-    hw_help = "plan for this hardware instead of the real machine: a profile name (H100-SXM, 8xA100-80GB...) or a snapshot file"
+    def hw_help(verb: str) -> str:
+        return (
+            f"{verb} this hardware instead of the machine you are on: a profile name (H100, 8xA100-80GB...; "
+            "see `cudaload profiles`) or a snapshot file from `cudaload env --json`"
+        )
 
     e = sub.add_parser("env", parents=[common], help="the machine as cudaload sees it")
     e.add_argument("--json", action="store_true", help="print the snapshot as JSON (a reusable profile)")
-    e.add_argument("--hardware", help=hw_help)
+    e.add_argument("--hardware", metavar="PROFILE", help=hw_help("show"))
     e.set_defaults(func=_cmd_env)
 
     d = sub.add_parser(
         "doctor", parents=[common], help="verdicts: what works, what is misconfigured, and the fix"
     )
-    d.add_argument("--hardware", help=hw_help)
+    d.add_argument("--hardware", metavar="PROFILE", help=hw_help("diagnose"))
     d.set_defaults(func=_cmd_doctor)
 
     from .detection.packages import DISTRIBUTIONS
@@ -190,8 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "model", help="a local model directory, a config.json, or a Hub id already in the local cache"
     )
-    pl.add_argument("--hardware", help=hw_help)
-    pl.add_argument("--intent", default="inference", choices=["inference", "training", "lora", "qlora"])
+    pl.add_argument("--hardware", metavar="PROFILE", help=hw_help("plan for"))
+    pl.add_argument(
+        "--intent",
+        default="inference",
+        choices=["inference", "training", "lora", "qlora"],
+        help="what the model is loaded for: inference (default), full training, LoRA adapters, or QLoRA "
+        "(LoRA on an nf4-quantized base)",
+    )
     pl.add_argument(
         "--seq-len",
         type=_positive_int,
@@ -205,7 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="attention backend: auto, sdpa, eager, flash_attention_2/3/4, or a Hub kernel org/name",
     )
     pl.add_argument("--dtype", default="auto", help="auto, bfloat16 (bf16), float16 (fp16) or float32")
-    pl.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "nf4"])
+    pl.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "none", "int8", "nf4"],
+        help="bitsandbytes weight quantization; auto quantizes only when the model does not fit otherwise",
+    )
     pl.add_argument(
         "--allow-offload", action="store_true", help="allow CPU/disk offload when nothing else fits"
     )

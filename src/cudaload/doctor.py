@@ -10,14 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .capabilities import GPU, Capabilities
+from .detection.packages import KERNELS_PAIR, NEWEST_KERNELS, kernels_fix
 from .detection.support import FLASH_PACKAGES, bitsandbytes_support, flash_support
 
-#: The newest kernels release published when this cudaload was made (`pip index versions kernels`,
-#: 2026-12-01), and the transformers/kernels pair ``pip install 'cudaload[kernels]'`` installs (pyproject's
-#: ``kernels`` extra; tests/test_newuser.py checks they agree). A fix must name a release that exists:
-#: transformers 5.23+ asks for kernels >=0.18.2, which did not.
-NEWEST_KERNELS = "0.17.2"
-KERNELS_PAIR = ("transformers>=5.20,<5.23", "kernels>=0.17.2,<0.18")
+__all__ = ["KERNELS_PAIR", "NEWEST_KERNELS", "Report", "Verdict", "diagnose", "kernels_fix"]
 
 STATUSES = ("ok", "warn", "fail", "info")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
@@ -162,33 +158,6 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             )
         )
     return out
-
-
-def kernels_fix(accepted: str | None) -> str:
-    """A command that installs a kernels this transformers accepts, naming only published releases."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    pair = "pip install 'cudaload[kernels]' (transformers 5.20-5.22 with kernels 0.17.x, a pair that works)"
-    if not accepted:
-        return pair
-    try:
-        published = SpecifierSet(accepted).contains(NEWEST_KERNELS) or not any(
-            s.operator in (">=", ">") and _newer(s.version, NEWEST_KERNELS) for s in SpecifierSet(accepted)
-        )
-    except InvalidSpecifier:
-        return pair
-    if published:
-        return f"pip install 'kernels{accepted}'"
-    return (
-        f"{pair}; this transformers asks for kernels {accepted}, which had no release when this cudaload "
-        f"was made (newest: {NEWEST_KERNELS}): once one is published, pip install 'kernels{accepted}'"
-    )
-
-
-def _newer(a: str, b: str) -> bool:
-    from packaging.version import Version
-
-    return Version(a) > Version(b)
 
 
 def _kernels_verdict(caps: Capabilities) -> Verdict:
