@@ -108,7 +108,7 @@ def test_verbose_flag_after_the_subcommand() -> None:
         ("choose another backend with attn=...", "choose another backend with --attn ..."),
         (
             "device_map='cpu' requested; fast=True forces it",
-            "device_map='cpu' requested; fast=True forces it",
+            "device_map='cpu' requested; --fast on forces it",
         ),
     ],
 )

@@ -30,7 +30,10 @@ FLAGS: dict[str, str] = {
     "assume_missing": "--assume-missing",
     "kernels": "--kernels",
     "trust_kernels": "--trust-kernels",
+    "fast": "--fast",
 }
+#: keywords whose True/False/None the CLI spells on/off/auto
+_TRISTATE = ("kernels", "fast")
 _KEYWORD = re.compile(
     r"(?<![\w.-])("
     + "|".join(sorted(FLAGS, key=len, reverse=True))
@@ -44,14 +47,14 @@ _KERNELS_WORD = {"True": "on", "False": "off", "None": "auto"}
 def as_flags(text: str) -> str:
     """Rewrite Python keyword syntax in a library message into the CLI's flags: ``allow_offload=True`` ->
     ``--allow-offload``, ``seq_len=1`` -> ``--seq-len 1``, ``quantization='nf4'`` -> ``--quantization nf4``.
-    Keywords the CLI has no flag for (``device_map=``, ``fast=``) stay as they are."""
+    Keywords the CLI has no flag for (``device_map=``, ``max_memory=``) stay as they are."""
 
     def sub(m: re.Match[str]) -> str:
         flag, value = FLAGS[m.group(1)], m.group(2)
         if value is None:
             return flag
         value = value.strip("'\"")
-        if m.group(1) == "kernels" and value in ("True", "False", "None"):
+        if m.group(1) in _TRISTATE and value in ("True", "False", "None"):
             return f"{flag} {_KERNELS_WORD[value]}"
         if value == "True":
             return flag
@@ -129,6 +132,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         assume_missing=args.assume_missing or (),
         kernels={"auto": None, "on": True, "off": False}[args.kernels],
         trust_kernels=args.trust_kernels or (),
+        fast={"auto": None, "on": True, "off": False}[args.fast],
     )
     print(p.to_json() if args.json else as_flags(p.explain()))
     return 0
@@ -245,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_csv,
         metavar="REPO,...",
         help="Hub kernel repos (org/name) or publishers (org/*) whose code may run; also CUDALOAD_TRUST_KERNELS",
+    )
+    pl.add_argument(
+        "--fast",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="cudaload's fast safetensors loader: auto uses it where it is known to beat from_pretrained",
     )
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-schema.md)")
     pl.set_defaults(func=_cmd_plan)
