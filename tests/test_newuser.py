@@ -338,3 +338,14 @@ def test_detected_out_of_range_finding_names_an_installable_fix() -> None:
         pytest.skip("kernels is in the range this transformers accepts here (only .venvs/newest is unpaired)")
     (f,) = [f for f in caps.findings if f.code == "kernels-out-of-range"]
     assert f.fix and f.fix.startswith("pip install 'cudaload[kernels]'")
+
+
+def test_doctor_on_a_profile_does_not_call_packages_uninstalled() -> None:
+    from cudaload.doctor import diagnose
+    from cudaload.profiles import hardware
+
+    text = diagnose(hardware("H100")).render()
+    assert "not installed" not in text
+    assert "flash-attn-4 is not assumed on a profile" in text and "bitsandbytes is not assumed" in text
+    assumed = diagnose(hardware("H100").with_packages(["bitsandbytes"], ["kernels"])).render()
+    assert "kernels is not installed" in assumed  # assumed missing: said plainly

@@ -57,6 +57,14 @@ class Report:
         return "\n".join(lines)
 
 
+def _absent(caps: Capabilities, pkg: str) -> str:
+    """Why a package counts as absent: on a profile (hardware only) it is not assumed, which says nothing
+    about what is installed on this machine or the one the profile stands for."""
+    if caps.source.startswith("profile:") and not caps.package(pkg).assumed:
+        return f"is not assumed on a profile (`cudaload plan --assume-installed {pkg}` plans with it)"
+    return "is not installed"
+
+
 def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
     s = f"cuda:{g.index}"
     out: list[Verdict] = []
@@ -116,7 +124,7 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
                 Verdict(
                     s,
                     "info",
-                    f"{impl} would run here ({why}) but {pkg} is not installed",
+                    f"{impl} would run here ({why}) but {pkg} {_absent(caps, pkg)}",
                     f"pip install {pkg}",
                     code=code,
                 )
@@ -152,7 +160,7 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             Verdict(
                 s,
                 "info",
-                "bitsandbytes not installed (no int8/nf4)",
+                f"int8/nf4 off: bitsandbytes {_absent(caps, 'bitsandbytes')}",
                 "pip install 'cudaload[quant]'",
                 code="bitsandbytes",
             )
@@ -167,7 +175,7 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
         return Verdict(
             "hub kernels",
             "info",
-            "kernels not installed: Hub kernels are off",
+            f"kernels {_absent(caps, 'kernels')}: Hub kernels are off",
             kernels_fix(k.accepted),
             code="kernels",
         )
