@@ -3,11 +3,15 @@
 Every variable cudaload honours is read here and documented in docs/environment.md; other modules call
 these functions instead of touching ``os.environ``. Functions take an optional mapping so policies and
 tests can pass an explicit environment (a recorded machine) instead of the live one.
+
+A variable set to something cudaload cannot use raises :class:`~cudaload.errors.ConfigurationError` through
+:func:`_invalid` (docs/errors.md), never a silent default: a typo in a setting must not look like a choice.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -56,6 +60,16 @@ class LaunchEnv:
     local_world_size: int | None
 
 
+def _invalid(name: str, raw: str, expected: str, example: str) -> Exception:
+    """The one error for a variable set to a value cudaload cannot use."""
+    from .errors import ConfigurationError
+
+    return ConfigurationError(
+        f"{name}={raw!r} is not {expected}",
+        fix=f"unset {name} or set it to {expected} (e.g. {name}={example})",
+    )
+
+
 def _int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -63,11 +77,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        from .errors import ConfigurationError
-
-        raise ConfigurationError(
-            f"{name}={raw!r} is not an integer", fix=f"unset {name} or set it to a number"
-        ) from None
+        raise _invalid(name, raw, "an integer", "0") from None
 
 
 def launch(env: Mapping[str, str] | None = None) -> LaunchEnv:
@@ -109,16 +119,34 @@ def kernels_cache(env: Mapping[str, str] | None = None) -> str:
 def hub_probe_timeout(env: Mapping[str, str] | None = None) -> float:
     """``CUDALOAD_HUB_TIMEOUT``: seconds the Hub reachability probe may take (default 2, 0 = never probe)."""
     raw = _environ(env).get("CUDALOAD_HUB_TIMEOUT")
-    try:
-        return max(0.0, float(raw)) if raw else 2.0
-    except ValueError:
+    if raw is None or raw.strip() == "":
         return 2.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):  # also rejects nan
+        raise _invalid("CUDALOAD_HUB_TIMEOUT", raw, "a number of seconds >= 0", "2")
+    return value
 
 
 def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """``CUDALOAD_TRUST_KERNELS``: comma-separated Hub kernel repos or publishers (``org/*``) to run."""
     raw = _environ(env).get("CUDALOAD_TRUST_KERNELS", "")
-    return tuple(p.strip() for p in raw.split(",") if p.strip())
+    entries = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for entry in entries:
+        # an entry that is not a repo, a publisher or "*" would trust nothing, silently
+        if not _TRUST_ENTRY.match(entry):
+            raise _invalid(
+                "CUDALOAD_TRUST_KERNELS",
+                raw,
+                "a comma-separated list of org/name, org/* or *",
+                "kernels-community/*",
+            )
+    return entries
+
+
+_TRUST_ENTRY = re.compile(r"^(\*|[\w.-]+/(\*|[\w.-]+))$")
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> str:

@@ -8,14 +8,82 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
 
 from .errors import CudaloadError
 
+#: Python keyword -> the ``cudaload plan`` flag that sets it. The library's messages name keywords
+#: (``allow_offload=True``); the CLI prints them as flags (``--allow-offload``). The one place the two
+#: spellings meet: a flag added below gets its keyword here.
+FLAGS: dict[str, str] = {
+    "hardware": "--hardware",
+    "intent": "--intent",
+    "seq_len": "--seq-len",
+    "batch_size": "--batch-size",
+    "attn": "--attn",
+    "dtype": "--dtype",
+    "quantization": "--quantization",
+    "allow_offload": "--allow-offload",
+    "assume_installed": "--assume-installed",
+    "assume_missing": "--assume-missing",
+    "kernels": "--kernels",
+    "trust_kernels": "--trust-kernels",
+    "fast": "--fast",
+}
+#: keywords whose True/False/None the CLI spells on/off/auto
+_TRISTATE = ("kernels", "fast")
+_KEYWORD = re.compile(
+    r"(?<![\w.-])("
+    + "|".join(sorted(FLAGS, key=len, reverse=True))
+    + r")=('[^']*'|\"[^\"]*\"|\.\.\.|[\w.+-]+)?"
+)
+
+
+_KERNELS_WORD = {"True": "on", "False": "off", "None": "auto"}
+
+
+def as_flags(text: str) -> str:
+    """Rewrite Python keyword syntax in a library message into the CLI's flags: ``allow_offload=True`` ->
+    ``--allow-offload``, ``seq_len=1`` -> ``--seq-len 1``, ``quantization='nf4'`` -> ``--quantization nf4``.
+    Keywords the CLI has no flag for (``device_map=``, ``max_memory=``) stay as they are."""
+
+    def sub(m: re.Match[str]) -> str:
+        flag, value = FLAGS[m.group(1)], m.group(2)
+        if value is None:
+            return flag
+        value = value.strip("'\"")
+        if m.group(1) in _TRISTATE and value in ("True", "False", "None"):
+            return f"{flag} {_KERNELS_WORD[value]}"
+        if value == "True":
+            return flag
+        return f"{flag} {value}"
+
+    return _KEYWORD.sub(sub, text)
+
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return n
+
+
+def _packages(value: str) -> list[str]:
+    from .detection.packages import check_names
+
+    try:
+        return check_names(_csv(value))
+    except CudaloadError as e:
+        raise argparse.ArgumentTypeError(e.message + (f" ({e.fix})" if e.fix else "")) from None
 
 
 def _hardware(spec: str | None):  # type: ignore[no-untyped-def]
@@ -60,10 +128,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         quantization=args.quantization,
         allow_offload=args.allow_offload,
-        assume_installed=_csv(args.assume_installed) if args.assume_installed else (),
-        assume_missing=_csv(args.assume_missing) if args.assume_missing else (),
+        assume_installed=args.assume_installed or (),
+        assume_missing=args.assume_missing or (),
+        kernels={"auto": None, "on": True, "off": False}[args.kernels],
+        trust_kernels=args.trust_kernels or (),
+        fast={"auto": None, "on": True, "off": False}[args.fast],
     )
-    print(p.to_json() if args.json else p.explain())
+    print(p.to_json() if args.json else as_flags(p.explain()))
     return 0
 
 
@@ -82,53 +153,127 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .testing.models import TINY_KINDS
 
-    p = argparse.ArgumentParser(prog="cudaload", description="Device-aware Hugging Face model loading.")
+    verbose_help = "log cudaload's decisions as they are made"
+    p = argparse.ArgumentParser(
+        prog="cudaload",
+        description="Device-aware Hugging Face model loading: see what this machine can do (env, doctor), "
+        "plan a load for it or for a named GPU (plan, profiles), or watch the whole path on a tiny model (demo).",
+    )
     p.add_argument("--version", action="version", version=f"cudaload {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="log cudaload's decisions as they are made")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    # -v also after the subcommand (`cudaload plan m -v`); SUPPRESS keeps an absent -v there from
+    # resetting one given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{env,doctor,plan,profiles,demo}")
 
-    hw_help = "plan for this hardware instead of the real machine: a profile name (H100-SXM, 8xA100-80GB...) or a snapshot file"
+    def hw_help(verb: str) -> str:
+        return (
+            f"{verb} this hardware instead of the machine you are on: a profile name (H100, 8xA100-80GB...; "
+            "see `cudaload profiles`) or a snapshot file from `cudaload env --json`"
+        )
 
-    e = sub.add_parser("env", help="the machine as cudaload sees it")
+    e = sub.add_parser("env", parents=[common], help="the machine as cudaload sees it")
     e.add_argument("--json", action="store_true", help="print the snapshot as JSON (a reusable profile)")
-    e.add_argument("--hardware", help=hw_help)
+    e.add_argument("--hardware", metavar="PROFILE", help=hw_help("show"))
     e.set_defaults(func=_cmd_env)
 
-    d = sub.add_parser("doctor", help="verdicts: what works, what is misconfigured, and the fix")
-    d.add_argument("--hardware", help=hw_help)
+    d = sub.add_parser(
+        "doctor", parents=[common], help="verdicts: what works, what is misconfigured, and the fix"
+    )
+    d.add_argument("--hardware", metavar="PROFILE", help=hw_help("diagnose"))
     d.set_defaults(func=_cmd_doctor)
 
-    pl = sub.add_parser("plan", help="decide dtype, attention, quantization and placement for a model")
-    pl.add_argument("model", help="a local model directory, a config.json, or a Hub id available offline")
-    pl.add_argument("--hardware", help=hw_help)
-    pl.add_argument("--intent", default="inference", choices=["inference", "training", "lora", "qlora"])
-    pl.add_argument("--seq-len", type=int)
-    pl.add_argument("--batch-size", type=int)
-    pl.add_argument("--attn", default="auto")
-    pl.add_argument("--dtype", default="auto")
-    pl.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "nf4"])
+    from .detection.packages import DISTRIBUTIONS
+
+    pl = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="decide dtype, attention, quantization and placement for a model",
+        description="Decide dtype, attention, quantization and placement for a model, and say why. Reads the "
+        "config (and safetensors headers), never the weights; touches no GPU.",
+    )
+    pl.add_argument(
+        "model", help="a local model directory, a config.json, or a Hub id already in the local cache"
+    )
+    pl.add_argument("--hardware", metavar="PROFILE", help=hw_help("plan for"))
+    pl.add_argument(
+        "--intent",
+        default="inference",
+        choices=["inference", "training", "lora", "qlora"],
+        help="what the model is loaded for: inference (default), full training, LoRA adapters, or QLoRA "
+        "(LoRA on an nf4-quantized base)",
+    )
+    pl.add_argument(
+        "--seq-len",
+        type=_positive_int,
+        metavar="N",
+        help="tokens per sequence (default: the model's, at most 4096)",
+    )
+    pl.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per batch (default 1)")
+    pl.add_argument(
+        "--attn",
+        default="auto",
+        help="attention backend: auto, sdpa, eager, flash_attention_2/3/4, or a Hub kernel org/name",
+    )
+    pl.add_argument("--dtype", default="auto", help="auto, bfloat16 (bf16), float16 (fp16) or float32")
+    pl.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "none", "int8", "nf4"],
+        help="bitsandbytes weight quantization; auto quantizes only when the model does not fit otherwise",
+    )
     pl.add_argument(
         "--allow-offload", action="store_true", help="allow CPU/disk offload when nothing else fits"
     )
+    pkgs = ", ".join(sorted(DISTRIBUTIONS))
     pl.add_argument(
-        "--assume-installed", metavar="PKG,...", help="treat these distributions as installed and usable"
+        "--assume-installed",
+        type=_packages,
+        metavar="PKG,...",
+        help=f"treat these packages as installed and usable (one of: {pkgs})",
     )
-    pl.add_argument("--assume-missing", metavar="PKG,...", help="treat these distributions as absent")
-    pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--assume-missing", type=_packages, metavar="PKG,...", help="treat these packages as absent"
+    )
+    pl.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="Hub kernels: auto uses them only when every one passes preflight; on keeps those that pass",
+    )
+    pl.add_argument(
+        "--trust-kernels",
+        type=_csv,
+        metavar="REPO,...",
+        help="Hub kernel repos (org/name) or publishers (org/*) whose code may run; also CUDALOAD_TRUST_KERNELS",
+    )
+    pl.add_argument(
+        "--fast",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="cudaload's fast safetensors loader: auto uses it where it is known to beat from_pretrained",
+    )
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-schema.md)")
     pl.set_defaults(func=_cmd_plan)
 
-    pr = sub.add_parser("profiles", help="list the named hardware profiles")
+    pr = sub.add_parser("profiles", parents=[common], help="list the named hardware profiles")
     pr.set_defaults(func=_cmd_profiles)
 
     de = sub.add_parser(
-        "demo", help="detect, plan, load and generate with a tiny model made on the spot (offline)"
+        "demo",
+        parents=[common],
+        help="detect, plan, load and run a tiny model made on the spot (offline)",
+        description="Detect, plan, load and verify a tiny random model made on the spot, then generate "
+        "(decoders) or extract features (bert). Offline; the output text is noise (random weights).",
     )
     de.add_argument(
-        "--model", default="qwen3", help="tiny model family to make (qwen3, llama, mistral, gemma2, ...)"
+        "--model", default="qwen3", choices=TINY_KINDS, help="tiny model family to make (default qwen3)"
     )
     de.add_argument("--prompt", default="The fastest way to load a model is")
-    de.add_argument("--max-new-tokens", type=int, default=16)
+    de.add_argument("--max-new-tokens", type=_positive_int, metavar="N", default=16)
     de.add_argument("--cpu", action="store_true", help="use the CPU even when a GPU is present")
     de.set_defaults(func=_cmd_demo)
     return p
@@ -141,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CudaloadError as e:
-        print(f"cudaload: error: {e}", file=sys.stderr)
+        print(f"cudaload: error: {as_flags(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `cudaload ... | head`: the reader left; not an error of ours
         sys.stderr.close()

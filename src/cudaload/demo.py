@@ -1,6 +1,7 @@
-"""``cudaload demo``: the whole path (detect, plan, load, verify, generate) on a tiny model made on the spot.
+"""``cudaload demo``: the whole path (detect, plan, load, verify, run) on a tiny model made on the spot.
 
 Offline by construction: the model is random weights from a config and the tokenizer is built locally.
+Decoder kinds generate text; encoder kinds (bert) have no ``generate`` and run feature extraction instead.
 """
 
 from __future__ import annotations
@@ -10,9 +11,69 @@ import logging
 import sys
 import tempfile
 import time
-from typing import TextIO
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any, TextIO
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off inside the block, restored after: the demo prints its own timings,
+    and a library caller's setting is left as it was (no global side effect outliving the call)."""
+    from transformers.utils import logging as tf_logging
+
+    was_on = tf_logging.is_progress_bar_enabled()
+    if was_on:
+        tf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            tf_logging.enable_progress_bar()
+
+
+@lru_cache(maxsize=1)
+def _byte_of_symbol() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-symbol table (transformers 5.17
+    src/transformers/models/gpt2/tokenization_gpt2.py ``bytes_to_unicode``): byte-level BPE writes each byte
+    as one printable symbol."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    symbols = list(printable)
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            symbols.append(256 + n)
+            n += 1
+    return {chr(s): b for b, s in zip(printable, symbols, strict=True)}
+
+
+def readable(tokens: Sequence[str], specials: Sequence[str] = ()) -> str:
+    """Byte-level BPE tokens as text a terminal shows: the bytes they stand for, decoded as UTF-8 with
+    every byte that is not part of a valid character, and every control character, written as ``\\xNN``. Random weights pick bytes at
+    random, so ``tokenizer.decode`` would turn most of them into U+FFFD replacement characters."""
+    table = _byte_of_symbol()
+    out: list[str] = []
+    raw = bytearray()
+    for t in tokens:
+        if t in specials:
+            continue
+        if all(ch in table for ch in t):
+            raw.extend(table[ch] for ch in t)
+            continue
+        out.append(raw.decode("utf-8", errors="backslashreplace"))  # a filler token: shown by name
+        raw.clear()
+        out.append(t)
+    out.append(raw.decode("utf-8", errors="backslashreplace"))
+    # control characters (ESC would drive the terminal) are escaped too
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in "".join(out))
 
 
 def run(
@@ -22,7 +83,6 @@ def run(
     cpu: bool = False,
     out: TextIO | None = None,
 ) -> int:
-    import torch
     from transformers import AutoTokenizer
 
     from .detection import detect
@@ -48,7 +108,7 @@ def run(
             f"GPU found: cuda:{g.index} {g.name} ({g.architecture}, sm{g.sm}, {g.total_memory / 2**30:.0f} GiB)."
         )
 
-    with tempfile.TemporaryDirectory(prefix="cudaload-demo-") as tmp:
+    with quiet_progress_bars(), tempfile.TemporaryDirectory(prefix="cudaload-demo-") as tmp:
         t = time.perf_counter()
         path = make_tiny(kind, tmp, dtype="bfloat16")
         say(
@@ -68,14 +128,44 @@ def run(
         tok = AutoTokenizer.from_pretrained(str(path))
         device = next(model.parameters()).device
         inputs = tok(prompt, return_tensors="pt").to(device)
-        torch.manual_seed(0)
-        t = time.perf_counter()
-        with torch.no_grad():
-            ids = model.generate(
-                **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
-            )
-        dt = time.perf_counter() - t
-        new = ids[0, inputs["input_ids"].shape[1] :]
-        say(f"Generated {len(new)} tokens in {dt:.3f} s on {device} (random weights, so the text is noise):")
-        say(f"  {prompt!r} -> {tok.decode(new, skip_special_tokens=True)!r}")
+        if model.can_generate():
+            _generate(model, tok, inputs, prompt, max_new_tokens, device, say)
+        else:
+            _features(model, inputs, prompt, device, say)
     return 0
+
+
+def _generate(
+    model: Any, tok: Any, inputs: Any, prompt: str, max_new_tokens: int, device: Any, say: Any
+) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    t = time.perf_counter()
+    with torch.no_grad():
+        ids = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+        )
+    dt = time.perf_counter() - t
+    new = ids[0, inputs["input_ids"].shape[1] :].tolist()
+    say(f"Generated {len(new)} tokens in {dt:.3f} s on {device} (random weights, so the text is noise):")
+    text = readable(tok.convert_ids_to_tokens(new), tok.all_special_tokens)
+    say(f'  "{prompt}" -> "{text}"')
+
+
+def _features(model: Any, inputs: Any, prompt: str, device: Any, say: Any) -> None:
+    """An encoder has no ``generate``: one forward pass, mean-pooled over the tokens (feature extraction)."""
+    import torch
+
+    t = time.perf_counter()
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state
+    dt = time.perf_counter() - t
+    mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * mask).sum(1) / mask.sum(1)
+    head = ", ".join(f"{v:+.3f}" for v in pooled[0, :4].float().tolist())
+    say(
+        f"Encoded {hidden.shape[1]} tokens in {dt:.3f} s on {device}: an encoder has no generate(), so this "
+        "is feature extraction (random weights, so the numbers are noise):"
+    )
+    say(f'  "{prompt}" -> hidden states {tuple(hidden.shape)}, mean-pooled embedding [{head}, ...]')

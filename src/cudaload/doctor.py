@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .capabilities import GPU, Capabilities
+from .detection.packages import KERNELS_PAIR, NEWEST_KERNELS, kernels_fix
 from .detection.support import FLASH_PACKAGES, bitsandbytes_support, flash_support
+
+__all__ = ["KERNELS_PAIR", "NEWEST_KERNELS", "Report", "Verdict", "diagnose", "kernels_fix"]
 
 STATUSES = ("ok", "warn", "fail", "info")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
@@ -52,6 +55,14 @@ class Report:
         warns = sum(v.status == "warn" for v in self.verdicts)
         lines.append(f"{'OK' if self.ok else 'BROKEN'}: {fails} failure(s), {warns} warning(s)")
         return "\n".join(lines)
+
+
+def _absent(caps: Capabilities, pkg: str) -> str:
+    """Why a package counts as absent: on a profile (hardware only) it is not assumed, which says nothing
+    about what is installed on this machine or the one the profile stands for."""
+    if caps.source.startswith("profile:") and not caps.package(pkg).assumed:
+        return f"is not assumed on a profile (`cudaload plan --assume-installed {pkg}` plans with it)"
+    return "is not installed"
 
 
 def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
@@ -113,7 +124,7 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
                 Verdict(
                     s,
                     "info",
-                    f"{impl} would run here ({why}) but {pkg} is not installed",
+                    f"{impl} would run here ({why}) but {pkg} {_absent(caps, pkg)}",
                     f"pip install {pkg}",
                     code=code,
                 )
@@ -149,7 +160,7 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             Verdict(
                 s,
                 "info",
-                "bitsandbytes not installed (no int8/nf4)",
+                f"int8/nf4 off: bitsandbytes {_absent(caps, 'bitsandbytes')}",
                 "pip install 'cudaload[quant]'",
                 code="bitsandbytes",
             )
@@ -164,8 +175,8 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
         return Verdict(
             "hub kernels",
             "info",
-            "kernels not installed: Hub kernels are off",
-            f"pip install 'kernels{k.accepted}'" if k.accepted else "pip install 'cudaload[kernels]'",
+            f"kernels {_absent(caps, 'kernels')}: Hub kernels are off",
+            kernels_fix(k.accepted),
             code="kernels",
         )
     if k.in_range is False:
@@ -174,7 +185,7 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
             "warn",
             f"kernels {k.version} is outside the range this transformers accepts "
             f"({k.accepted}); transformers treats kernels as unavailable",
-            f"pip install 'kernels{k.accepted}'",
+            kernels_fix(k.accepted),
             code="kernels-out-of-range",
         )
     if not k.usable:
@@ -233,10 +244,9 @@ def diagnose(caps: Capabilities) -> Report:
     for f in caps.findings:
         if f.code in handled and caps.gpus:
             continue  # already a per-GPU or kernels verdict
+        fix = kernels_fix(caps.package("kernels").accepted) if f.code == "kernels-out-of-range" else f.fix
         out.append(
-            Verdict(
-                "configuration", "fail" if f.severity == "error" else "warn", f.message, f.fix, code=f.code
-            )
+            Verdict("configuration", "fail" if f.severity == "error" else "warn", f.message, fix, code=f.code)
         )
     if caps.gpus and not any(v.subject == "configuration" for v in out):
         out.append(

@@ -19,7 +19,7 @@ the fix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 class CudaloadError(Exception):
@@ -76,3 +76,27 @@ class LoadError(CudaloadError, RuntimeError):
 
 class VerificationError(LoadError):
     """The loaded model differs from the plan (device, dtype, attention, offloaded modules)."""
+
+
+def close_names(word: str, known: Iterable[str], n: int = 5) -> list[str]:
+    """Up to ``n`` names in ``known`` close to ``word`` (difflib ratio >= 0.6, best first): what an error
+    about an unknown name shows instead of the whole list."""
+    import difflib
+
+    names = sorted(set(known))
+    lowered = {k.lower(): k for k in names}
+    hits = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.6)
+    # a prefix or substring match ("qwen" -> qwen2, qwen3...) counts too: difflib ranks short words low
+    hits += [k for k in lowered if word and word.lower() in k and k not in hits]
+    return [lowered[h] for h in hits[:n]]
+
+
+def unknown_model_type(model_type: str, known: Iterable[str], transformers_version: str) -> CheckpointError:
+    """The error for a config whose ``model_type`` this transformers does not know: one line with the close
+    names (transformers' own message lists every model type, ~10 KB)."""
+    close = close_names(model_type, known)
+    hint = f"; close names: {', '.join(close)}" if close else ""
+    return CheckpointError(
+        f"unknown model type {model_type!r} for transformers {transformers_version}{hint}",
+        fix="correct model_type in config.json, or upgrade transformers if the model is newer than it",
+    )

@@ -3,8 +3,12 @@ the memory terms, the warnings."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .decision import Decision
-from .plans import Plan
+
+if TYPE_CHECKING:  # plans.py imports this module (Plan.explain); the type alone flows back, so no cycle
+    from .plans import Plan
 
 
 def _size(n: int) -> str:
@@ -13,6 +17,14 @@ def _size(n: int) -> str:
     if abs(n) >= 1 << 20:
         return f"{n / (1 << 20):.1f} MiB"
     return f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{n} B"
+
+
+def _count(n: int) -> str:
+    """A parameter count a person reads: 8.19 B, 596.0 M, 94.6 K (a tiny model is not "0.00 B")."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "B" else f"{n / scale:.1f} {unit}"
+    return str(n)
 
 
 def _decision(title: str, d: Decision, none_label: str = "none") -> list[str]:
@@ -25,7 +37,10 @@ def _decision(title: str, d: Decision, none_label: str = "none") -> list[str]:
         if c.name == d.choice or (d.choice is None and c.name == none_label and c.ok):
             continue
         mark = "ok " if c.ok else "no "
-        lines.append(f"  - {mark}{c.name}: {'; '.join(c.reasons) if c.reasons else '-'}")
+        why = "; ".join(c.reasons) if c.reasons else "-"
+        if c.reasons and any(why in r for r in d.reasons):  # the choice's reason already says it
+            why = "see above"
+        lines.append(f"  - {mark}{c.name}: {why}")
     return lines
 
 
@@ -41,7 +56,7 @@ def explain(plan: Plan) -> str:
         or "CPU only"
     )
     out = [
-        f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {m.params / 1e9:.2f} B params, "
+        f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {_count(m.params)} params, "
         f"{m.layers} layers, "
         f"head_dim {m.head_dim}, weights from {m.weights_source})",
         f"Machine: {machine} [{hw.get('source')}]"
@@ -80,6 +95,10 @@ def explain(plan: Plan) -> str:
         kp = plan.kernels
         out.append(f"Hub kernels: {'on' if kp.get('enabled') or kp.get('use_kernels') else 'off'}")
         out.extend(f"    {r}" for r in kp.get("reasons", []) or [])
+        for e in kp.get("entries", []) or []:  # each layer's kernel, with why it passed or not
+            mark = "ok " if e.get("ok") else "no "
+            why = "; ".join(e.get("reasons") or []) or "-"
+            out.append(f"  - {mark}{e.get('layer')} <- {e.get('repo')}:{e.get('layer_name')}: {why}")
     if plan.warnings:
         out.append("warnings:")
         out.extend(f"  ! {w}" for w in plan.warnings)

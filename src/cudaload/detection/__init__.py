@@ -205,7 +205,7 @@ def _findings(
                     "kernels-out-of-range",
                     f"kernels {p.version} is installed but this transformers accepts {p.accepted}; "
                     "transformers reports kernels as unavailable (use_kernels does nothing)",
-                    f"pip install 'kernels{p.accepted}' (or a transformers release that accepts {p.version})",
+                    _packages.kernels_fix(p.accepted),
                 )
             )
         elif (

@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..capabilities import PackageInfo
@@ -35,6 +35,74 @@ DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "torchao": ("torchao",),
 }
 PROBED = tuple(sorted(DISTRIBUTIONS))
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+#: every spelling a user may give (cudaload's name or a distribution name, ``_`` or ``-``) -> cudaload's name
+_SPELLINGS: dict[str, str] = {
+    _norm(alias): name for name, dists in DISTRIBUTIONS.items() for alias in (name, *dists)
+}
+
+
+def check_names(names: Iterable[str]) -> list[str]:
+    """cudaload's names for the packages ``names`` (``--assume-installed`` / ``--assume-missing``).
+
+    A name cudaload does not probe would be recorded and never read, so a typo (``flash-atn``) would change
+    nothing without a word: it raises :class:`~cudaload.errors.ConfigurationError` naming the close ones.
+    """
+    out: list[str] = []
+    for raw in names:
+        key = _norm(raw)
+        if key in _SPELLINGS:
+            out.append(_SPELLINGS[key])
+            continue
+        from ..errors import ConfigurationError, close_names
+
+        close = close_names(key, sorted(DISTRIBUTIONS))
+        raise ConfigurationError(
+            f"unknown package {raw!r}" + (f"; did you mean {' or '.join(close)}?" if close else ""),
+            fix=f"use one of {', '.join(sorted(DISTRIBUTIONS))}",
+        )
+    return list(dict.fromkeys(out))
+
+
+#: The newest kernels release published when this cudaload was made (`pip index versions kernels`,
+#: 2026-12-01), and the transformers/kernels pair ``pip install 'cudaload[kernels]'`` installs (pyproject's
+#: ``kernels`` extra; tests/test_newuser.py checks they agree). A fix must name a release that exists:
+#: transformers 5.23+ asks for kernels >=0.18.2, which did not.
+NEWEST_KERNELS = "0.17.2"
+KERNELS_PAIR = ("transformers>=5.20,<5.23", "kernels>=0.17.2,<0.18")
+
+
+def kernels_fix(accepted: str | None) -> str:
+    """A command that installs a kernels this transformers accepts, naming only published releases."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    pair = "pip install 'cudaload[kernels]' (transformers 5.20-5.22 with kernels 0.17.x, a pair that works)"
+    if not accepted:
+        return pair
+    try:
+        published = SpecifierSet(accepted).contains(NEWEST_KERNELS) or not any(
+            s.operator in (">=", ">") and _newer(s.version, NEWEST_KERNELS) for s in SpecifierSet(accepted)
+        )
+    except InvalidSpecifier:
+        return pair
+    if published:
+        return f"pip install 'kernels{accepted}'"
+    return (
+        f"{pair}; this transformers asks for kernels {accepted}, which had no release when this cudaload "
+        f"was made (newest: {NEWEST_KERNELS}): once one is published, pip install 'kernels{accepted}'"
+    )
+
+
+def _newer(a: str, b: str) -> bool:
+    from packaging.version import Version
+
+    return Version(a) > Version(b)
+
 
 _cache: dict[tuple[object, ...], PackageInfo] = {}
 
