@@ -102,13 +102,13 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def write_checkpoint(shape: str, path: Path, device: str) -> dict[str, Any]:
-    """A random bf16 checkpoint of a full-size shape (benchmarks/run.py's writer), in a subprocess."""
+    """A random bf16 checkpoint of a full-size shape (benchmarks/benchlib's writer), in a subprocess."""
     if (path / "config.json").exists():
         return {"reused": True}
     spec = {"path": str(path), "config": shape}
     code = (
-        "import json,sys; sys.path.insert(0, sys.argv[1]); import run; "
-        "print(json.dumps(run.w_write(json.loads(sys.argv[2]))))"
+        "import json,sys; sys.path.insert(0, sys.argv[1]); from benchlib.common import w_write; "
+        "print(json.dumps(w_write(json.loads(sys.argv[2]))))"
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = str(HERE.parent / "src") + (os.pathsep + env.get("PYTHONPATH", ""))
