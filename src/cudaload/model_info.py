@@ -111,10 +111,10 @@ class ModelInfo:
     intermediate_size: int = 0
     remote_code: bool = False  # the config asks for code from the repo (auto_map)
     # -- attention facts the backend rules need (cudaload.policies.attention) --
-    #: query/key head dim: ``qk_nope_head_dim + qk_rope_head_dim`` for MLA models (DeepSeek-V3: 192, where
-    #: ``config.head_dim`` is the 64-wide rope part), else ``head_dim`` / hidden // heads. 0: unknown.
+    #: query/key head dim where it differs from ``summary.head_dim``: ``qk_nope_head_dim + qk_rope_head_dim``
+    #: for MLA models (DeepSeek-V3: 192, where ``config.head_dim`` is the 64-wide rope part). 0: the same.
     qk_head_dim: int = 0
-    #: value head dim (DeepSeek-V3: ``v_head_dim`` 128); equal to ``qk_head_dim`` for ordinary attention.
+    #: value head dim where it differs from the q/k one (DeepSeek-V3: ``v_head_dim`` 128). 0: the same.
     v_head_dim: int = 0
     #: learnable per-head attention sinks (gpt-oss): the modeling code passes ``s_aux=self.sinks`` to the
     #: attention function (transformers integrations/flash_attention.py ``s_aux`` argument).
@@ -133,6 +133,10 @@ class ModelInfo:
         """The head dim a flash kernel sees: transformers pads v up to the q/k head dim before calling it
         (integrations/flash_attention.py, ``v_head_dim != head_dim`` -> ``F.pad(value, ...)``; 5.17 line 63)."""
         return self.qk_head_dim or self.summary.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim or self.flash_head_dim
 
     @property
     def task_type(self) -> str:
@@ -599,8 +603,8 @@ def model_info(model: Any, *, model_class: str | None = None, revision: str | No
         sliding_layers=sliding,
         intermediate_size=int(getattr(text, "intermediate_size", 0) or 0),
         remote_code=remote,
-        qk_head_dim=qk_dim,
-        v_head_dim=v_dim,
+        qk_head_dim=qk_dim if qk_dim != head_dim else 0,
+        v_head_dim=v_dim if v_dim != (qk_dim or head_dim) else 0,
         sinks=sinks,
         alibi=_alibi(config, text),
         compatible_flash=tuple(compatible) if isinstance(compatible, list | tuple) else None,
