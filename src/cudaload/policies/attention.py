@@ -482,7 +482,8 @@ def _candidates(
 
 def _static_order(caps: Capabilities) -> tuple[str, ...]:
     """Preference without measurements: sdpa, then ahead-of-time compiled flash builds for this architecture
-    (no JIT), then eager; FA4 and flex_attention (first-use compile) after, for training only."""
+    (no JIT), then FA4 and flex_attention (compiled at first use), then eager. For inference the caller moves
+    every backend with a first-use cost behind eager."""
     gpu = caps.gpus[0] if caps.gpus else None
     if gpu is None or gpu.compute_capability < (8, 0):
         aot: tuple[str, ...] = ()
@@ -491,7 +492,7 @@ def _static_order(caps: Capabilities) -> tuple[str, ...]:
     else:
         aot = ("flash_attention_2", HUB_KERNEL["flash_attention_2"], "flash_attention_3", _VLLM_FA3)
     jit = ("flash_attention_4", HUB_KERNEL["flash_attention_4"], "flex_attention")
-    return ("sdpa", *aot, "eager", *jit)
+    return ("sdpa", *aot, *jit, "eager")
 
 
 def choose_attention(
