@@ -75,8 +75,9 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             )
         )
     for pkg, (impl, _module) in FLASH_PACKAGES.items():
-        arch_ok, why = flash_support(pkg, g.compute_capability)
         info = caps.package(pkg)
+        # the installed release matters too: flash-attn < 2.7.3 has no sm100 / sm120 kernels
+        arch_ok, why = flash_support(pkg, g.compute_capability, info.version if info.installed else None)
         code = impl
         if not arch_ok:
             if info.installed:

@@ -204,7 +204,8 @@ def _transformers_checks(name: str, impl: str, info: Any, dtype: str) -> list[st
 
 def _head_dim_fa2_fa3(impl: str, hd: int) -> str | None:
     # flash-attn 2.8.3 flash_api.cpp:393-394 (forward) and :829-830 (backward); FA3 hopper/flash_api.cpp
-    # get_max_headdim() 256 and ``head_size % alignment`` (8 for 16-bit types) at :779/:855
+    # get_max_headdim() 256 and ``head_size % alignment`` (8 for 16-bit types) at :779/:855. vLLM 0.19.1
+    # agrees for its FA2/FA3 builds: v1/attention/backends/flash_attn.py:161-162 supports_head_size.
     if hd > 256:
         return f"head dim {hd} > 256, the largest {impl} supports"
     if hd % 8:
@@ -313,7 +314,8 @@ def _no_dropout(impl: str, info: Any, training: bool) -> str | None:
 def _vllm_fa3_sinks(info: Any, cc: tuple[int, int], dtype: str, intent: str) -> list[str]:
     """kernels-community/vllm-flash-attn3 flash_api.cpp ``if(s_aux_.has_value())`` block (sm90 only, <= 64
     query heads, equal head dims, bf16) and its flash_attn_interface.FlashAttnFunc.backward, which returns no
-    gradient for s_aux (the sinks would never train)."""
+    gradient for s_aux (the sinks would never train). vLLM 0.19.1 agrees: sinks only with its FA3
+    (v1/attention/backends/fa_utils.py:164-168) and not below sm90 (flash_attn.py:194-195)."""
     if not getattr(info, "sinks", False):
         return []
     bad: list[str] = []
