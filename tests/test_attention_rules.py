@@ -32,7 +32,12 @@ _SMALL = {"num_hidden_layers": 2, "vocab_size": 256, "intermediate_size": 64}
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2},
     "qwen3": {"model_type": "qwen3", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 128},
-    "mistral": {"model_type": "mistral", "hidden_size": 512, "num_attention_heads": 4, "sliding_window": 4096},
+    "mistral": {
+        "model_type": "mistral",
+        "hidden_size": 512,
+        "num_attention_heads": 4,
+        "sliding_window": 4096,
+    },
     "mixtral": {
         "model_type": "mixtral",
         "hidden_size": 512,
@@ -62,7 +67,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "n_group": 1,
         "topk_group": 1,
     },
-    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 256, "num_local_experts": 4, "num_attention_heads": 64},
+    "gpt_oss": {
+        "model_type": "gpt_oss",
+        "hidden_size": 256,
+        "num_local_experts": 4,
+        "num_attention_heads": 64,
+    },
     "falcon": {"model_type": "falcon", "hidden_size": 256, "num_attention_heads": 4, "alibi": True},
     "falcon_rope": {"model_type": "falcon", "hidden_size": 256, "num_attention_heads": 4, "alibi": False},
 }
@@ -102,7 +112,9 @@ def ok(d: Decision, name: str) -> bool:
     return c.ok
 
 
-def flash_reasons(name: str, i: ModelInfo, caps: Capabilities, intent: str = "inference", dtype: str = "bfloat16") -> list[str]:
+def flash_reasons(
+    name: str, i: ModelInfo, caps: Capabilities, intent: str = "inference", dtype: str = "bfloat16"
+) -> list[str]:
     """The source rules alone for a Hub-kernel form (its install / trust / cache preflight is another matter)."""
     return A._flash_checks(name, A._KERNEL_TO_IMPL.get(name, name), i, caps, dtype, intent)
 
@@ -131,7 +143,9 @@ def test_mla_head_dims_come_from_nope_plus_rope() -> None:
         ("falcon", 64, None, 0),
     ],
 )
-def test_head_dim_and_sliding_window_per_family(kind: str, head_dim: int, window: int | None, sliding_layers: int) -> None:
+def test_head_dim_and_sliding_window_per_family(
+    kind: str, head_dim: int, window: int | None, sliding_layers: int
+) -> None:
     i = info(kind)
     assert (i.flash_head_dim, i.value_head_dim) == (head_dim, head_dim)
     assert i.summary.sliding_window == window
@@ -178,7 +192,9 @@ def test_config_without_dtype_plans_without_the_torch_dtype_warning() -> None:
     tlog.get_logger("transformers").addHandler(handler)
     try:
         logging.Logger.warning_once.cache_clear()  # type: ignore[attr-defined]
-        p = plan({"model_type": "llama", **_SMALL, "hidden_size": 128, "num_attention_heads": 2}, hardware="H200")
+        p = plan(
+            {"model_type": "llama", **_SMALL, "hidden_size": 128, "num_attention_heads": 2}, hardware="H200"
+        )
         assert p.model.checkpoint_dtype is None
         during_plan = list(seen)
         # the handler does see the warning when something reads torch_dtype
@@ -261,7 +277,9 @@ def test_fa4_hd256_backward_softcap_on_sm100_and_sm120() -> None:
     assert "soft-capping" in why(decide(i, gpu((10, 0), "flash-attn-4"), intent="lora"), "flash_attention_4")
     # sm120 backward: "score_mod backward not supported on SM 12.0" (interface.py:2350); hd 128 to isolate it
     small = model_info({**_SMALL, **CONFIGS["gemma2"], "head_dim": 128})
-    assert "sm120 backward" in why(decide(small, gpu((12, 0), "flash-attn-4"), intent="lora"), "flash_attention_4")
+    assert "sm120 backward" in why(
+        decide(small, gpu((12, 0), "flash-attn-4"), intent="lora"), "flash_attention_4"
+    )
     assert ok(decide(small, gpu((12, 0), "flash-attn-4")), "flash_attention_4")
 
 
@@ -290,7 +308,10 @@ def test_fa2_dropout_with_softcap_in_training() -> None:
     assert ok(decide(info("gemma2"), caps, intent="lora"), "flash_attention_2")
 
 
-@pytest.mark.parametrize(("profile", "bad"), [("A10G", True), ("RTX-4090", True), ("RTX-5090", True), ("A100-80GB", False), ("H200", False)])
+@pytest.mark.parametrize(
+    ("profile", "bad"),
+    [("A10G", True), ("RTX-4090", True), ("RTX-5090", True), ("A100-80GB", False), ("H200", False)],
+)
 def test_fa2_hd256_backward_dropout_on_99kb_parts(profile: str, bad: bool) -> None:
     # flash_bwd_launch_template.h:296-303: below 144 KB the hdim256 backward exists only without dropout
     i = info("gemma3", attention_dropout=0.1)
@@ -318,17 +339,24 @@ def test_fa4_hd256_on_sm12x_needs_more_shared_memory_than_there_is() -> None:
 
 
 def test_fa4_head_dim_ranges_per_architecture() -> None:
-    assert "8..128 or exactly 256" in why(decide(info("qwen3", head_dim=160), gpu((10, 0), "flash-attn-4")), "flash_attention_4")
+    assert "8..128 or exactly 256" in why(
+        decide(info("qwen3", head_dim=160), gpu((10, 0), "flash-attn-4")), "flash_attention_4"
+    )
     assert ok(decide(info("qwen3", head_dim=256), gpu((10, 0), "flash-attn-4")), "flash_attention_4")
     assert ok(decide(info("qwen3", head_dim=160), gpu((9, 0), "flash-attn-4")), "flash_attention_4")
-    assert "8..256" in why(decide(info("qwen3", head_dim=512), gpu((9, 0), "flash-attn-4")), "flash_attention_4")
+    assert "8..256" in why(
+        decide(info("qwen3", head_dim=512), gpu((9, 0), "flash-attn-4")), "flash_attention_4"
+    )
 
 
 def test_no_flash_below_ampere_or_in_float32() -> None:
     d = decide(info("llama"), hardware("T4").with_packages(FLASH), dtype="float16")
     assert "sm80" in why(d, "flash_attention_2") and not ok(d, "flash_attention_4")
     d = decide(info("llama"), hardware("H200").with_packages(FLASH), dtype="float32")
-    assert all("float16 or bfloat16" in why(d, n) for n in ("flash_attention_2", "flash_attention_3", "flash_attention_4"))
+    assert all(
+        "float16 or bfloat16" in why(d, n)
+        for n in ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+    )
 
 
 def test_fa3_and_fa4_refuse_dropout_in_training_only() -> None:
@@ -348,7 +376,9 @@ def test_fa3_runs_on_sm8x() -> None:
     for profile in ("A100-80GB", "RTX-4090"):
         d = decide(info("llama"), hardware(profile).with_packages(["flash-attn-3"]), intent="lora")
         assert ok(d, "flash_attention_3"), why(d, "flash_attention_3")
-    assert not ok(decide(info("llama"), hardware("B200").with_packages(["flash-attn-3"])), "flash_attention_3")
+    assert not ok(
+        decide(info("llama"), hardware("B200").with_packages(["flash-attn-3"])), "flash_attention_3"
+    )
 
 
 def test_vllm_flash_attn3_runs_on_sm80_and_has_a_backward() -> None:
@@ -396,7 +426,9 @@ def test_untimed_default_is_sdpa_and_shows_what_fa4_would_cost() -> None:
 def test_timings_choose_the_least_total_including_first_use() -> None:
     i = info("llama")
     # the H200 8 x 2048 + 32 row: sdpa 1.52, FA4 1.80, eager 2.03
-    d = decide(i, H200_FA4, timings={"sdpa": 1.52, "flash_attention_4": 1.80, "eager": 2.03}, timings_source=PRIOR)
+    d = decide(
+        i, H200_FA4, timings={"sdpa": 1.52, "flash_attention_4": 1.80, "eager": 2.03}, timings_source=PRIOR
+    )
     assert d.choice == "sdpa" and d.reasons[0].startswith(PRIOR)
     # FA4 faster in steady state but not by its first-use cost
     d = decide(i, H200_FA4, timings={"sdpa": 9.0, "flash_attention_4": 4.0})
@@ -404,10 +436,15 @@ def test_timings_choose_the_least_total_including_first_use() -> None:
     assert any("flash_attention_4 9.70 s" in r for r in d.reasons)
     # faster by more than the first-use cost, or already paid in this process
     assert decide(i, H200_FA4, timings={"sdpa": 12.0, "flash_attention_4": 6.0}).choice == "flash_attention_4"
-    paid = decide(i, H200_FA4, timings={"sdpa": 9.0, "flash_attention_4": 4.0}, first_use={"flash_attention_4": 0.0})
+    paid = decide(
+        i, H200_FA4, timings={"sdpa": 9.0, "flash_attention_4": 4.0}, first_use={"flash_attention_4": 0.0}
+    )
     assert paid.choice == "flash_attention_4"
     # the left-padded row: eager fastest
-    assert decide(i, H200_FA4, timings={"sdpa": 2.42, "flash_attention_4": 3.05, "eager": 2.21}).choice == "eager"
+    assert (
+        decide(i, H200_FA4, timings={"sdpa": 2.42, "flash_attention_4": 3.05, "eager": 2.21}).choice
+        == "eager"
+    )
 
 
 def test_timings_for_invalid_backends_are_ignored_and_said_so() -> None:
@@ -462,7 +499,9 @@ def test_auto_never_raises(kind: str, profile: str | None) -> None:
     caps = hardware(profile).with_packages(FLASH) if profile else Capabilities(source="cpu")
     for intent in ("inference", "training", "lora"):
         for timings in (None, {"flash_attention_4": 1.0, "flash_attention_2": 2.0, "eager": 3.0}):
-            d = decide(info(kind), caps, intent=intent, timings=timings, dtype="bfloat16" if profile else "float32")
+            d = decide(
+                info(kind), caps, intent=intent, timings=timings, dtype="bfloat16" if profile else "float32"
+            )
             c = d.candidate(d.choice or "")
             assert c is not None and c.ok and d.reasons
 

@@ -267,7 +267,10 @@ def test_support_facts() -> None:
     assert flash_support("flash-attn-4", (8, 6))[0] and not flash_support("flash-attn-4", (7, 5))[0]
     # flash-attn 2.8.3 compiles sm80/90/100/120 only (setup.py:70); Blackwell builds start at 2.7.3
     assert not flash_support("flash-attn", (11, 0))[0]
-    assert not flash_support("flash-attn", (10, 0), "2.7.2")[0] and flash_support("flash-attn", (12, 0), "2.7.3")[0]
+    assert (
+        not flash_support("flash-attn", (10, 0), "2.7.2")[0]
+        and flash_support("flash-attn", (12, 0), "2.7.3")[0]
+    )
     assert bitsandbytes_support((7, 0))[0] and not bitsandbytes_support((5, 2))[0]
     assert not bitsandbytes_support((7, 0), "aarch64")[0]
     with pytest.raises(ValueError):

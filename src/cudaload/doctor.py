@@ -96,8 +96,14 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             else:
                 out.append(Verdict(s, "info", f"{impl}: not for this GPU ({why})", code=code))
         elif info.usable:
+            # the support sentence carries caveats (flash-attn-4 on sm8x: inference only)
             out.append(
-                Verdict(s, "ok", f"{impl} usable ({pkg} {info.version or ''})".replace(" )", ")"), code=code)
+                Verdict(
+                    s,
+                    "ok",
+                    f"{impl} usable ({pkg} {info.version or ''})".replace(" )", ")") + f": {why}",
+                    code=code,
+                )
             )
         elif info.installed:
             out.append(

@@ -88,10 +88,16 @@ def flash_support(package: str, cc: CC, version: str | None = None) -> tuple[boo
         )
     if package == "flash-attn-3":
         if cc[0] == 8:
-            return True, f"flash-attn 3 runs {sm} through its sm80 kernels (hopper/static_switch.h ARCH_SWITCH)"
+            return (
+                True,
+                f"flash-attn 3 runs {sm} through its sm80 kernels (hopper/static_switch.h ARCH_SWITCH)",
+            )
         if cc == (9, 0):
             return True, f"flash-attn 3 is built for Hopper ({sm}, sm_90a)"
-        return False, f"flash-attn 3 has kernels for sm8x and sm90 only (sm_80 / sm_90a builds); this GPU is {sm}"
+        return (
+            False,
+            f"flash-attn 3 has kernels for sm8x and sm90 only (sm_80 / sm_90a builds); this GPU is {sm}",
+        )
     if package == "flash-attn-4":
         if cc[0] == 8:
             return True, (
@@ -105,7 +111,10 @@ def flash_support(package: str, cc: CC, version: str | None = None) -> tuple[boo
                 f"flash-attn 4 runs on consumer Blackwell ({sm}) through its SM80-MMA path with 99 KB of "
                 "shared memory"
             )
-        return False, f"flash-attn 4 runs on sm8x-sm12x (interface.py asserts arch // 10 in 8..12); this GPU is {sm}"
+        return (
+            False,
+            f"flash-attn 4 runs on sm8x-sm12x (interface.py asserts arch // 10 in 8..12); this GPU is {sm}",
+        )
     raise ValueError(f"unknown flash-attention package {package!r}; expected one of {sorted(FLASH_PACKAGES)}")
 
 
@@ -128,9 +137,14 @@ def hub_kernel_support(repo: str, cc: CC) -> tuple[bool, str]:
     for c in caps:
         arch_specific = c.endswith("a")
         major, minor = (int(x) for x in c.rstrip("a").split("."))
-        if (arch_specific and cc == (major, minor)) or (not arch_specific and cc[0] == major and cc[1] >= minor):
+        if (arch_specific and cc == (major, minor)) or (
+            not arch_specific and cc[0] == major and cc[1] >= minor
+        ):
             return True, f"{repo} is built for {', '.join(caps)} (build.toml), which covers {sm}"
-    return False, f"{repo} is built for {', '.join(caps)} only (build.toml cuda-capabilities); this GPU is {sm}"
+    return (
+        False,
+        f"{repo} is built for {', '.join(caps)} only (build.toml cuda-capabilities); this GPU is {sm}",
+    )
 
 
 #: compute capability -> shared memory per block with opt-in, bytes (CUDA C Programming Guide, Technical

@@ -102,14 +102,15 @@ def first_use_costs(*, fa4_cache_warm: bool = False, cold_files: bool = False) -
     fa4_jit = FA4_JIT_CACHED_S if fa4_cache_warm else FA4_JIT_S
     fa4 = FirstUse(
         fa4_import + fa4_jit,
-        f"import flash_attn.cute ~{fa4_import:g} s + CuTe JIT ~{fa4_jit:g} s per process "
-        "(H200, 2026-11-30)",
+        f"import flash_attn.cute ~{fa4_import:g} s + CuTe JIT ~{fa4_jit:g} s per process (H200, 2026-11-30)",
     )
     return {
         "flash_attention_4": fa4,
         # the Hub build vendors the same CuTe DSL code: same import and JIT (assumed, not measured apart)
         HUB_KERNEL["flash_attention_4"]: FirstUse(fa4.seconds, fa4.source + "; same CuTe DSL code, assumed"),
-        "flex_attention": FirstUse(FLEX_COMPILE_S, f"torch.compile of flex_attention ~{FLEX_COMPILE_S:g} s (estimate)"),
+        "flex_attention": FirstUse(
+            FLEX_COMPILE_S, f"torch.compile of flex_attention ~{FLEX_COMPILE_S:g} s (estimate)"
+        ),
     }
 
 
@@ -254,12 +255,16 @@ def _fa4_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
     sinks = getattr(info, "sinks", False)
     if sinks and major in (8, 12):
         # flash_fwd.py:651, FlashAttentionForwardSm80.__call__ (FlashAttentionForwardSm120 subclasses it)
-        bad.append(f"the model has attention sinks; flash-attn-4's {sm} kernel asserts 'Learnable sink is not supported'")
+        bad.append(
+            f"the model has attention sinks; flash-attn-4's {sm} kernel asserts 'Learnable sink is not supported'"
+        )
     if training and major in (10, 11) and hd == 256:
         # dedicated sm100 hd256 backward: sm100_hd256_2cta_fmha_backward.py:60 (no local), :67 (no score_mod,
         # which is how softcap enters: interface.py:2579-2584), interface.py:2453-2456 (no sink)
         if _sliding(info):
-            bad.append("flash-attn-4's sm100 backward for head dim 256 does not support a sliding window (local attention)")
+            bad.append(
+                "flash-attn-4's sm100 backward for head dim 256 does not support a sliding window (local attention)"
+            )
         if info.attn_softcapping:
             bad.append("flash-attn-4's sm100 backward for head dim 256 does not support soft-capping")
         if sinks:
@@ -320,13 +325,19 @@ def _vllm_fa3_sinks(info: Any, cc: tuple[int, int], dtype: str, intent: str) -> 
         return []
     bad: list[str] = []
     if cc != (9, 0):
-        bad.append(f"{_VLLM_FA3} runs attention sinks on Hopper (sm90) only ('S aux is currently only supported for Hopper GPUs')")
+        bad.append(
+            f"{_VLLM_FA3} runs attention sinks on Hopper (sm90) only ('S aux is currently only supported for Hopper GPUs')"
+        )
     if dtype != "bfloat16":
         bad.append(f"{_VLLM_FA3} takes attention sinks in bfloat16 only; the plan's dtype is {dtype}")
     if info.summary.num_heads > 64:
-        bad.append(f"{_VLLM_FA3} supports at most 64 query heads with sinks; the model has {info.summary.num_heads}")
+        bad.append(
+            f"{_VLLM_FA3} supports at most 64 query heads with sinks; the model has {info.summary.num_heads}"
+        )
     if intent == "training":
-        bad.append(f"{_VLLM_FA3}'s backward returns no gradient for the sinks: full training would never update them")
+        bad.append(
+            f"{_VLLM_FA3}'s backward returns no gradient for the sinks: full training would never update them"
+        )
     return bad
 
 
@@ -343,7 +354,9 @@ def _flash_checks(name: str, impl: str, info: Any, caps: Capabilities, dtype: st
             ok, why = hub_kernel_support(name, g.compute_capability)
         else:
             pkg = caps.package(FLASH_PACKAGE[impl])
-            ok, why = flash_support(FLASH_PACKAGE[impl], g.compute_capability, pkg.version if pkg.installed else None)
+            ok, why = flash_support(
+                FLASH_PACKAGE[impl], g.compute_capability, pkg.version if pkg.installed else None
+            )
         if not ok:
             bad.append(f"{g.name}: {why}")
             return bad  # nothing else matters without kernels
@@ -382,7 +395,9 @@ def _package_candidate(impl: str, info: Any, caps: Capabilities, dtype: str, int
             if v < _FA2_MIN:
                 bad.append(f"flash-attn {pkg.version} is older than 2.3.3, the oldest transformers accepts")
             if info.attn_softcapping and v < _FA2_SOFTCAP_MIN:
-                bad.append(f"the model uses attention soft-capping; flash-attn {pkg.version} < 2.6.0 lacks it")
+                bad.append(
+                    f"the model uses attention soft-capping; flash-attn {pkg.version} < 2.6.0 lacks it"
+                )
     bad = _flash_checks(impl, impl, info, caps, dtype, intent) + bad
     if bad:
         return Candidate(impl, False, tuple(bad))
@@ -419,7 +434,9 @@ def _sdpa(info: Any, caps: Capabilities) -> Candidate:
         bad.append(f"{info.class_name or info.summary.type} does not support SDPA (_supports_sdpa is False)")
     if info.attn_softcapping:
         # integrations/sdpa_attention.py sdpa_attention_forward has no softcap parameter: it is dropped
-        bad.append(f"the model soft-caps attention logits ({info.attn_softcapping}); SDPA ignores soft-capping")
+        bad.append(
+            f"the model soft-caps attention logits ({info.attn_softcapping}); SDPA ignores soft-capping"
+        )
     if bad:
         return Candidate("sdpa", False, tuple(bad))
     where = "torch's fused kernels (flash / memory-efficient / cuDNN)" if caps.gpus else "torch's CPU kernels"
@@ -439,7 +456,9 @@ def _flex(info: Any, caps: Capabilities, intent: str) -> Candidate:
             bad.append("transformers' flex_attention cannot run attention sinks on CPU")
     elif caps.gpus[0].compute_capability < (7, 0):
         # torch utils/_triton.py has_triton: CUDA devices need major >= 7 for Triton
-        bad.append(f"flex_attention compiles Triton kernels, which need sm70+; this GPU is {caps.gpus[0].name}")
+        bad.append(
+            f"flex_attention compiles Triton kernels, which need sm70+; this GPU is {caps.gpus[0].name}"
+        )
     if bad:
         return Candidate("flex_attention", False, tuple(bad))
     return Candidate(
@@ -561,7 +580,10 @@ def choose_attention(
         extra: list[str] = []
         ok_measured = {n: t for n, t in measured.items() if by[n].ok}
         if ok_measured:
-            extra.append(f"{source}: " + ", ".join(f"{n} {_fmt(t)}" for n, t in sorted(ok_measured.items(), key=lambda kv: kv[1])))
+            extra.append(
+                f"{source}: "
+                + ", ".join(f"{n} {_fmt(t)}" for n, t in sorted(ok_measured.items(), key=lambda kv: kv[1]))
+            )
         return Decision(name, ("requested explicitly", *c.reasons, *extra), tuple(cands), explicit=True)
 
     ignored = sorted(n for n in measured if not by[n].ok)
@@ -571,17 +593,15 @@ def choose_attention(
         best = min(total, key=lambda n: (total[n], valid.index(n)))
         ranked = sorted(total, key=lambda n: total[n])
         reasons = [
-            f"{source}: " + ", ".join(f"{n} {_fmt(usable[n])}" for n in sorted(usable, key=lambda n: usable[n])),
+            f"{source}: "
+            + ", ".join(f"{n} {_fmt(usable[n])}" for n in sorted(usable, key=lambda n: usable[n])),
         ]
         paid = [n for n in ranked if cost(n) > 0]
         if paid:
             reasons.append(
-                "first use not yet paid in this process: "
-                + ", ".join(f"{n} +{_fmt(cost(n))}" for n in paid)
+                "first use not yet paid in this process: " + ", ".join(f"{n} +{_fmt(cost(n))}" for n in paid)
             )
-            reasons.append(
-                "steady state + first use: " + ", ".join(f"{n} {_fmt(total[n])}" for n in ranked)
-            )
+            reasons.append("steady state + first use: " + ", ".join(f"{n} {_fmt(total[n])}" for n in ranked))
         reasons.append(f"{best} costs least on the declared work")
         if ignored:
             reasons.append("measured but not valid here: " + ", ".join(ignored))
@@ -594,7 +614,10 @@ def choose_attention(
     if not timings:
         note = ["no timings for this GPU and work: the choice follows the rules above"]
     else:
-        note = [f"{source} covers no valid backend" + (f" ({', '.join(ignored)} not valid here)" if ignored else "")]
+        note = [
+            f"{source} covers no valid backend"
+            + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
+        ]
     if short:
         return Decision("eager", (short, *by["eager"].reasons, *note), tuple(cands))
 
@@ -625,7 +648,8 @@ def choose_attention(
     faster_unknown = [n for n in valid if n not in ("sdpa", "eager", chosen)]
     if faster_unknown and chosen == "sdpa":
         reasons.append(
-            "also valid, not measured here: " + ", ".join(faster_unknown)
+            "also valid, not measured here: "
+            + ", ".join(faster_unknown)
             + " (`cudaload tune` measures them on this GPU)"
         )
     reasons += note
