@@ -270,6 +270,10 @@ def test_fa4_hd256_backward_with_sliding_window_on_sm100() -> None:
         assert "sliding window" in why(decide(i, caps, intent="lora"), "flash_attention_4")
         assert ok(decide(i, caps), "flash_attention_4")  # inference is fine
     assert ok(decide(i, hardware("H200").with_packages(FLASH), intent="lora"), "flash_attention_4")
+    # transformers passes the window only past it (key_length > sliding_window): short declared work is fine
+    b200 = gpu((10, 0), "flash-attn-4")
+    assert ok(decide(i, b200, intent="lora", work=(4, 4096)), "flash_attention_4")
+    assert not ok(decide(i, b200, intent="lora", work=(4, 4097)), "flash_attention_4")
 
 
 def test_fa4_hd256_backward_softcap_on_sm100_and_sm120() -> None:

@@ -221,7 +221,7 @@ def _sm12x_fa4_smem(hd: int, hdv: int) -> int:
     return tile_m * hd * 2 + tile_n * hd * 2 + tile_n * hdv * 2
 
 
-def _fa4_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
+def _fa4_checks(info: Any, cc: tuple[int, int], training: bool, seq_len: int | None = None) -> list[str]:
     """flash-attn-4 4.0.0b36 (flash_attn/cute), for the package and the Hub build alike."""
     bad: list[str] = []
     hd = _qk_dim(info)
@@ -261,7 +261,10 @@ def _fa4_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
     if training and major in (10, 11) and hd == 256:
         # dedicated sm100 hd256 backward: sm100_hd256_2cta_fmha_backward.py:60 (no local), :67 (no score_mod,
         # which is how softcap enters: interface.py:2579-2584), interface.py:2453-2456 (no sink)
-        if _sliding(info):
+        # transformers passes the window only when the keys outnumber it (modeling_flash_attention_utils.py
+        # (5.17) :650-655), so a declared sequence within the window never reaches the local kernel
+        window = info.summary.sliding_window
+        if _sliding(info) and (seq_len is None or seq_len > window):
             bad.append(
                 "flash-attn-4's sm100 backward for head dim 256 does not support a sliding window (local attention)"
             )
@@ -341,7 +344,9 @@ def _vllm_fa3_sinks(info: Any, cc: tuple[int, int], dtype: str, intent: str) -> 
     return bad
 
 
-def _flash_checks(name: str, impl: str, info: Any, caps: Capabilities, dtype: str, intent: str) -> list[str]:
+def _flash_checks(
+    name: str, impl: str, info: Any, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
+) -> list[str]:
     """Reasons against ``name`` (package or Hub form of ``impl``) from the GPU, the model and transformers."""
     if not caps.gpus:
         return ["no GPU: flash attention runs on CUDA GPUs only"]
@@ -362,7 +367,7 @@ def _flash_checks(name: str, impl: str, info: Any, caps: Capabilities, dtype: st
             return bad  # nothing else matters without kernels
     bad += _transformers_checks(name, impl, info, dtype)
     if impl == "flash_attention_4":
-        bad += _fa4_checks(info, cc, training)
+        bad += _fa4_checks(info, cc, training, seq_len)
         bad += [r for r in (_no_dropout(impl, info, training),) if r]
     elif impl == "flash_attention_2":
         bad += _fa2_checks(info, cc, training)
@@ -377,7 +382,9 @@ def _flash_checks(name: str, impl: str, info: Any, caps: Capabilities, dtype: st
     return bad
 
 
-def _package_candidate(impl: str, info: Any, caps: Capabilities, dtype: str, intent: str) -> Candidate:
+def _package_candidate(
+    impl: str, info: Any, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
+) -> Candidate:
     pkg = caps.package(FLASH_PACKAGE[impl])
     bad: list[str] = []
     if not pkg.installed:
@@ -398,7 +405,7 @@ def _package_candidate(impl: str, info: Any, caps: Capabilities, dtype: str, int
                 bad.append(
                     f"the model uses attention soft-capping; flash-attn {pkg.version} < 2.6.0 lacks it"
                 )
-    bad = _flash_checks(impl, impl, info, caps, dtype, intent) + bad
+    bad = _flash_checks(impl, impl, info, caps, dtype, intent, seq_len) + bad
     if bad:
         return Candidate(impl, False, tuple(bad))
     why = [f"{pkg.name} {pkg.version or ''}".strip() + (" (assumed)" if pkg.assumed else "") + " is usable"]
@@ -415,9 +422,10 @@ def _kernel_candidate(
     intent: str,
     trust: Sequence[str],
     revision: str | None,
+    seq_len: int | None = None,
 ) -> Candidate:
     repo = HUB_KERNEL[impl]
-    bad = _flash_checks(repo, impl, info, caps, dtype, intent)
+    bad = _flash_checks(repo, impl, info, caps, dtype, intent, seq_len)
     if bad:
         return Candidate(repo, False, tuple(bad))
     try:
@@ -483,15 +491,23 @@ def _fmt(s: float) -> str:
 
 
 def _candidates(
-    info: Any, caps: Capabilities, dtype: str, intent: str, trust: Sequence[str], revision: str | None
+    info: Any,
+    caps: Capabilities,
+    dtype: str,
+    intent: str,
+    trust: Sequence[str],
+    revision: str | None,
+    seq_len: int | None = None,
 ) -> list[Candidate]:
     order = priority(caps.gpus[0] if caps.gpus else None)
     cands: list[Candidate] = []
     for name in order:
         if name in FLASH_PACKAGE:
-            cands.append(_package_candidate(name, info, caps, dtype, intent))
+            cands.append(_package_candidate(name, info, caps, dtype, intent, seq_len))
         elif name in _KERNEL_TO_IMPL:
-            cands.append(_kernel_candidate(_KERNEL_TO_IMPL[name], info, caps, dtype, intent, trust, revision))
+            cands.append(
+                _kernel_candidate(_KERNEL_TO_IMPL[name], info, caps, dtype, intent, trust, revision, seq_len)
+            )
         elif name == "sdpa":
             cands.append(_sdpa(info, caps))
         elif name == "flex_attention":
@@ -543,7 +559,7 @@ def choose_attention(
     ``first_use``: backend -> one-time seconds this process would still pay (import, JIT); overrides the
     shipped :data:`FIRST_USE` per name (pass 0.0 for a backend already imported and compiled here).
     """
-    cands = _candidates(info, caps, dtype, intent, trust, revision)
+    cands = _candidates(info, caps, dtype, intent, trust, revision, work[1] if work else None)
     by = {c.name: c for c in cands}
     costs: dict[str, tuple[float, str]] = {n: (f.seconds, f.source) for n, f in FIRST_USE.items()}
     for n, sec in (first_use or {}).items():
