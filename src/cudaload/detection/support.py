@@ -90,7 +90,8 @@ def flash_support(package: str, cc: CC, version: str | None = None) -> tuple[boo
         if cc[0] == 8:
             return (
                 True,
-                f"flash-attn 3 runs {sm} through its sm80 kernels (hopper/static_switch.h ARCH_SWITCH)",
+                f"flash-attn 3 runs {sm} through its sm80 kernels (hopper/static_switch.h ARCH_SWITCH), "
+                "unless it was built with FLASH_ATTENTION_DISABLE_SM80=TRUE",
             )
         if cc == (9, 0):
             return True, f"flash-attn 3 is built for Hopper ({sm}, sm_90a)"
