@@ -516,3 +516,11 @@ def test_explain_prints_the_costs_weighed() -> None:
     d = decide(info("llama"), H200_FA4, timings={"sdpa": 9.0, "flash_attention_4": 4.0}, timings_source=PRIOR)
     text = "\n".join(_decision("attention", d))
     assert PRIOR in text and "first use not yet paid" in text and "flash_attention_4 +5.70 s" in text
+
+
+def test_runtime_fallback_walks_from_the_choice_to_sdpa_then_eager() -> None:
+    # cudaload.execute._next_attention takes the next valid candidate after a choice that fails at run time
+    d = decide(info("llama"), H200_FA4, timings={"sdpa": 12.0, "flash_attention_4": 6.0})
+    valid = [c.name for c in d.candidates if c.ok]
+    assert valid[:3] == ["flash_attention_4", "sdpa", "eager"]
+    assert all(not c.ok for c in d.candidates[len(valid) :])

@@ -532,6 +532,20 @@ def _static_order(caps: Capabilities) -> tuple[str, ...]:
     return ("sdpa", *aot, *jit, "eager")
 
 
+def _ordered(cands: list[Candidate], chosen: str, caps: Capabilities) -> tuple[Candidate, ...]:
+    """Candidates in the order a runtime fallback should walk them (cudaload.execute._next_attention takes the
+    next valid one after the failed choice): the choice, then torch's own sdpa and eager, which need nothing
+    else to work, then the rest by preference; rejected ones last, in the architecture's order."""
+    by = {c.name: c for c in cands}
+    names = [chosen, "sdpa", "eager", *_static_order(caps), *(c.name for c in cands)]
+    seen: list[str] = []
+    for n in names:
+        if n in by and n not in seen:
+            seen.append(n)
+    ok = [by[n] for n in seen if by[n].ok]
+    return (*ok, *(by[n] for n in seen if not by[n].ok))
+
+
 def choose_attention(
     info: Any,
     caps: Capabilities,
@@ -600,7 +614,9 @@ def choose_attention(
                 f"{source}: "
                 + ", ".join(f"{n} {_fmt(t)}" for n, t in sorted(ok_measured.items(), key=lambda kv: kv[1]))
             )
-        return Decision(name, ("requested explicitly", *c.reasons, *extra), tuple(cands), explicit=True)
+        return Decision(
+            name, ("requested explicitly", *c.reasons, *extra), _ordered(cands, name, caps), explicit=True
+        )
 
     ignored = sorted(n for n in measured if not by[n].ok)
     usable = {n: t for n, t in measured.items() if by[n].ok}
@@ -624,7 +640,7 @@ def choose_attention(
         unmeasured = [n for n in valid if n not in usable]
         if unmeasured:
             reasons.append("valid but not measured (not weighed): " + ", ".join(unmeasured))
-        return Decision(best, tuple(reasons + list(by[best].reasons)), tuple(cands))
+        return Decision(best, tuple(reasons + list(by[best].reasons)), _ordered(cands, best, caps))
 
     short = _short_decode(work, intent, caps)
     if not timings:
@@ -635,7 +651,7 @@ def choose_attention(
             + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
         ]
     if short:
-        return Decision("eager", (short, *by["eager"].reasons, *note), tuple(cands))
+        return Decision("eager", (short, *by["eager"].reasons, *note), _ordered(cands, "eager", caps))
 
     training = intent in _TRAINING
     order = _static_order(caps)
@@ -669,7 +685,7 @@ def choose_attention(
             + " (`cudaload tune` measures them on this GPU)"
         )
     reasons += note
-    return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), tuple(cands))
+    return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), _ordered(cands, chosen, caps))
 
 
 def _short_decode(work: tuple[int, int] | None, intent: str, caps: Capabilities) -> str | None:
