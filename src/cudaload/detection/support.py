@@ -10,7 +10,7 @@ Sources (the released code, each rule cites its file and line):
   PTX) for sm80, sm90 and, with CUDA >= 12.8, sm100 / sm120. SASS runs only within its major version, so
   sm8x runs the sm80 code, sm103 the sm100 code, sm121 the sm120 code, and sm110 (Thor) has no kernel.
   The sm100/sm120 gencode lines first appear in 2.7.3 (git tag v2.7.3 setup.py; absent in v2.7.2).
-- flash-attn-3 (Dao-AILab/flash-attention hopper/, __version__ 3.0.0): hopper/setup.py compiles *_sm90.cu
+- flash-attn-3 (Dao-AILab/flash-attention hopper/ at commit 0251105a, __version__ 3.0.0; not on PyPI): hopper/setup.py compiles *_sm90.cu
   for sm_90a and *_sm80.cu for sm_80 unless FLASH_ATTENTION_DISABLE_SM80=TRUE; hopper/static_switch.h
   ARCH_SWITCH routes 8.6/8.9 to the sm86 path, other 8.x to sm80 and everything >= 9.0 to the sm90a kernels,
   which do not run on sm10x/sm12x.

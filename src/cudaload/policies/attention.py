@@ -205,7 +205,7 @@ def _transformers_checks(name: str, impl: str, info: Any, dtype: str) -> list[st
 
 def _head_dim_fa2_fa3(impl: str, hd: int) -> str | None:
     # flash-attn 2.8.3 flash_api.cpp:393-394 (forward) and :829-830 (backward); FA3 hopper/flash_api.cpp
-    # get_max_headdim() 256 and ``head_size % alignment`` (8 for 16-bit types) at :779/:855. vLLM 0.19.1
+    # (commit 0251105a) get_max_headdim() 256 and ``head_size % alignment`` (8 for 16-bit types) at :779/:855. vLLM 0.19.1
     # agrees for its FA2/FA3 builds: v1/attention/backends/flash_attn.py:161-162 supports_head_size.
     if hd > 256:
         return f"head dim {hd} > 256, the largest {impl} supports"
@@ -463,7 +463,7 @@ def _flex(info: Any, caps: Capabilities, intent: str) -> Candidate:
         if getattr(info, "sinks", False):
             bad.append("transformers' flex_attention cannot run attention sinks on CPU")
     elif caps.gpus[0].compute_capability < (7, 0):
-        # torch utils/_triton.py has_triton: CUDA devices need major >= 7 for Triton
+        # torch utils/_triton.py has_triton (torch 2.13: line 190): CUDA devices need major >= 7 for Triton
         bad.append(
             f"flex_attention compiles Triton kernels, which need sm70+; this GPU is {caps.gpus[0].name}"
         )
