@@ -39,32 +39,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 TAG = "RULES-RESULT "
 SMALL = {"num_hidden_layers": 2, "vocab_size": 256, "intermediate_size": 128}
-#: family -> config dict. Head dims, sinks, soft-capping, windows and ALiBi are the real ones.
+#: family -> config dict. Head dims, sinks, soft-capping, windows and ALiBi are the real ones; the families the
+#: rules most depend on come first, so a run cut by its time budget has them.
 FAMILIES: dict[str, dict[str, Any]] = {
-    "llama-hd128": {
-        "model_type": "llama",
-        "hidden_size": 512,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    },
-    "qwen3-hd96": {"model_type": "qwen3", "hidden_size": 384, "num_attention_heads": 4, "head_dim": 96},
-    "gemma2-hd256-softcap": {
-        "model_type": "gemma2",
+    "gpt_oss-sinks": {
+        "model_type": "gpt_oss",
         "hidden_size": 256,
-        "num_attention_heads": 4,
+        "num_attention_heads": 8,
         "num_key_value_heads": 2,
-        "head_dim": 256,
-        "sliding_window": 64,
-        # a cap the random logits reach, so a backend that drops soft-capping shows in the logits
-        "attn_logit_softcapping": 0.5,
-        "query_pre_attn_scalar": 1,
-    },
-    "gemma3-hd256-window": {
-        "model_type": "gemma3_text",
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 256,
+        "num_local_experts": 4,
         "sliding_window": 64,
     },
     "deepseek_v3-mla": {
@@ -81,15 +64,39 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "n_group": 1,
         "topk_group": 1,
     },
-    "gpt_oss-sinks": {
-        "model_type": "gpt_oss",
+    "gemma3-hd256-window": {
+        "model_type": "gemma3_text",
         "hidden_size": 256,
-        "num_attention_heads": 8,
+        "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "num_local_experts": 4,
+        "head_dim": 256,
         "sliding_window": 64,
     },
+    "gemma2-hd256-softcap": {
+        "model_type": "gemma2",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "sliding_window": 64,
+        # a cap the random logits reach, so a backend that drops soft-capping shows in the logits
+        "attn_logit_softcapping": 0.5,
+        "query_pre_attn_scalar": 1,
+    },
     "falcon-alibi": {"model_type": "falcon", "hidden_size": 256, "num_attention_heads": 4, "alibi": True},
+    "qwen3-hd96": {
+        "model_type": "qwen3",
+        "hidden_size": 384,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 96,
+    },
+    "llama-hd128": {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
 }
 SMOKE_FAMILIES = ("llama-hd128", "gemma2-hd256-softcap", "falcon-alibi")
 SEQ = 160  # longer than the 64-token windows, so windows are exercised
@@ -231,6 +238,9 @@ def worker(family: str, smoke: bool) -> None:
                 )
                 works = bool(row.get("ran")) and not row["wrong"]
                 row["agrees"] = row["verdict"] == works
+                if arch is not None and "shared memory" in row["verdict_reason"]:
+                    # the emulated path is compiled for the real GPU's shared memory: not checkable here
+                    row["agrees"] = None
                 print(TAG + json.dumps(row), flush=True)
 
 
@@ -285,9 +295,9 @@ def write(out: Path, result: dict[str, Any]) -> None:
         lines.append(
             f"| {r['family']} | {r['backend']} | {r['arch']} | {r['intent']} | {verdict} | {ran} | "
             f"{_g(r.get('logits_rel_diff'))} | {_g(r.get('grad_rel_diff'))} | "
-            f"{_g(r.get('first_s'))} / {_g(r.get('second_s'))} | {'' if r.get('agrees') else 'MISMATCH'} |"
+            f"{_g(r.get('first_s'))} / {_g(r.get('second_s'))} | {_mark(r.get('agrees'))} |"
         )
-    mism = [r for r in result["rows"] if not r.get("agrees")]
+    mism = [r for r in result["rows"] if r.get("agrees") is False]
     lines += ["", f"{len(result['rows'])} rows, {len(mism)} mismatches."]
     if result.get("first_use"):
         lines += ["", "## First use (fresh process)", ""]
@@ -295,6 +305,10 @@ def write(out: Path, result: dict[str, Any]) -> None:
     if result.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(result["skipped"])]
     (out / "attention_rules.md").write_text("\n".join(lines) + "\n")
+
+
+def _mark(agrees: bool | None) -> str:
+    return "n/a (emulated)" if agrees is None else ("" if agrees else "MISMATCH")
 
 
 def _g(v: Any) -> str:
@@ -355,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fam}: no result ({err.strip().splitlines()[-1] if err.strip() else '?'})"
             )
         for r in rows:
-            flag = "" if r.get("agrees") else "  MISMATCH"
+            flag = "  MISMATCH" if r.get("agrees") is False else ""
             log(
                 f"    {r['backend']:<18} {r['arch']:<6} {r['intent']:<9} verdict={r['verdict']} ran={r.get('ran')}{flag}"
             )
