@@ -260,10 +260,17 @@ def test_hub_probe_is_bounded() -> None:
 def test_support_facts() -> None:
     assert flash_support("flash-attn", (7, 5))[0] is False
     assert flash_support("flash-attn", (8, 0))[0] and flash_support("flash-attn", (8, 9))[0]
-    assert flash_support("flash-attn-3", (9, 0))[0] and not flash_support("flash-attn-3", (8, 0))[0]
+    # hopper/ builds sm_80 and sm_90a kernels; FA4 4.0.0b36 runs its forward on 8.x-12.x (interface.py:845)
+    assert flash_support("flash-attn-3", (9, 0))[0] and flash_support("flash-attn-3", (8, 0))[0]
     assert not flash_support("flash-attn-3", (10, 0))[0]
     assert flash_support("flash-attn-4", (9, 0))[0] and flash_support("flash-attn-4", (10, 0))[0]
-    assert not flash_support("flash-attn-4", (8, 6))[0]
+    assert flash_support("flash-attn-4", (8, 6))[0] and not flash_support("flash-attn-4", (7, 5))[0]
+    # flash-attn 2.8.3 compiles sm80/90/100/120 only (setup.py:70); Blackwell builds start at 2.7.3
+    assert not flash_support("flash-attn", (11, 0))[0]
+    assert (
+        not flash_support("flash-attn", (10, 0), "2.7.2")[0]
+        and flash_support("flash-attn", (12, 0), "2.7.3")[0]
+    )
     assert bitsandbytes_support((7, 0))[0] and not bitsandbytes_support((5, 2))[0]
     assert not bitsandbytes_support((7, 0), "aarch64")[0]
     with pytest.raises(ValueError):

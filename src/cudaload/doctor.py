@@ -86,8 +86,9 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             )
         )
     for pkg, (impl, _module) in FLASH_PACKAGES.items():
-        arch_ok, why = flash_support(pkg, g.compute_capability)
         info = caps.package(pkg)
+        # the installed release matters too: flash-attn < 2.7.3 has no sm100 / sm120 kernels
+        arch_ok, why = flash_support(pkg, g.compute_capability, info.version if info.installed else None)
         code = impl
         if not arch_ok:
             if info.installed:
@@ -106,8 +107,14 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
             else:
                 out.append(Verdict(s, "info", f"{impl}: not for this GPU ({why})", code=code))
         elif info.usable:
+            # the support sentence carries caveats (flash-attn-4 on sm8x: inference only)
             out.append(
-                Verdict(s, "ok", f"{impl} usable ({pkg} {info.version or ''})".replace(" )", ")"), code=code)
+                Verdict(
+                    s,
+                    "ok",
+                    f"{impl} usable ({pkg} {info.version or ''})".replace(" )", ")") + f": {why}",
+                    code=code,
+                )
             )
         elif info.installed:
             out.append(

@@ -110,6 +110,33 @@ class ModelInfo:
     sliding_layers: int = 0  # layers whose KV cache is capped at the sliding window
     intermediate_size: int = 0
     remote_code: bool = False  # the config asks for code from the repo (auto_map)
+    # -- attention facts the backend rules need (cudaload.policies.attention) --
+    #: query/key head dim where it differs from ``summary.head_dim``: ``qk_nope_head_dim + qk_rope_head_dim``
+    #: for MLA models (DeepSeek-V3: 192, where ``config.head_dim`` is the 64-wide rope part). 0: the same.
+    qk_head_dim: int = 0
+    #: value head dim where it differs from the q/k one (DeepSeek-V3: ``v_head_dim`` 128). 0: the same.
+    v_head_dim: int = 0
+    #: learnable per-head attention sinks (gpt-oss): the modeling code passes ``s_aux=self.sinks`` to the
+    #: attention function (transformers integrations/flash_attention.py ``s_aux`` argument).
+    sinks: bool = False
+    #: ALiBi position bias instead of rotary (falcon with ``alibi=True``, bloom, mpt)
+    alibi: bool = False
+    #: the model class's ``_compatible_flash_implementations`` (gpt-oss): transformers replaces any other
+    #: flash request by the first entry (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation)
+    compatible_flash: tuple[str, ...] | None = None
+    #: keys of a legacy ``*_ATTENTION_CLASSES`` dict in the model's module (falcon: eager, sdpa,
+    #: flash_attention_2): any other attn_implementation fails with KeyError when the model is built
+    attention_classes: tuple[str, ...] | None = None
+
+    @property
+    def flash_head_dim(self) -> int:
+        """The head dim a flash kernel sees: transformers pads v up to the q/k head dim before calling it
+        (integrations/flash_attention.py, ``v_head_dim != head_dim`` -> ``F.pad(value, ...)``; 5.17 line 63)."""
+        return self.qk_head_dim or self.summary.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim or self.flash_head_dim
 
     @property
     def task_type(self) -> str:
@@ -419,10 +446,86 @@ def _stored(files: list[Path]) -> tuple[int, int, str | None]:
 
 
 def _dtype_name(config: Any) -> str | None:
-    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    # transformers 5 keeps the dtype in ``config.dtype``; ``config.torch_dtype`` is a deprecated property that
+    # logs "`torch_dtype` is deprecated! Use `dtype` instead!" on every read (configuration_utils.py, 5.17
+    # line 462), so it is never touched. Older releases stored a plain ``torch_dtype`` attribute: read it
+    # from the instance dict, which bypasses any property.
+    d = getattr(config, "dtype", None)
+    if d is None:
+        d = vars(config).get("torch_dtype")
     if d is None:
         return None
     return str(d).removeprefix("torch.")
+
+
+#: model types whose attention always uses ALiBi (their modeling code builds the bias unconditionally; bloom
+#: modeling_bloom.build_alibi_tensor, mpt ``attn_config.alibi`` defaults to True). Falcon has a config flag.
+_ALIBI_TYPES = frozenset({"bloom", "mpt"})
+
+
+def _attention_dims(text: Any, heads: int, hidden: int) -> tuple[int, int, int]:
+    """(summary head_dim, q/k head dim, v head dim) read from the config.
+
+    MLA configs (DeepSeek-V2/V3, MiniCPM3, Kimi) split the q/k head into a no-position part and a rotary part:
+    DeepseekV3Attention uses ``qk_head_dim = qk_nope_head_dim + qk_rope_head_dim`` and a separate
+    ``v_head_dim`` (transformers models/deepseek_v3/modeling_deepseek_v3.py, 5.17 lines 373-377), while
+    DeepseekV3Config sets ``head_dim = qk_rope_head_dim`` (configuration_deepseek_v3.py line 124).
+    """
+    head_dim = int(getattr(text, "head_dim", None) or (hidden // heads if heads else 0))
+    nope = getattr(text, "qk_nope_head_dim", None)
+    rope = getattr(text, "qk_rope_head_dim", None)
+    if isinstance(nope, int) and isinstance(rope, int) and nope + rope > 0:
+        qk = int(getattr(text, "qk_head_dim", None) or nope + rope)
+    else:
+        qk = head_dim
+    v = getattr(text, "v_head_dim", None)
+    return head_dim, qk, int(v) if isinstance(v, int) and v > 0 else qk
+
+
+def _attention_dropout(text: Any) -> float:
+    # the name differs by family: llama/qwen/gemma/falcon ``attention_dropout``, gpt2/gptj ``attn_pdrop``,
+    # bert ``attention_probs_dropout_prob``, mpt ``attn_config["attn_pdrop"]``
+    for name in ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob"):
+        v = getattr(text, name, None)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    attn_cfg = getattr(text, "attn_config", None)
+    v = attn_cfg.get("attn_pdrop") if isinstance(attn_cfg, dict) else getattr(attn_cfg, "attn_pdrop", None)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+
+
+def _alibi(config: Any, text: Any) -> bool:
+    if config.model_type in _ALIBI_TYPES:
+        attn_cfg = getattr(text, "attn_config", None)
+        flag = attn_cfg.get("alibi") if isinstance(attn_cfg, dict) else getattr(attn_cfg, "alibi", None)
+        return flag is not False
+    return bool(getattr(text, "alibi", False))
+
+
+def _module_attention_facts(cls: Any) -> tuple[bool, tuple[str, ...] | None]:
+    """(sinks, keys of a ``*_ATTENTION_CLASSES`` dict) from the model class's module, without building it.
+
+    Sinks: every transformers model with learnable sinks hands them to the attention function as
+    ``s_aux=self.sinks`` (gpt_oss, deepseek_v4, hy_v4, mimo_v2_flash, granite_swa... in 5.17), the keyword
+    integrations/flash_attention.flash_attention_forward takes; reading the source finds the models added
+    later too.
+    """
+    import inspect
+    import sys
+
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    if module is None:
+        return False, None
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        source = ""
+    classes: tuple[str, ...] | None = None
+    for name, value in vars(module).items():
+        if name.endswith("_ATTENTION_CLASSES") and isinstance(value, dict):
+            classes = tuple(str(k) for k in value)
+            break
+    return "s_aux=" in source, classes
 
 
 def model_info(model: Any, *, model_class: str | None = None, revision: str | None = None) -> ModelInfo:
@@ -434,7 +537,7 @@ def model_info(model: Any, *, model_class: str | None = None, revision: str | No
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     hidden = int(getattr(text, "hidden_size", 0) or 0)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or (hidden // heads if heads else 0))
+    head_dim, qk_dim, v_dim = _attention_dims(text, heads, hidden)
     window = getattr(text, "sliding_window", None)
     layer_types = getattr(text, "layer_types", None)
     if isinstance(layer_types, list) and layer_types:
@@ -457,6 +560,8 @@ def model_info(model: Any, *, model_class: str | None = None, revision: str | No
         wparams = counts.total
         wbytes = wparams * dtype_bytes(ck_dtype or "float32")
         source = "config"
+    sinks, attn_classes = _module_attention_facts(cls) if cls is not None else (False, None)
+    compatible = getattr(cls, "_compatible_flash_implementations", None) if cls is not None else None
     summary = ModelSummary(
         name=name,
         type=str(config.model_type),
@@ -493,11 +598,17 @@ def model_info(model: Any, *, model_class: str | None = None, revision: str | No
         supports_flash_attn=bool(getattr(cls, "_supports_flash_attn", False)) if cls is not None else False,
         supports_flex_attn=bool(getattr(cls, "_supports_flex_attn", False)) if cls is not None else False,
         can_generate=_can_generate(cls) if cls is not None else True,
-        attn_softcapping=getattr(text, "attn_logit_softcapping", None),
-        attention_dropout=float(getattr(text, "attention_dropout", 0.0) or 0.0),
+        attn_softcapping=getattr(text, "attn_logit_softcapping", None) or None,
+        attention_dropout=_attention_dropout(text),
         sliding_layers=sliding,
         intermediate_size=int(getattr(text, "intermediate_size", 0) or 0),
         remote_code=remote,
+        qk_head_dim=qk_dim if qk_dim != head_dim else 0,
+        v_head_dim=v_dim if v_dim != (qk_dim or head_dim) else 0,
+        sinks=sinks,
+        alibi=_alibi(config, text),
+        compatible_flash=tuple(compatible) if isinstance(compatible, list | tuple) else None,
+        attention_classes=attn_classes,
     )
 
 
