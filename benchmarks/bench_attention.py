@@ -791,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.is_available() and not args.smoke:
             pr = torch.cuda.get_device_properties(0)
             res["gpu"] = f"{pr.name} (sm{pr.major}{pr.minor}, {pr.total_memory / 2**30:.0f} GiB)"
+            res["gpu_id"] = f"{pr.name}/sm{pr.major}{pr.minor}"  # as cudaload.tuning.store.gpu_id writes it
     try:
         if args.fresh:
             fresh_mode(args, res, save)
