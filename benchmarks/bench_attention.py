@@ -80,8 +80,8 @@ from cudaload.tuning.measure import (  # noqa: E402
     WorkShape,
     generate_call,
     make_inputs,
+    measure_backends,
     prefill_call,
-    run_rounds,
     timed,
 )
 
@@ -285,18 +285,17 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
         torch.cuda.reset_peak_memory_stats()
     # run 9's two works x 3 backends, one order (~36 s on the 8B shape); the reversed order runs in --fresh
     replica_s = 0.0 if args.smoke or shape != "8b" or args.no_replica else 40.0
-    # flex_attention compiles (torch.compile, again for new shapes): it runs in its own pass after the others,
-    # with its own share of the time, so its compiles cannot starve the main table
-    main = {b: m for b, m in models.items() if b != "flex_attention"}
-    flex = {b: m for b, m in models.items() if b == "flex_attention"}
-    now = time.perf_counter()
-    flex_s = args.flex_share * max(0.0, deadline - replica_s - now) if flex else 0.0
-    ms: list[Measurement] = run_rounds(
-        main, works, reps=args.reps, deadline=deadline - replica_s - flex_s, log=log, t0=t0
+    # flex_attention compiles (torch.compile, again for new shapes): measure_backends times it in a pass of
+    # its own after the others, with --flex-share of the time, so its compiles cannot starve the main table
+    ms: list[Measurement] = measure_backends(
+        models,
+        works,
+        reps=args.reps,
+        deadline=deadline - replica_s,
+        compiled_share=args.flex_share,
+        log=log,
+        t0=t0,
     )
-    if flex:
-        log(f"{label}: flex_attention pass, {int(deadline - replica_s - time.perf_counter())} s")
-        ms += run_rounds(flex, works, reps=args.reps, deadline=deadline - replica_s, log=log, t0=t0)
     out["rows"] = [m.summary() for m in ms]
     if device.startswith("cuda"):
         out["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()

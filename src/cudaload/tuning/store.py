@@ -130,7 +130,8 @@ class TimingCache:
                 CACHE_VERSION,
             )
             return {}
-        return data["entries"]
+        entries: dict[str, Any] = data["entries"]
+        return entries
 
     def entries(self) -> Iterator[Entry]:
         """Every readable entry; a malformed one is skipped with a warning."""

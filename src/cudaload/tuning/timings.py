@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 PRIORS_VERSION = 1
 PRIORS_FILE = "priors.json"
 #: the farthest a measured bucket may be from the declared one (doublings of batch, prompt and new tokens;
-#: padding differing counts 2): 8 x 2048 + 32 answers 8 x 1024 + 64, not 1 x 512 + 32
+#: padded and unpadded never match): 8 x 2048 + 32 answers 8 x 1024 + 64, not 1 x 512 + 32
 MAX_DISTANCE = 2.0
 
 
@@ -131,6 +131,20 @@ def _describe_gpu(gpu: str) -> str:
     return f"{name} ({sm})" if name else gpu
 
 
+def measured_timings(e: Entry, declared: Work, distance: float) -> Timings:
+    """Timings from one of this machine's cache entries, ``distance`` doublings from the declared work."""
+    where = "this GPU" if e.gpu != "cpu" else "this machine's CPU"
+    near = "" if distance == 0 else f" (nearest to the declared {declared.describe()})"
+    return Timings(
+        seconds=dict(e.seconds),
+        source=f"measured on {where} on {e.date[:10]} for {_work_text(e)}{near}: {_list_seconds(e.seconds)}",
+        date=e.date,
+        kind="measured",
+        work=e.work,
+        first_call_s=dict(e.first_call_s),
+    )
+
+
 # -- lookup --------------------------------------------------------------------------------------------------
 
 
@@ -196,17 +210,7 @@ def lookup(
     ]
     hit = _nearest(mine, want, sig)
     if hit:
-        e, d = hit
-        where = "this GPU" if gpu != "cpu" else "this machine's CPU"
-        near = "" if d == 0 else f" (nearest to the declared {declared})"
-        return Timings(
-            seconds=dict(e.seconds),
-            source=f"measured on {where} on {e.date[:10]} for {_work_text(e)}{near}: {_list_seconds(e.seconds)}",
-            date=e.date,
-            kind="measured",
-            work=e.work,
-            first_call_s=dict(e.first_call_s),
-        )
+        return measured_timings(hit[0], as_work(work), hit[1])
     if gpu == "cpu":
         return None
     pool = list(load_priors() if priors is None else priors)
@@ -247,7 +251,11 @@ def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[s
     from cudaload.testing.shapes import FULL_SHAPES
 
     versions = {k: v for k, v in (results.get("versions") or {}).items() if v}
-    keep = {k: versions[k] for k in ("torch", "transformers", "flash-attn-4", "flash-attn", "flash-attn-3") if k in versions}
+    keep = {
+        k: versions[k]
+        for k in ("torch", "transformers", "flash-attn-4", "flash-attn", "flash-attn-3")
+        if k in versions
+    }
     gpu = results.get("gpu_id") or ""
     out: list[dict[str, Any]] = []
     for sh in results.get("shapes") or []:
