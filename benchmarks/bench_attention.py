@@ -3,9 +3,15 @@
 
 On the H200, from the repo root, with the FA4 wheels (`source .whl/env.sh` after `wheels.sh fa4`):
 
-    python benchmarks/bench_attention.py --out OUT/attn --budget-s 420            # both shapes, ~420 s
+    python benchmarks/bench_attention.py --out OUT/attn --budget-s 420            # both shapes, ~430 s
     python benchmarks/bench_attention.py --out OUT/fresh --fresh --budget-s 400   # fresh processes, ~300-400 s
-    python benchmarks/bench_attention.py --out /tmp/attn-smoke --smoke            # CPU, tiny Qwen3, seconds
+    python benchmarks/bench_attention.py --out /tmp/attn-smoke --smoke            # CPU, tiny Qwen3, ~30 s
+
+Run each under ``timeout 560`` (a device call allows 600 s). At 420 s for both shapes each row gets about 1-3
+timed calls on the 8B shape (its 8 works cost ~100 s a round for sdpa, eager and FA4); for more samples run
+the shapes apart: ``--shapes 8b --budget-s 540 --replica`` and ``--shapes 0.6b --budget-s 400``. Then
+``python -m cudaload.tuning priors OUT/attn/results.json --out src/cudaload/tuning/priors.json`` turns the
+results into the priors cudaload ships.
 
 **Generate mode** (default). For each shape (--shapes, default 8b then 0.6b) one model per backend is built
 directly on the GPU from the config (random bf16 weights, transformers' own init: normal(0, 0.02), norms
@@ -21,7 +27,7 @@ The budget is split between shapes (--share-8b of it for the 8B shape first, the
 unused for 0.6B); inside a shape, reps stop when its share is used (every row gets a first sample before
 any gets a second), and a backend more than 2x behind the fastest gets no more reps on that work.
 
-At the end of the 8B shape, when budget is left, the **run-9 replica**: one model switched with
+With ``--replica``, at the end of the 8B shape, the in-process **run-9 replica**: one model switched with
 ``set_attn_implementation`` through sdpa, eager, FA4 in sequence (not interleaved), on run 9's batch
 (random ids, seed 1234, all-ones mask), warm-up = prefill + a 2-token generate, median of 2 generates:
 benchmarks/run.py's ``w_choice`` step for step, then the same in the reverse backend order.
@@ -57,6 +63,7 @@ import argparse
 import contextlib
 import copy
 import datetime as _dt
+import gc
 import importlib.util
 import json
 import os
@@ -283,8 +290,10 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
         works = tuple(w for w in works if w.name in args.works)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    # run 9's two works x 3 backends, one order (~36 s on the 8B shape); the reversed order runs in --fresh
-    replica_s = 0.0 if args.smoke or shape != "8b" or args.no_replica else 40.0
+    # run 9's two works x 3 backends, one order (~36 s on the 8B shape), with --replica; --fresh runs run.py's
+    # own worker in both orders
+    replica = (args.smoke or shape == "8b") and args.replica and "sdpa" in models
+    replica_s = 40.0 if replica and not args.smoke else 0.0
     # flex_attention compiles (torch.compile, again for new shapes): measure_backends times it in a pass of
     # its own after the others, with --flex-share of the time, so its compiles cannot starve the main table
     ms: list[Measurement] = measure_backends(
@@ -300,7 +309,7 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
     if device.startswith("cuda"):
         out["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
     # the run-9 replica (8B only, or in --smoke on the tiny model so the path is exercised)
-    if (args.smoke or shape == "8b") and not args.no_replica and "sdpa" in models:
+    if replica:
         rep_works = (
             (WorkShape(1, 32, 4, "ones"), WorkShape(2, 48, 4, "ones"))
             if args.smoke
@@ -323,7 +332,8 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
             }
         with contextlib.suppress(Exception):
             models["sdpa"].set_attn_implementation("sdpa")
-    del models
+    del models, ms
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return out
@@ -743,7 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="';'-separated work names to keep (e.g. '8x2048+32;1x512+32')",
     )
-    p.add_argument("--no-replica", action="store_true", help="skip the run-9 replica")
+    p.add_argument(
+        "--replica", action="store_true", help="generate mode: also the in-process run-9 replica (~40 s)"
+    )
     p.add_argument("--work", help="--fresh: where the checkpoint is written (default $TMPDIR)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p
@@ -766,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         args.reps = min(args.reps, 3)
+        args.replica = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

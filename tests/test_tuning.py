@@ -392,6 +392,17 @@ def test_run_rounds_times_every_backend_and_work_and_honours_the_deadline() -> N
     assert all(m.stopped == "budget" and not m.generate_s and m.warmup_s is None for m in late)
 
 
+def test_a_backend_far_behind_stops_after_two_reps() -> None:
+    import time
+
+    models = _tiny_models("sdpa", "eager")
+    ms = run_rounds(models, [WorkShape(1, 8, 2)], reps=3, deadline=time.perf_counter() + 300, slow_factor=1.0)
+    counts = sorted(len(m.generate_s) for m in ms)
+    assert counts == [2, 3]  # with factor 1 whichever is slower after two reps stops there, the other goes on
+    loser = next(m for m in ms if len(m.generate_s) == 2)
+    assert loser.stopped == "more than 1x the fastest after 2 reps"
+
+
 @pytest.mark.filterwarnings("ignore:You are calling .generate\\(\\) with the `input_ids` being on a device")
 def test_run_rounds_records_a_failing_backend_and_goes_on() -> None:
     import time

@@ -270,7 +270,7 @@ def run_rounds(
     last sample, else its warm-up) fits before it. ``warmup_tokens`` caps the warm-up call's new tokens (the
     full prompt still runs, so prefill kernels for this shape are compiled; None: the full call). A backend
     more than ``slow_factor`` times slower than the fastest on a work after a round gets no further reps
-    there: one sample is enough to show it loses. On any error the backend is dropped for that work.
+    there once it has two samples. On any error the backend is dropped for that work.
     """
     import torch
 
@@ -349,13 +349,17 @@ def run_rounds(
                     fail(m, e)
                     continue
                 log(f"  rep {r + 1} {b} {w.name}: {s:.3f} s (cpu {cpu:.2f} s)")
-            # a backend far behind the fastest here has shown enough
-            meds = {b: res[(b, w.name)].median() for b in names}
-            best = min((v for v in meds.values() if v is not None), default=None)
-            for b, v in meds.items():
+            # a backend far behind the fastest here has shown enough: its best of two or more calls is more
+            # than slow_factor times the fastest one's best (one sample never decides: a first full-length
+            # call can carry one-time costs)
+            best = min(
+                (min(res[(b, w.name)].generate_s) for b in names if res[(b, w.name)].generate_s), default=None
+            )
+            for b in names:
                 m = res[(b, w.name)]
-                if best and v is not None and not m.stopped and v > slow_factor * best and r + 1 < reps:
-                    m.stopped = f"more than {slow_factor:g}x the fastest after {len(m.generate_s)} rep(s)"
+                slow = best and len(m.generate_s) >= 2 and min(m.generate_s) > slow_factor * best
+                if slow and not m.stopped and r + 1 < reps:
+                    m.stopped = f"more than {slow_factor:g}x the fastest after {len(m.generate_s)} reps"
     for m in res.values():
         if m.stopped is None and len(m.generate_s) >= reps:
             m.stopped = "done"
