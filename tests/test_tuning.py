@@ -517,7 +517,7 @@ def test_tune_measures_stores_and_lookup_finds_it(
     import argparse
 
     from cudaload.detection import detect
-    from cudaload.tuning import add_tune_parser, run_tune
+    from cudaload.tuning import add_tune_parser, measured_or_tune, run_tune
 
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path))
     path = tiny_model("qwen3")
@@ -554,6 +554,9 @@ def test_tune_measures_stores_and_lookup_finds_it(
     t = lookup(caps, info, "float32", Work(2, 16, 3, True))
     assert t is not None and t.kind == "measured" and t.seconds == out["timings"]["seconds"]
     assert lookup(caps, info, "float32", Work(2, 16, 3, False)) is None  # unpadded was not measured
+    # load_model(tune=True)'s helper: the cached measurement, no second run
+    again = measured_or_tune(str(path), caps, info, "float32", Work(2, 16, 3, True), budget_s=0.0)
+    assert again.kind == "measured" and again.seconds == t.seconds
 
 
 def test_tune_without_time_for_one_call_says_so(tiny_model: Callable[..., Path], tmp_path: Path) -> None:

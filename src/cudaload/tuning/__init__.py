@@ -16,7 +16,7 @@ from .fa4 import FA4CacheState, enable_fa4_compile_cache
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
 from .store import CACHE_VERSION, Entry, TimingCache, gpu_id, package_versions
 from .timings import MAX_DISTANCE, Timings, load_priors, lookup, priors_from_bench
-from .tune import DEFAULT_BUDGET_S, TuneResult, add_tune_parser, run_tune, tune
+from .tune import DEFAULT_BUDGET_S, TuneResult, add_tune_parser, measured_or_tune, run_tune, tune
 
 __all__ = [
     "CACHE_VERSION",
@@ -37,6 +37,7 @@ __all__ = [
     "gpu_id",
     "load_priors",
     "lookup",
+    "measured_or_tune",
     "package_versions",
     "priors_from_bench",
     "run_tune",

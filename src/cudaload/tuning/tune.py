@@ -330,3 +330,35 @@ def run_tune(args: argparse.Namespace) -> int:
     )
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.render())
     return 0
+
+
+def measured_or_tune(
+    model_path: str,
+    caps: Capabilities,
+    info: Any,
+    dtype: str,
+    work: Work,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    cache: TimingCache | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Timings:
+    """For ``load_model(..., tune=True)``: this machine's measurement of ``work`` when the cache has one (the
+    nearest bucket, as :func:`cudaload.tuning.lookup` finds it; shipped priors do not count), else
+    :func:`tune` it now (``work.new_tokens`` None: 32) and return the fresh measurement."""
+    from .timings import lookup
+
+    have = lookup(caps, info, dtype, work, cache=cache, priors=[])
+    if have is not None:
+        return have
+    return tune(
+        model_path,
+        batch_size=work.batch_size,
+        seq_len=work.prompt_len,
+        new_tokens=work.new_tokens or 32,
+        padded=work.padded,
+        budget_s=budget_s,
+        hardware=caps,
+        cache=cache,
+        log=log,
+    ).timings
