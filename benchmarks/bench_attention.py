@@ -265,6 +265,80 @@ def run9_replica(
     return rows
 
 
+def sdpa_probe(device: str, dtype: Any, heads: int, kv_heads: int, head_dim: int) -> dict[str, Any]:
+    """What torch SDPA does at decode shapes (q_len 1, batch 8, KV length 2048+): which kernels it launches
+    with and without a mask, and whether a KV length seen for the first time costs more than a repeated one
+    (a per-shape plan or autotune would: the suspect for run 9's slow sdpa, whose first timed call reached new
+    lengths). Milliseconds of GPU time; nothing here depends on transformers."""
+    import torch
+    import torch.nn.functional as F
+
+    out: dict[str, Any] = {
+        "flags": {
+            n: bool(getattr(torch.backends.cuda, n)())
+            for n in (
+                "flash_sdp_enabled",
+                "mem_efficient_sdp_enabled",
+                "math_sdp_enabled",
+                "cudnn_sdp_enabled",
+            )
+            if hasattr(torch.backends.cuda, n)
+        }
+    }
+    b, base = (8, 2048) if device.startswith("cuda") else (2, 64)
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(b, heads, 1, head_dim, device=device, dtype=dtype, generator=g)
+    variants = {
+        "gqa, no mask": lambda k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+        "gqa, bool mask": lambda k, v: F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=torch.ones(b, 1, 1, k.shape[2], dtype=torch.bool, device=device),
+            enable_gqa=True,
+        ),
+        "repeat_kv, bool mask": lambda k, v: F.scaled_dot_product_attention(
+            q,
+            k.repeat_interleave(heads // kv_heads, 1),
+            v.repeat_interleave(heads // kv_heads, 1),
+            attn_mask=torch.ones(b, 1, 1, k.shape[2], dtype=torch.bool, device=device),
+        ),
+    }
+    res: dict[str, Any] = {}
+    for name, fn in variants.items():
+        try:
+            first, second = [], []
+            for i in range(12):
+                n = base + 1 + i + 16 * len(res)  # lengths no variant has seen
+                k = torch.randn(b, kv_heads, n, head_dim, device=device, dtype=dtype, generator=g)
+                v = torch.randn_like(k)
+                first.append(timed(lambda fn=fn, k=k, v=v: fn(k, v), device)[0])
+                second.append(timed(lambda fn=fn, k=k, v=v: fn(k, v), device)[0])
+            kernels: list[str] = []
+            if device.startswith("cuda"):
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    fn(k, v)
+                    torch.cuda.synchronize()
+                # GPU kernels only (the CPU-side aten:: and cuda* runtime entries say nothing about the path)
+                names = {e.key for e in prof.key_averages()}
+                kernels = sorted(n for n in names if not n.startswith(("aten::", "cuda", "Activity")))[:12]
+            res[name] = {
+                "first_ms": 1000 * statistics.median(first),
+                "repeat_ms": 1000 * statistics.median(second),
+                "kernels": kernels,
+            }
+            log(
+                f"  sdpa probe {name}: new length {res[name]['first_ms']:.3f} ms, repeated "
+                f"{res[name]['repeat_ms']:.3f} ms; {kernels[:4]}"
+            )
+        except Exception as e:
+            res[name] = {"error": _err(e)}
+    out["variants"] = res
+    return out
+
+
 def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) -> dict[str, Any]:
     import torch
 
@@ -288,6 +362,11 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
     works = SMOKE_WORKS if args.smoke else WORKS
     if args.works:
         works = tuple(w for w in works if w.name in args.works)
+    if "sdpa" in models:
+        text = config.get_text_config()
+        out["sdpa_probe"] = sdpa_probe(
+            device, dtype, int(text.num_attention_heads), int(text.num_key_value_heads), int(text.head_dim)
+        )
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     # run 9's two works x 3 backends, one order (~36 s on the 8B shape), with --replica; --fresh runs run.py's
@@ -657,6 +736,23 @@ def render(res: dict[str, Any]) -> str:
             for work, per in by.items()
         ]
         lines += [*md_table(["work", *backends], rows), ""]
+        pr = sh.get("sdpa_probe")
+        if pr:
+            lines += [
+                "torch SDPA alone at decode shapes (q_len 1), median ms: a KV length seen for the first time vs "
+                f"repeated; flags {pr.get('flags')}:",
+                "",
+            ]
+            rows = [
+                [
+                    n,
+                    v.get("first_ms"),
+                    v.get("repeat_ms"),
+                    ", ".join(v.get("kernels") or []) or v.get("error"),
+                ]
+                for n, v in (pr.get("variants") or {}).items()
+            ]
+            lines += [*md_table(["variant", "new length ms", "repeated ms", "kernels"], rows), ""]
         if sh.get("replica"):
             lines += ["Run-9 replica (one model switched, sequential, all-ones mask, median of 2):", ""]
             rows = []
