@@ -52,7 +52,9 @@ in half the reported number, where the issue's table took the best of 2-3. Only 
 issue: FA4 1.78 vs 1.80 s, eager 2.08 vs 2.03 s, prefill equal; sdpa's decode 1.82 s vs ~1.0-1.2 s, and at
 1x512+32 1.88 vs 1.07 s). This benchmark covers each factor: the no-mask and all-ones rows, every sample
 kept with the first full-length call's excess reported apart ("first timed call beyond the later ones"),
-the in-process replica of w_choice's procedure, and (--fresh) run.py's own worker in a new process.
+the in-process replica of w_choice's procedure (--replica), (--fresh) run.py's own worker in a new process in
+both backend orders, and a probe of torch SDPA alone at decode shapes (kernels launched; a KV length seen for
+the first time vs a repeated one) that tells whether sdpa pays per new length.
 
 Writes OUT/results.json and OUT/results.md; progress on stdout (flush=True).
 """
