@@ -838,7 +838,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--flex-share",
         type=float,
-        default=0.2,
+        default=0.15,
         help="fraction of a shape's time for the flex_attention pass (after the other backends)",
     )
     p.add_argument(
