@@ -9,6 +9,7 @@ capability is the same, and the source sentence says which GPU it was. Pure: no 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -80,6 +81,17 @@ def _work_text(e: Entry) -> str:
 def load_priors(path: str | os.PathLike[str] | None = None) -> list[Entry]:
     """The shipped priors (``cudaload/tuning/priors.json``), or those in ``path``. A file that cannot be read
     is ignored with a warning: priors only ever add information."""
+    if path is None:
+        return list(_shipped())  # parsed once per process: plan() looks them up on every call
+    return _load(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> tuple[Entry, ...]:
+    return tuple(_load(None))
+
+
+def _load(path: str | os.PathLike[str] | None) -> list[Entry]:
     try:
         if path is None:
             text = resources.files("cudaload.tuning").joinpath(PRIORS_FILE).read_text(encoding="utf-8")
