@@ -559,6 +559,18 @@ def test_tune_measures_stores_and_lookup_finds_it(
     assert again.kind == "measured" and again.seconds == t.seconds
 
 
+def test_tune_one_backend_at_a_time(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    from cudaload.tuning import tune
+
+    c = TimingCache(tmp_path / "t.json")
+    r = tune(
+        str(tiny_model("qwen3")), seq_len=8, new_tokens=2, reps=1, budget_s=120, interleave=False, cache=c
+    )
+    assert not r.interleaved and set(r.timings.seconds) == {"sdpa", "eager"}
+    assert "one backend at a time" in r.entry.detail["how"] and c.get(r.entry.key) == r.entry
+    assert "measured on this machine's CPU" in r.render()
+
+
 def test_tune_without_time_for_one_call_says_so(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
     from cudaload.tuning import tune
 

@@ -112,6 +112,7 @@ def tune(
     budget_s: float = DEFAULT_BUDGET_S,
     backends: Sequence[str] | None = None,
     reps: int = 5,
+    interleave: bool | None = None,
     hardware: Capabilities | None = None,
     cache: TimingCache | None = None,
     log: Callable[[str], None] | None = None,
@@ -121,7 +122,9 @@ def tune(
     (``backends``: these instead), store the medians in the timing cache and return them.
 
     Stays within ``budget_s`` seconds from the call: calls are started only when their expected duration
-    fits (loading a backend's copy is not interrupted). Works on the CPU too (float32)."""
+    fits (loading a backend's copy is not interrupted). ``interleave``: hold every backend's copy at once and
+    call them round-robin (True), one copy at a time (False), or decide by free GPU memory (None; the CPU
+    holds them all). Works on the CPU too (float32)."""
     import torch
     import transformers
 
@@ -170,11 +173,14 @@ def tune(
     rows: list[Measurement] = []
     interleaved = True
     models: dict[str, Any] = {}
-    for i, b in enumerate(wanted):
+    for b in wanted:
+        if interleave is False:
+            interleaved = False
+            break
         if time.perf_counter() >= deadline:
             not_usable[b] = "time budget used before it could be loaded"
             continue
-        if on_gpu and i > 0 and models:
+        if interleave is None and on_gpu and models:
             free, _total = torch.cuda.mem_get_info(0)
             one = next(iter(models.values())).get_memory_footprint()
             if free < one * (1 + _SPARE) * 1.05:
@@ -197,7 +203,10 @@ def tune(
         )
     else:
         # copies do not fit together: the loaded ones first, the rest one at a time, each its share
-        say("the copies do not fit together on the GPU: timing one backend at a time")
+        say(
+            "timing one backend at a time"
+            + (" (the copies do not fit together)" if interleave is None else "")
+        )
         rest = [b for b in wanted if b not in models and b not in not_usable]
         n_left = len(models) + len(rest)
         for b in [*list(models), *rest]:
@@ -218,7 +227,8 @@ def tune(
                 pad_token_id=pad,
             )
             del m
-            torch.cuda.empty_cache()
+            if on_gpu:
+                torch.cuda.empty_cache()
     models.clear()
     summaries = [m.summary() for m in rows]
     seconds = {s["backend"]: float(s["generate_s"]["median"]) for s in summaries if s["generate_s"]}
