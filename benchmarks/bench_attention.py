@@ -341,6 +341,31 @@ def sdpa_probe(device: str, dtype: Any, heads: int, kv_heads: int, head_dim: int
     return out
 
 
+def rule_choices(config: Any, works: Sequence[WorkShape]) -> dict[str, Any]:
+    """cudaload's plan() choice for each work on this machine (the rules, plus whatever timings plan() looks
+    up), to set beside the measured fastest. Declared work is passed as plan() accepts it here."""
+    import inspect
+
+    import cudaload
+    from cudaload.detection import detect
+
+    caps = detect()
+    accepts = set(inspect.signature(cudaload.plan).parameters)
+    out: dict[str, Any] = {}
+    for w in works:
+        kw: dict[str, Any] = {"seq_len": w.prompt + w.new_tokens, "batch_size": w.batch}
+        if "new_tokens" in accepts:
+            kw["new_tokens"] = w.new_tokens
+        if "padded" in accepts:
+            kw["padded"] = w.padding == "left"
+        try:
+            p = cudaload.plan(config, hardware=caps, **kw)
+            out[w.name] = {"choice": p.attention.choice, "reasons": list(p.attention.reasons)[:3]}
+        except Exception as e:
+            out[w.name] = {"choice": None, "error": _err(e)}
+    return out
+
+
 def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) -> dict[str, Any]:
     import torch
 
@@ -387,6 +412,7 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
         t0=t0,
     )
     out["rows"] = [m.summary() for m in ms]
+    out["choices"] = rule_choices(config, works)
     if device.startswith("cuda"):
         out["gpu_peak_bytes"] = torch.cuda.max_memory_allocated()
     # the run-9 replica (8B only, or in --smoke on the tiny model so the path is exercised)
@@ -705,10 +731,22 @@ def render(res: dict[str, Any]) -> str:
                 cells.append(f"**{c}**" if g["median"] == best else c)
             fastest = min((b for b in meds if meds[b]), key=lambda b: meds[b] or 0, default=None)
             issue = ISSUE_TABLE.get(work) if sh["shape"] == "Qwen3-8B" else None
+            rule = ((sh.get("choices") or {}).get(work) or {}).get("choice")
+            ratio = (meds[fastest] / meds[rule]) if fastest and rule in meds and meds.get(rule) else None
             rows.append(
-                [work, *cells, fastest, ", ".join(f"{k} {v}" for k, v in issue.items()) if issue else "-"]
+                [
+                    work,
+                    *cells,
+                    fastest,
+                    rule,
+                    ratio,
+                    ", ".join(f"{k} {v}" for k, v in issue.items()) if issue else "-",
+                ]
             )
-        lines += [*md_table(["work", *backends, "fastest", "issue"], rows), ""]
+        lines += [
+            *md_table(["work", *backends, "fastest", "plan() chose", "fastest / chosen", "issue"], rows),
+            "",
+        ]
         lines += ["Prefill ms (median) / decode ms per token / generate CPU-time fraction:", ""]
         rows = []
         for work, per in by.items():
