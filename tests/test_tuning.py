@@ -617,6 +617,8 @@ def test_bench_attention_smoke_writes_its_tables(tmp_path: Path) -> None:
     assert shape["backends"] == ["sdpa", "eager"]
     assert {r["work"] for r in shape["rows"]} == {"2x32+4", "3x32+4 left-pad 16-32"}
     assert all(r["generate_s"] for r in shape["rows"])
+    assert shape["choices"]["2x32+4"]["choice"] in ("sdpa", "eager")  # plan()'s pick beside the measurement
+    assert set(shape["sdpa_probe"]["variants"]) == {"gqa, no mask", "gqa, bool mask", "repeat_kv, bool mask"}
     assert shape["replica"]["run9 order"]["rows"] and shape["replica"]["reversed"]["order"] == [
         "eager",
         "sdpa",
