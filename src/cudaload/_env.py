@@ -173,3 +173,15 @@ def bnb_cuda_version(env: Mapping[str, str] | None = None) -> str | None:
 def hub_probe_enabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether detection may probe the Hub: not when offline, not when ``CUDALOAD_HUB_TIMEOUT=0``."""
     return not hub_offline(env) and hub_probe_timeout(env) > 0
+
+
+#: FlashAttention-4's persistent JIT cache switches, read by flash-attn-4 once, when
+#: ``flash_attn.cute.cache_utils`` is imported (4.0.0b36 flash_attn/cute/cache_utils.py:34 and :39).
+FA4_CACHE_ENABLED = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+FA4_CACHE_DIR = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+
+
+def fa4_compile_cache(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """The user's own (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED``, ``..._DIR``); None where unset."""
+    e = _environ(env)
+    return e.get(FA4_CACHE_ENABLED), e.get(FA4_CACHE_DIR)

@@ -1,0 +1,321 @@
+"""Looking up measured attention timings: this machine's cache first, then the priors cudaload ships.
+
+A shipped prior is a measurement made on a named GPU with named package versions (benchmarks/
+bench_attention.py on the H200), for one model shape and one work. It is used for another model when the
+attention signature class matches (head dims, dtype, window / soft-capping / sinks / ALiBi) and for another
+work when its bucket is within :data:`MAX_DISTANCE` doublings; on another GPU only when the compute
+capability is the same, and the source sentence says which GPU it was. Pure: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from ..capabilities import Capabilities
+from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
+from .store import Entry, TimingCache, gpu_id, package_versions
+
+logger = logging.getLogger(__name__)
+
+PRIORS_VERSION = 1
+PRIORS_FILE = "priors.json"
+#: the farthest a measured bucket may be from the declared one (doublings of batch, prompt and new tokens;
+#: padded and unpadded never match): 8 x 2048 + 32 answers 8 x 1024 + 64, not 1 x 512 + 32
+MAX_DISTANCE = 2.0
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Backend -> steady-state seconds of the declared work's generate() call (lower is better), with the
+    sentence a plan's reasons show and the date of the measurement."""
+
+    seconds: Mapping[str, float]
+    source: str
+    date: str
+    kind: str  # "measured" (this machine's cache) or "prior" (shipped)
+    work: WorkBucket | None = None
+    #: backend -> seconds the first call paid beyond a steady one where it was measured (JIT, torch.compile;
+    #: not the import): a measured complement to the policy's first-use table, not a replacement
+    first_call_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def fastest(self) -> str:
+        return min(self.seconds, key=lambda b: self.seconds[b])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": dict(self.seconds),
+            "source": self.source,
+            "date": self.date,
+            "kind": self.kind,
+            "work": self.work.to_dict() if self.work else None,
+            "first_call_s": dict(self.first_call_s),
+        }
+
+
+def _list_seconds(seconds: Mapping[str, float]) -> str:
+    return ", ".join(f"{b} {s:.3g} s" for b, s in sorted(seconds.items(), key=lambda kv: kv[1]))
+
+
+def _work_text(e: Entry) -> str:
+    w = e.detail.get("work")
+    if isinstance(w, Mapping):
+        try:
+            return as_work(w).describe()
+        except (KeyError, TypeError, ValueError):
+            pass
+    b = e.work
+    return Work(b.batch, b.prompt, b.new_tokens, b.padded).describe()
+
+
+# -- priors --------------------------------------------------------------------------------------------------
+
+
+def load_priors(path: str | os.PathLike[str] | None = None) -> list[Entry]:
+    """The shipped priors (``cudaload/tuning/priors.json``), or those in ``path``. A file that cannot be read
+    is ignored with a warning: priors only ever add information."""
+    if path is None:
+        return list(_shipped())  # parsed once per process: plan() looks them up on every call
+    return _load(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> tuple[Entry, ...]:
+    return tuple(_load(None))
+
+
+def _load(path: str | os.PathLike[str] | None) -> list[Entry]:
+    try:
+        if path is None:
+            text = resources.files("cudaload.tuning").joinpath(PRIORS_FILE).read_text(encoding="utf-8")
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        data = json.loads(text)
+    except (OSError, ValueError) as e:
+        logger.warning("ignoring attention priors %s: %s", path or PRIORS_FILE, e)
+        return []
+    if not isinstance(data, dict) or data.get("version") != PRIORS_VERSION:
+        logger.warning(
+            "ignoring attention priors %s: version %r, not %d",
+            path or PRIORS_FILE,
+            data.get("version") if isinstance(data, dict) else None,
+            PRIORS_VERSION,
+        )
+        return []
+    out = []
+    for i, d in enumerate(data.get("priors") or []):
+        try:
+            out.append(prior_entry(d))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            logger.warning("ignoring attention prior #%d: %s", i, e)
+    return out
+
+
+def prior_entry(d: Mapping[str, Any]) -> Entry:
+    """An Entry from one priors.json record (its work exact, bucketed here)."""
+    w = as_work(d["work"])
+    return Entry(
+        gpu=str(d["gpu"]),
+        versions={str(k): str(v) for k, v in d["versions"].items()},
+        signature=AttentionSignature.from_dict(d["signature"]),
+        work=bucket(w),
+        seconds={str(k): float(v) for k, v in d["seconds"].items()},
+        date=str(d["date"]),
+        first_call_s={str(k): float(v) for k, v in (d.get("first_call_s") or {}).items()},
+        detail={k: v for k, v in d.items() if k in ("work", "model", "mask", "how", "source", "samples")},
+    )
+
+
+def _sm(gpu: str) -> str | None:
+    return gpu.rsplit("/", 1)[1] if "/" in gpu else None
+
+
+def _describe_gpu(gpu: str) -> str:
+    name, _, sm = gpu.rpartition("/")
+    return f"{name} ({sm})" if name else gpu
+
+
+def measured_timings(e: Entry, declared: Work, distance: float) -> Timings:
+    """Timings from one of this machine's cache entries, ``distance`` doublings from the declared work."""
+    where = "this GPU" if e.gpu != "cpu" else "this machine's CPU"
+    near = "" if distance == 0 else f" (nearest to the declared {declared.describe()})"
+    return Timings(
+        seconds=dict(e.seconds),
+        source=f"measured on {where} on {e.date[:10]} for {_work_text(e)}{near}: {_list_seconds(e.seconds)}",
+        date=e.date,
+        kind="measured",
+        work=e.work,
+        first_call_s=dict(e.first_call_s),
+    )
+
+
+# -- lookup --------------------------------------------------------------------------------------------------
+
+
+def _nearest(
+    entries: Iterable[Entry], want: WorkBucket, sig: AttentionSignature, rank: Any = None
+) -> tuple[Entry, float] | None:
+    best: tuple[tuple[float, ...], Entry, float] | None = None
+    for e in entries:
+        d = want.distance(e.work)
+        if d > MAX_DISTANCE:
+            continue
+        # ties: the closer head counts, then whatever the caller ranks (same GPU name, mask), then the newest
+        heads = abs(_log2(e.signature.heads) - _log2(sig.heads)) + abs(
+            _log2(e.signature.kv_heads) - _log2(sig.kv_heads)
+        )
+        k = (d, heads, *(rank(e) if rank else ()), -_date_num(e.date))
+        if best is None or k < best[0]:
+            best = (k, e, d)
+    return (best[1], best[2]) if best else None
+
+
+def _log2(n: int) -> float:
+    import math
+
+    return math.log2(max(1, n))
+
+
+def _date_num(date: str) -> float:
+    try:
+        return float(date[:10].replace("-", ""))
+    except ValueError:
+        return 0.0
+
+
+def lookup(
+    caps: Capabilities,
+    info: Any,
+    dtype: str,
+    work: Work | tuple[int, int] | Mapping[str, Any] | None,
+    *,
+    cache: TimingCache | None = None,
+    priors: Sequence[Entry] | None = None,
+    device_index: int = 0,
+) -> Timings | None:
+    """Timings for ``info`` (a ModelInfo) in ``dtype`` doing ``work`` on GPU ``device_index`` of ``caps``.
+
+    This machine's cache first (same GPU, same package versions, same signature; the nearest bucket within
+    MAX_DISTANCE), then the shipped priors (``priors``: default :func:`load_priors`), else None: the policy's
+    rules decide. ``work`` None (nothing declared) returns None: no measurement answers an unknown work.
+    """
+    if work is None:
+        return None
+    want = bucket(as_work(work))
+    declared = as_work(work).describe()
+    sig = signature(info, dtype)
+    gpu = gpu_id(caps, device_index)
+    versions = package_versions(caps)
+    store = cache if cache is not None else TimingCache()
+    mine = [
+        e
+        for e in store.entries()
+        if e.gpu == gpu and dict(e.versions) == versions and e.signature.key() == sig.key()
+    ]
+    hit = _nearest(mine, want, sig)
+    if hit:
+        return measured_timings(hit[0], as_work(work), hit[1])
+    if gpu == "cpu":
+        return None
+    pool = list(load_priors() if priors is None else priors)
+    sm = _sm(gpu)
+    fit = [e for e in pool if (e.gpu == gpu or _sm(e.gpu) == sm) and e.signature.klass() == sig.klass()]
+    # an unpadded declared work means the tokenizer's all-ones mask; a prior timed without a mask is second
+    mask_pref = "left" if want.padded else "ones"
+    hit = _nearest(
+        fit, want, sig, rank=lambda e: (e.gpu != gpu, e.detail.get("mask", mask_pref) != mask_pref)
+    )
+    if not hit:
+        return None
+    e, d = hit
+    vers = ", ".join(f"{k} {v}" for k, v in e.versions.items())
+    other = "" if e.gpu == gpu else f", same compute capability as this {_describe_gpu(gpu).split(' (')[0]}"
+    model = f"{e.detail['model']} shape, " if e.detail.get("model") else ""
+    near = "" if d == 0 else f" (nearest to the declared {declared})"
+    return Timings(
+        seconds=dict(e.seconds),
+        source=(
+            f"shipped prior: {_describe_gpu(e.gpu)}{other}, {e.date[:10]}, {vers}; "
+            f"{model}{_work_text(e)}{near}: {_list_seconds(e.seconds)}"
+        ),
+        date=e.date,
+        kind="prior",
+        work=e.work,
+        first_call_s=dict(e.first_call_s),
+    )
+
+
+# -- turning a GPU benchmark into priors ---------------------------------------------------------------------
+
+
+def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[str, Any]:
+    """A priors.json document from benchmarks/bench_attention.py's results.json (generate mode): one prior
+    per (shape, work), the median generate() seconds of every backend that has one. ``source`` names the
+    run (e.g. its results directory); the date and versions come from the results."""
+    from cudaload.testing.shapes import FULL_SHAPES
+
+    versions = {k: v for k, v in (results.get("versions") or {}).items() if v}
+    keep = {
+        k: versions[k]
+        for k in ("torch", "transformers", "flash-attn-4", "flash-attn", "flash-attn-3")
+        if k in versions
+    }
+    gpu = results.get("gpu_id") or ""
+    out: list[dict[str, Any]] = []
+    for sh in results.get("shapes") or []:
+        if "rows" not in sh or not gpu:
+            continue
+        shape = sh["shape"]
+        cfg = FULL_SHAPES.get(shape, (None, {}))[1]
+        heads = int(cfg.get("num_attention_heads", 0))
+        head_dim = int(cfg.get("head_dim") or (cfg.get("hidden_size", 0) // max(1, heads)))
+        sig = AttentionSignature(
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            qk_head_dim=head_dim,
+            v_head_dim=head_dim,
+            dtype=str(sh.get("dtype", "bfloat16")),
+        )
+        per: dict[str, dict[str, Any]] = {}
+        for r in sh["rows"]:
+            g = r.get("generate_s") or {}
+            if not g.get("median"):
+                continue
+            ws = r["work_shape"]
+            rec = per.setdefault(
+                r["work"],
+                {
+                    "gpu": gpu,
+                    "date": str(results.get("date", ""))[:10],
+                    "versions": keep,
+                    "model": shape,
+                    "signature": sig.to_dict(),
+                    "work": {
+                        "batch_size": ws["batch"],
+                        "prompt_len": ws["prompt"],
+                        "new_tokens": ws["new_tokens"],
+                        "padded": ws["padding"] == "left",
+                    },
+                    "mask": ws["padding"],
+                    "how": "benchmarks/bench_attention.py: models held at once, generate() interleaved, median",
+                    "source": source or str(results.get("command", "")),
+                    "seconds": {},
+                    "samples": {},
+                    "first_call_s": {},
+                },
+            )
+            rec["seconds"][r["backend"]] = round(float(g["median"]), 4)
+            rec["samples"][r["backend"]] = int(g.get("n", 0))
+            extra = r.get("first_call_extra_s")
+            if extra is not None and extra > 0:
+                rec["first_call_s"][r["backend"]] = round(float(extra), 3)
+        out += [p for p in per.values() if len(p["seconds"]) >= 2]
+    return {"version": PRIORS_VERSION, "priors": out}
