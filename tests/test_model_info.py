@@ -104,3 +104,35 @@ def test_explicit_model_class(tiny_model: Any) -> None:
     assert info.class_name == "LlamaForSequenceClassification" and info.task_type == "SEQ_CLS"
     with pytest.raises(CheckpointError):
         model_info(tiny_model("llama"), model_class="NoSuchModel")
+
+
+def test_corrupt_header_says_its_fix_once(tmp_path: Path) -> None:
+    """Issue 16.9: a corrupt header length was wrapped twice, so the message carried its fix twice."""
+    import struct
+
+    from cudaload.errors import CheckpointError
+    from cudaload.model_info import read_header
+
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(struct.pack("<Q", 10**9) + b"{}")
+    with pytest.raises(CheckpointError) as ei:
+        read_header(f)
+    assert str(ei.value).count("re-download") == 1
+    for body in (b"[1, 2]", b'{"w": {"dtype": "F32", "shape": [1]}}'):  # not an object / no data_offsets
+        f.write_bytes(struct.pack("<Q", len(body)) + body)
+        with pytest.raises(CheckpointError, match="corrupt header"):
+            read_header(f)
+
+
+def test_unknown_model_type_is_short_with_close_names(tmp_path: Path) -> None:
+    """Issue 16.9: the error listed every model type transformers knows (~12 KB)."""
+    import json as _json
+
+    from cudaload.errors import CheckpointError
+    from cudaload.model_info import model_info
+
+    (tmp_path / "config.json").write_text(_json.dumps({"model_type": "lama", "hidden_size": 8}))
+    with pytest.raises(CheckpointError) as ei:
+        model_info(tmp_path)
+    text = str(ei.value)
+    assert len(text) < 600 and "llama" in text

@@ -184,13 +184,19 @@ def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | Non
 
 def _config_for(model_type: str, d: dict[str, Any]) -> Any:
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+    from .errors import unknown_model_type
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        # transformers' own message lists every model type it knows (~10 KB): name the close ones instead
+        raise unknown_model_type(model_type, CONFIG_MAPPING_NAMES, transformers.__version__)
     try:
         return transformers.AutoConfig.for_model(model_type, **d)
     except (ValueError, KeyError) as e:
         raise CheckpointError(
-            f"unknown model type {model_type!r} for transformers {transformers.__version__}: {e}",
-            fix="upgrade transformers, or load a model with trust_remote_code through transformers directly",
+            f"config.json does not make a {model_type} config for transformers {transformers.__version__}: {e}",
+            fix="check config.json's values against the model's config class",
         ) from None
 
 
@@ -409,12 +415,17 @@ def read_header(file: Path) -> dict[str, Any]:
                 raise CheckpointError(
                     f"{file} has a corrupt header length ({n})", fix="re-download the checkpoint"
                 )
-            header: dict[str, Any] = json.loads(f.read(n))
+            raw_header = f.read(n)
     except OSError as e:
         raise CheckpointError(f"cannot read {file}: {e}", fix="check permissions and the path") from None
-    except ValueError as e:
+    # parsed outside the try above: CheckpointError is a ValueError, and wrapping it again said its fix twice
+    try:
+        header: dict[str, Any] = json.loads(raw_header)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError) as e:
         raise CheckpointError(f"{file} has a corrupt header: {e}", fix="re-download the checkpoint") from None
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end > size:
         raise CheckpointError(
             f"{file} is truncated ({size} bytes, header promises {8 + n + end})",
