@@ -124,6 +124,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         intent=args.intent,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
+        new_tokens=args.new_tokens,
+        padded=args.padded,
         attn=args.attn,
         dtype=args.dtype,
         quantization=args.quantization,
@@ -153,6 +155,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .plans import INTENTS
     from .testing.models import TINY_KINDS
 
     verbose_help = "log cudaload's decisions as they are made"
@@ -202,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--intent",
         default="inference",
-        choices=["inference", "training", "lora", "qlora"],
-        help="what the model is loaded for: inference (default), full training, LoRA adapters, or QLoRA "
-        "(LoRA on an nf4-quantized base)",
+        choices=list(INTENTS),
+        help="what the model is loaded for: inference (default), full training, LoRA adapters, QLoRA "
+        "(LoRA on an nf4-quantized base), or serving (continuous batching)",
     )
     pl.add_argument(
         "--seq-len",
@@ -213,6 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per sequence (default: the model's, at most 4096)",
     )
     pl.add_argument("--batch-size", type=_positive_int, metavar="N", help="sequences per batch (default 1)")
+    pl.add_argument(
+        "--new-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="of --seq-len, how many tokens generate() adds (picks measured attention timings closer)",
+    )
+    pl.add_argument(
+        "--padded", action="store_true", help="the batch's prompts differ in length (left-padded)"
+    )
     pl.add_argument(
         "--attn",
         default="auto",
@@ -258,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-schema.md)")
     pl.set_defaults(func=_cmd_plan)
+
+    from .tuning import add_tune_parser
+
+    add_tune_parser(sub)
 
     pr = sub.add_parser("profiles", parents=[common], help="list the named hardware profiles")
     pr.set_defaults(func=_cmd_profiles)

@@ -367,6 +367,34 @@ def _probe_and_fallback(
     return plan, fallbacks
 
 
+def _tuned_plan(
+    model: Any, plan: Plan, caps: Capabilities, plan_kwargs: Mapping[str, Any], budget_s: float | None
+) -> Plan:
+    """``load_model(tune=True)``: the plan again, with this GPU's measured attention timings for the work."""
+    from .model_info import model_info
+    from .planner import plan as make_plan
+    from .tuning import DEFAULT_BUDGET_S, Work, measured_or_tune
+
+    if plan_kwargs.get("batch_size") is None or plan_kwargs.get("seq_len") is None:
+        raise ConfigurationError(
+            "tune=True needs the work to measure", fix="pass batch_size= and seq_len= (and new_tokens=)"
+        )
+    if plan.intent != "inference" or plan_kwargs.get("attn", "auto") != "auto" or not caps.gpus:
+        return plan  # nothing to measure: training, an explicit backend, or no GPU
+    work = Work.from_total(
+        int(plan_kwargs["batch_size"]),
+        int(plan_kwargs["seq_len"]),
+        plan_kwargs.get("new_tokens"),
+        bool(plan_kwargs.get("padded")),
+    )
+    info = model_info(model, model_class=plan_kwargs.get("model_class"), revision=plan_kwargs.get("revision"))
+    path = plan.model.local_path or plan.model.name
+    timings = measured_or_tune(
+        path, caps, info, plan.dtype.choice or "float32", work, budget_s=budget_s or DEFAULT_BUDGET_S
+    )
+    return make_plan(model, **{**plan_kwargs, "timings": timings})
+
+
 def _wrap_peft(model: Any, plan: Plan) -> Any:
     try:
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -425,6 +453,10 @@ def load_model(
     fast: bool | None = None,
     warmup: bool = False,
     prefetch: bool = True,
+    new_tokens: int | None = None,
+    padded: bool = False,
+    tune: bool = False,
+    tune_budget_s: float | None = None,
     **from_pretrained_kwargs: Any,
 ) -> Any:
     """Detect the machine, plan, load, verify and return a ready transformers model.
@@ -438,6 +470,11 @@ def load_model(
     threads from the first line of this call, while torch and transformers are still being imported, so a
     cold load waits for about max(imports, disk read) instead of their sum (see :mod:`cudaload.prefetch`).
     ``plan.verified["phases"]`` says where the seconds went.
+
+    Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
+    attention choice use measured timings: this GPU's tune cache, else cudaload's shipped priors.
+    ``tune=True`` measures them here first when the cache has none for this work (every usable backend through
+    generate(), within ``tune_budget_s``; needs ``batch_size`` and ``seq_len``), as ``cudaload tune`` does.
     """
     phases = _Phases()
     pre = None
@@ -487,8 +524,7 @@ def load_model(
     from transformers import AutoConfig, PreTrainedModel  # noqa: F401
 
     phases.mark("import_transformers")
-    plan = make_plan(
-        model,
+    plan_kwargs: dict[str, Any] = dict(
         hardware=caps,
         intent=intent,
         seq_len=seq_len,
@@ -504,12 +540,26 @@ def load_model(
         model_class=model_class,
         revision=from_pretrained_kwargs.get("revision"),
         fast=fast,
+        new_tokens=new_tokens,
+        padded=padded,
     )
+    plan = make_plan(model, **plan_kwargs)
+    if tune:
+        plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
     auto_class = resolve_auto_class(model_class, task, plan)
     phases.mark("plan")
     is_main = caps.distributed.rank in (None, 0)
     logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
 
+    if plan.attention.choice in ("flash_attention_4", "kernels-community/flash-attn4"):
+        # FA4 JIT-compiles its kernels in every new process (~3 s on the H200) unless its persistent cache is
+        # on; cudaload turns it on under its own cache directory where the user has not set it (the variables
+        # are read once, when flash_attn.cute is first imported: so before the load imports it)
+        from .tuning import enable_fa4_compile_cache
+
+        fa4_cache_note = enable_fa4_compile_cache().note
+    else:
+        fa4_cache_note = None
     before = _gpu_memory_snapshot()
     failure: CudaloadError | None = None
     loaded: Any = None
@@ -548,6 +598,7 @@ def load_model(
             "notes": notes,
             "auto_class": auto_class,
             "phases": phases.as_dict(getattr(loaded, "cudaload_fastload", None)),
+            "fa4_compile_cache": fa4_cache_note,
             "prefetch": pre.summary() if pre is not None else None,
         }
     )

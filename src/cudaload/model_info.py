@@ -184,7 +184,7 @@ def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | Non
 
 def _config_for(model_type: str, d: dict[str, Any]) -> Any:
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # type: ignore[attr-defined]
 
     from .errors import unknown_model_type
 

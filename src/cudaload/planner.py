@@ -24,6 +24,8 @@ from .policies.load_path import choose_load_path
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
 from .policies.quantization import fit
 from .policies.serving import ServingPlan, plan_serving
+from .tuning import Timings, Work
+from .tuning import lookup as lookup_timings
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,30 @@ def _serving(
     return sp
 
 
+def _first_use_here(caps: Capabilities) -> dict[str, float] | None:
+    """One-time attention costs this process has already paid (None: the shipped table applies as is).
+
+    Only for the machine this process runs on: a profile or a recorded machine is planned as a fresh process.
+    FA4 imported already: only its JIT is left; its persistent compile cache holding kernels (cudaload turns
+    it on under its cache directory): the JIT costs what a cache hit costs."""
+    import sys
+
+    from .policies.attention import FA4_IMPORT_WARM_S, FA4_JIT_CACHED_S, FA4_JIT_S, HUB_KERNEL
+
+    if caps.source != "detected":
+        return None
+    from pathlib import Path
+
+    d = Path(_env.fa4_compile_cache()[1] or Path(_env.cache_dir()) / "fa4")
+    cached = d.is_dir() and any(d.iterdir())
+    jit = FA4_JIT_CACHED_S if cached else FA4_JIT_S
+    imported = "flash_attn.cute" in sys.modules
+    if not imported and not cached:
+        return None
+    fa4 = jit + (0.0 if imported else FA4_IMPORT_WARM_S)
+    return {"flash_attention_4": fa4, HUB_KERNEL["flash_attention_4"]: fa4}
+
+
 def plan(
     model: Any,
     *,
@@ -179,8 +205,16 @@ def plan(
     model_class: str | None = None,
     revision: str | None = None,
     fast: bool | None = None,
+    new_tokens: int | None = None,
+    padded: bool = False,
+    timings: Timings | None = None,
 ) -> Plan:
-    """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``."""
+    """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
+
+    ``new_tokens`` (of ``seq_len``) and ``padded`` describe the declared generate() work more closely, so
+    measured attention timings of the nearest work are used; ``timings`` passes a measurement directly
+    (``load_model(tune=True)`` does), otherwise this machine's tune cache and then cudaload's shipped priors
+    are asked (:func:`cudaload.tuning.lookup`)."""
     if intent not in INTENTS:
         raise ConfigurationError(f"unknown intent {intent!r}", fix=f"use one of {', '.join(INTENTS)}")
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -210,6 +244,11 @@ def plan(
     )
     assert dt.choice is not None
     trust = (*trust_kernels, *_env.trusted_kernel_repos())
+    # one generate() call's work picks its kernel; a server's many requests are not one short sequence
+    work = None if intent == "serving" else declared
+    if timings is None and work is not None and base_intent == "inference" and attn == "auto":
+        # measured seconds for this work: this GPU's tune cache first, then the priors cudaload ships
+        timings = lookup_timings(caps, info, dt.choice, Work.from_total(work[0], work[1], new_tokens, padded))
     at = choose_attention(
         info,
         caps,
@@ -218,8 +257,10 @@ def plan(
         requested=attn,
         trust=trust,
         revision=None,
-        # one generate() call's work picks its kernel; a server's many requests are not one short sequence
-        work=None if intent == "serving" else declared,
+        work=work,
+        timings=timings.seconds if timings is not None else None,
+        timings_source=timings.source if timings is not None else None,
+        first_use=_first_use_here(caps),
     )
     assert at.choice is not None
     fr = fit(

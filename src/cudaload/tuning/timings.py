@@ -60,10 +60,6 @@ class Timings:
         }
 
 
-def _list_seconds(seconds: Mapping[str, float]) -> str:
-    return ", ".join(f"{b} {s:.3g} s" for b, s in sorted(seconds.items(), key=lambda kv: kv[1]))
-
-
 def _work_text(e: Entry) -> str:
     w = e.detail.get("work")
     if isinstance(w, Mapping):
@@ -149,7 +145,8 @@ def measured_timings(e: Entry, declared: Work, distance: float) -> Timings:
     near = "" if distance == 0 else f" (nearest to the declared {declared.describe()})"
     return Timings(
         seconds=dict(e.seconds),
-        source=f"measured on {where} on {e.date[:10]} for {_work_text(e)}{near}: {_list_seconds(e.seconds)}",
+        # the seconds themselves are listed by the policy next to this sentence
+        source=f"measured on {where} on {e.date[:10]} for {_work_text(e)}{near}",
         date=e.date,
         kind="measured",
         work=e.work,
@@ -244,7 +241,7 @@ def lookup(
         seconds=dict(e.seconds),
         source=(
             f"shipped prior: {_describe_gpu(e.gpu)}{other}, {e.date[:10]}, {vers}; "
-            f"{model}{_work_text(e)}{near}: {_list_seconds(e.seconds)}"
+            f"{model}{_work_text(e)}{near}"
         ),
         date=e.date,
         kind="prior",

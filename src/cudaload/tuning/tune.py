@@ -299,8 +299,9 @@ def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument(
         "--seq-len",
         type=int,
-        default=512,
-        help="prompt tokens; with --padded the longest prompt (default 512)",
+        default=544,
+        help="tokens per sequence, prompt + new tokens, as `cudaload plan --seq-len` counts them; with "
+        "--padded the longest (default 544 = a 512-token prompt + 32)",
     )
     t.add_argument("--new-tokens", type=int, default=32, help="tokens generated per call (default 32)")
     t.add_argument(
@@ -330,7 +331,8 @@ def run_tune(args: argparse.Namespace) -> int:
     result = tune(
         args.model,
         batch_size=args.batch_size,
-        seq_len=args.seq_len,
+        # the CLI counts like plan(): prompt + new tokens; tune() takes the prompt
+        seq_len=max(1, args.seq_len - args.new_tokens),
         new_tokens=args.new_tokens,
         padded=args.padded,
         budget_s=args.budget_s,
