@@ -98,7 +98,7 @@ class KeyPlan:
     unexpected: set[str] = field(default_factory=set)  # checkpoint keys (renamed) the model has no place for
     needs_conversion: list[str] = field(default_factory=list)  # keys only a WeightConverter can load
     mismatched: list[str] = field(default_factory=list)  # "key: checkpoint shape vs model shape"
-    mismatched_shapes: set[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=set)
+    mismatched_shapes: set[tuple[str, Any, Any]] = field(default_factory=set)  # as transformers records them
     unsupported_dtype: list[str] = field(default_factory=list)  # "key (dtype)" the fast path cannot copy
     extra_state: list[str] = field(default_factory=list)  # ``_extra_state`` keys (set_extra_state, not copied)
 
@@ -276,13 +276,18 @@ def plan_keys(model: Any, header: CheckpointHeader) -> KeyPlan:
             continue
         if tuple(ref.shape) != info.shape:
             plan.mismatched.append(f"{new}: checkpoint {list(info.shape)} vs model {list(ref.shape)}")
-            plan.mismatched_shapes.add((new, info.shape, tuple(ref.shape)))
+            # torch.Size both, as set_param_for_module records them (its report prints them)
+            plan.mismatched_shapes.add((new, type(ref.shape)(info.shape), ref.shape))
             continue
         if info.dtype not in _TORCH_DTYPES:
             plan.unsupported_dtype.append(f"{key} ({info.dtype})")
             continue
         plan.load[new] = key
-    plan.missing = set(meta_sd) - seen
+    # built as transformers builds it (all keys, then discard), so the set iterates in the same order and
+    # transformers' load report lists the keys in the same order
+    plan.missing = set(meta_sd.keys())
+    for k in seen:
+        plan.missing.discard(k)
     return plan
 
 
@@ -370,10 +375,9 @@ def finish(
         f.name: (set() if "keys" in f.name else [] if "msgs" in f.name else {})
         for f in dataclasses.fields(LoadStateDictInfo)
     }
+    # the sets themselves, not copies: a copy can iterate in another order, and the report follows it
     defaults.update(
-        missing_keys=set(keys.missing),
-        unexpected_keys=set(keys.unexpected),
-        mismatched_keys=set(keys.mismatched_shapes),
+        missing_keys=keys.missing, unexpected_keys=keys.unexpected, mismatched_keys=keys.mismatched_shapes
     )
     info = LoadStateDictInfo(**defaults)
     load_config = LoadStateDictConfig(
