@@ -13,6 +13,7 @@ transformers model type that builds from a shrunken default config is marked ``s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -229,7 +230,10 @@ def test_plan_chooses_from_pretrained_for_keywords_it_cannot_honour() -> None:
     d = choose_load_path(info, quantization=None, placement=placement, prefer=None)
     assert d.choice == "fast"
     d = choose_load_path(
-        info, quantization=None, placement=placement, from_pretrained_kwargs={"rms_norm_eps": 0.5, "variant": "v"}
+        info,
+        quantization=None,
+        placement=placement,
+        from_pretrained_kwargs={"rms_norm_eps": 0.5, "variant": "v"},
     )
     assert d.choice == "fast"  # config overrides and variant are honoured
     d = choose_load_path(
@@ -271,12 +275,15 @@ def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]
     path = tiny_model("llama")
     plan = cudaload.plan(str(path), hardware=cudaload.detect())
     plan = dataclasses.replace(
-        plan, load_path=Decision("fast", candidates=(Candidate("fast", True), Candidate("from_pretrained", True)))
+        plan,
+        load_path=Decision("fast", candidates=(Candidate("fast", True), Candidate("from_pretrained", True))),
     )
     kwargs = {"rms_norm_eps": 0.5, "use_cache": False}
     model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", kwargs)
     assert taken == "fast" and notes == []
-    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=model.dtype, device_map="cpu", **kwargs)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=model.dtype, device_map="cpu", **kwargs
+    )
     assert model.config.rms_norm_eps == 0.5 and model.config.use_cache is False
     ids = torch.arange(12).reshape(2, 6)
     with torch.no_grad():
@@ -343,7 +350,9 @@ def test_index_entry_no_shard_holds(tiny_model: Callable[..., Path], tmp_path: P
 # ---- 3. duplicates after renaming ------------------------------------------------------------------------
 
 
-def test_duplicate_keys_first_in_transformers_order_wins(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+def test_duplicate_keys_first_in_transformers_order_wins(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
     path = _copy(tiny_model("llama"), tmp_path / "d")
     t = _tensors(path / "model.safetensors")
     t["norm.weight"] = t["model.norm.weight"] * 7  # renamed onto model.norm.weight (prefix), after it
@@ -378,7 +387,7 @@ def test_malformed_headers_fail_both_ways(tiny_model: Callable[..., Path], tmp_p
         # two same-size neighbours: the second starts inside the first (and aliases its bytes)
         a, b = next(
             (x, y)
-            for x, y in zip(names, names[1:], strict=False)
+            for x, y in itertools.pairwise(names)
             if header[x]["shape"] == header[y]["shape"] and header[x]["dtype"] == header[y]["dtype"]
         )
         size = header[a]["data_offsets"][1] - header[a]["data_offsets"][0]
@@ -400,7 +409,7 @@ def test_malformed_headers_fail_both_ways(tiny_model: Callable[..., Path], tmp_p
     assert "safetensor" in f"{type(ref_err.value).__name__} {ref_err.value}".lower()
     with pytest.raises(CheckpointError, match=str(f)):
         fastload.load(path, device="cpu", dtype=torch.float32)
-    ok, why = fastload.supports(path)
+    ok, _ = fastload.supports(path)
     assert not ok
 
 

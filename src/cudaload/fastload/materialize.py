@@ -86,7 +86,9 @@ class StepAside(InvalidChoiceError):
 
 
 def _step_aside(root: str | os.PathLike[str], why: str) -> StepAside:
-    return StepAside(f"fast loading steps aside for {os.fspath(root)}: {why}", fix="load it with from_pretrained")
+    return StepAside(
+        f"fast loading steps aside for {os.fspath(root)}: {why}", fix="load it with from_pretrained"
+    )
 
 
 @dataclass
@@ -100,7 +102,9 @@ class KeyPlan:
     mismatched: list[str] = field(default_factory=list)  # "key: checkpoint shape vs model shape"
     mismatched_shapes: set[tuple[str, Any, Any]] = field(default_factory=set)  # as transformers records them
     unsupported_dtype: list[str] = field(default_factory=list)  # "key (dtype)" the fast path cannot copy
-    extra_state: list[str] = field(default_factory=list)  # ``_extra_state`` keys (set_extra_state, not copied)
+    extra_state: list[str] = field(
+        default_factory=list
+    )  # ``_extra_state`` keys (set_extra_state, not copied)
 
 
 @dataclass(frozen=True)
@@ -210,10 +214,11 @@ def build_skeleton(config: Any, cls: Any, dtype: torch.dtype, model_kwargs: Mapp
         sub = getattr(config, key, None)
         if sub is not None:
             sub.dtype = dtype
+    patch_output_recorders: Any = None
     try:
         from transformers.monkey_patching import patch_output_recorders
     except ImportError:  # a transformers without output recorders
-        patch_output_recorders = None
+        pass
     contexts = cls.get_init_context(dtype, False, False, None)
     with ContextManagers(contexts):
         model = cls(config, **model_kwargs)
@@ -448,7 +453,9 @@ def resolve_files(options: LoadOptions, config: Any) -> list[str]:
 
     path = options.path
     if os.path.isfile(os.path.join(path, options.subfolder, "adapter_config.json")):
-        raise _step_aside(path, "adapter_config.json: from_pretrained loads the base model and a PEFT adapter")
+        raise _step_aside(
+            path, "adapter_config.json: from_pretrained loads the base model and a PEFT adapter"
+        )
     try:
         files, _ = _get_resolved_checkpoint_files(
             pretrained_model_name_or_path=path,
@@ -458,7 +465,7 @@ def resolve_files(options: LoadOptions, config: Any) -> list[str]:
             user_agent=None,
             is_remote_code=False,
             transformers_explicit_filename=getattr(config, "transformers_weights", None),
-            download_kwargs=dict(options.download),
+            download_kwargs=dict(options.download),  # type: ignore[arg-type]
         )
     except (OSError, ValueError) as e:
         raise ModelNotFoundError(
@@ -467,7 +474,9 @@ def resolve_files(options: LoadOptions, config: Any) -> list[str]:
         ) from None
     files = list(files or [])
     if not files or not all(str(f).endswith(".safetensors") for f in files):
-        raise _step_aside(path, f"the checkpoint is {[os.path.basename(str(f)) for f in files]}, not safetensors")
+        raise _step_aside(
+            path, f"the checkpoint is {[os.path.basename(str(f)) for f in files]}, not safetensors"
+        )
     # transformers 5.24 also reads the config class's ``extra_files`` when present (modeling_utils.py
     # from_pretrained, "EXPERIMENTAL ... config.extra_files"): leave those to it.
     for extra in getattr(type(config), "extra_files", ()) or ():
@@ -522,7 +531,9 @@ def check_keys(keys: KeyPlan, prep: Prepared) -> None:
             f"(e.g. {keys.needs_conversion[0]!r})",
         )
     if keys.unsupported_dtype:
-        raise _step_aside(root, f"tensors of a dtype the fast path does not copy: {keys.unsupported_dtype[:4]}")
+        raise _step_aside(
+            root, f"tensors of a dtype the fast path does not copy: {keys.unsupported_dtype[:4]}"
+        )
     if keys.extra_state:
         raise _step_aside(root, f"module extra state is set by set_extra_state: {keys.extra_state[:4]}")
     if keys.mismatched and not prep.options.ignore_mismatched_sizes:

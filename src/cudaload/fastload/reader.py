@@ -207,7 +207,9 @@ def read_file_header(file: str | os.PathLike[str]) -> tuple[dict[str, TensorInfo
     if base + pos != size:
         if base + pos > size:
             raise _bad(fname, f"tensors end at byte {base + pos}, past the end of the file ({size} bytes)")
-        raise _bad(fname, f"tensors end at byte {base + pos} but the file has {size} bytes (not fully covered)")
+        raise _bad(
+            fname, f"tensors end at byte {base + pos} but the file has {size} bytes (not fully covered)"
+        )
     return out, metadata
 
 

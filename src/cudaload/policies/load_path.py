@@ -78,11 +78,14 @@ FROM_PRETRAINED_ONLY: Mapping[str, str] = {
 def fast_kwargs_blockers(kwargs: Mapping[str, Any]) -> list[str]:
     """Why the ``from_pretrained`` keywords ``kwargs`` keep a load off the fast path (empty: it honours them)."""
     out = [
-        f"from_pretrained keyword {k}=: {why}" for k, why in FROM_PRETRAINED_ONLY.items() if kwargs.get(k) is not None
+        f"from_pretrained keyword {k}=: {why}"
+        for k, why in FROM_PRETRAINED_ONLY.items()
+        if kwargs.get(k) is not None
     ]
     if kwargs.get("use_safetensors") is False:
         out.append("from_pretrained keyword use_safetensors=False: the weights come from .bin files")
     return out
+
 
 #: Below this checkpoint size the fast path is not known to win: its fixed costs (pinning the staging pool,
 #: building the skeleton) are ~0.15 s. Measured on the H200 (torch 2.11, transformers 5.17, warm page cache,
