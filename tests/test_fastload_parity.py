@@ -73,20 +73,22 @@ def _norm_report(missing: Any, unexpected: Any, mismatched: Any) -> dict[str, An
     }
 
 
-def reference(path: Path, auto_class: str, **kwargs: Any) -> Loaded:
+def reference(path: Path, auto_class: str, dtype: Any = None, **kwargs: Any) -> Loaded:
     torch.manual_seed(1234)
     with transformers_warnings() as logs:
         model, info = getattr(transformers, auto_class).from_pretrained(
-            path, dtype=torch.float32, device_map="cpu", output_loading_info=True, **kwargs
+            path, dtype=dtype or torch.float32, device_map="cpu", output_loading_info=True, **kwargs
         )
     report = _norm_report(info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"])
     return Loaded(model, report, list(logs))
 
 
-def fast(path: Path, auto_class: str, **kwargs: Any) -> Loaded:
+def fast(path: Path, auto_class: str, dtype: Any = None, **kwargs: Any) -> Loaded:
     torch.manual_seed(1234)
     with transformers_warnings() as logs:
-        model = fastload.load(path, auto_class=auto_class, device="cpu", dtype=torch.float32, **kwargs)
+        model = fastload.load(
+            path, auto_class=auto_class, device="cpu", dtype=dtype or torch.float32, **kwargs
+        )
     r = model.cudaload_fastload
     report = _norm_report(r["missing_keys"], r["unexpected_keys"], r.get("mismatched_keys", []))
     return Loaded(model, report, list(logs))
@@ -113,9 +115,11 @@ def assert_parity(ref: Loaded, got: Loaded) -> None:
     assert ref.warnings == got.warnings
 
 
-def both(path: Path, auto_class: str = "AutoModelForCausalLM", **kwargs: Any) -> tuple[Loaded, Loaded]:
-    ref = reference(path, auto_class, **kwargs)
-    got = fast(path, auto_class, **kwargs)
+def both(
+    path: Path, auto_class: str = "AutoModelForCausalLM", dtype: Any = None, **kwargs: Any
+) -> tuple[Loaded, Loaded]:
+    ref = reference(path, auto_class, dtype, **kwargs)
+    got = fast(path, auto_class, dtype, **kwargs)
     assert_parity(ref, got)
     return ref, got
 
@@ -266,6 +270,26 @@ def _placement(devices: tuple[str, ...]) -> Any:
     return Placement(device_map={"": devices[0]}, devices=devices)
 
 
+def test_planner_passes_keywords_to_the_load_path_policy(tiny_model: Callable[..., Path]) -> None:
+    """On the real H200's capabilities: fast=True with honoured keywords plans the fast path; a keyword only
+    from_pretrained honours makes fast=True an invalid choice, and the default plan says why it is not fast."""
+    import cudaload
+    from cudaload.capabilities import Capabilities
+    from cudaload.errors import InvalidChoiceError
+
+    caps = Capabilities.from_json((Path(__file__).parent / "fixtures" / "h200.json").read_text())
+    path = str(tiny_model("llama"))
+    plan = cudaload.plan(path, hardware=caps, fast=True, from_pretrained_kwargs={"rms_norm_eps": 0.5})
+    assert plan.load_path.choice == "fast"
+    with pytest.raises(InvalidChoiceError) as err:
+        cudaload.plan(path, hardware=caps, fast=True, from_pretrained_kwargs={"state_dict": {}})
+    assert "state_dict" in str(err.value)
+    plan = cudaload.plan(path, hardware=caps, from_pretrained_kwargs={"key_mapping": {"a": "b"}})
+    assert plan.load_path.choice == "from_pretrained"
+    fast_candidate = next(c for c in plan.load_path.candidates if c.name == "fast")
+    assert any("key_mapping" in r for r in fast_candidate.reasons)
+
+
 def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]) -> None:
     """load_model's fast branch (forced here on the CPU, the planner gives it GPUs only) with keywords."""
     import cudaload
@@ -304,6 +328,7 @@ def test_single_file_wins_over_an_index(tiny_model: Callable[..., Path], tmp_pat
     shutil.copy(sharded / "model.safetensors.index.json", path)
     _, got = both(path)
     assert got.model.cudaload_fastload["files"] == ["model.safetensors"]
+    assert fastload.read_header(path).files == (str(path / "model.safetensors"),)  # the reader's own rule
 
 
 def test_transformers_weights_names_the_file(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
@@ -642,6 +667,30 @@ def _sweep_one(model_type: str, root: Path, *, required: bool) -> None:
             fastload.load(path, auto_class=auto, device="cpu", dtype=torch.float32)
         return
     both(path, auto)
+
+
+@pytest.mark.parametrize(
+    ("kind", "saved", "loaded", "shard"),
+    [
+        ("llama", "bfloat16", "float32", None),
+        ("gemma2", "float32", "bfloat16", "40KB"),
+        ("qwen3", "float16", "bfloat16", "40KB"),
+    ],
+)
+def test_dtype_and_shard_variants(
+    tiny_model: Callable[..., Path], kind: str, saved: str, loaded: str, shard: str | None
+) -> None:
+    both(tiny_model(kind, dtype=saved, max_shard_size=shard), dtype=getattr(torch, loaded))
+
+
+def test_keep_in_fp32_modules(tmp_path: Path) -> None:
+    """T5 keeps its ``wo`` projections in float32 when loaded in float16 (``_keep_in_fp32_modules``)."""
+    made = _tiny_checkpoint("t5", tmp_path)
+    assert made is not None
+    _, got = both(made[0], made[1], dtype=torch.float16)
+    dtypes = {n: p.dtype for n, p in got.model.named_parameters()}
+    assert dtypes["encoder.block.0.layer.1.DenseReluDense.wo.weight"] == torch.float32
+    assert dtypes["encoder.block.0.layer.1.DenseReluDense.wi.weight"] == torch.float16
 
 
 @pytest.mark.parametrize("model_type", SAMPLE)
