@@ -23,6 +23,7 @@ Nothing of transformers is patched: these are the methods ``from_pretrained`` it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -215,10 +216,8 @@ def build_skeleton(config: Any, cls: Any, dtype: torch.dtype, model_kwargs: Mapp
         if sub is not None:
             sub.dtype = dtype
     patch_output_recorders: Any = None
-    try:
+    with contextlib.suppress(ImportError):  # a transformers without output recorders has nothing to patch
         from transformers.monkey_patching import patch_output_recorders
-    except ImportError:  # a transformers without output recorders
-        pass
     contexts = cls.get_init_context(dtype, False, False, None)
     with ContextManagers(contexts):
         model = cls(config, **model_kwargs)
