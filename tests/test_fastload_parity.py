@@ -113,6 +113,14 @@ def assert_parity(ref: Loaded, got: Loaded) -> None:
         assert ref.model.generation_config.to_dict() == got.model.generation_config.to_dict()
     assert ref.report == got.report
     assert ref.warnings == got.warnings
+    assert _conversions(ref.model) == _conversions(got.model)  # what save_pretrained undoes
+
+
+def _conversions(model: Any) -> list[tuple[str, list[str], list[str]]]:
+    return [
+        (type(c).__name__, list(c.source_patterns), list(c.target_patterns))
+        for c in getattr(model, "_weight_conversions", None) or []
+    ]
 
 
 def both(
@@ -392,7 +400,8 @@ def test_legacy_gamma_beside_weight(tiny_model: Callable[..., Path], tmp_path: P
     key = next(k for k in t if k.endswith("LayerNorm.weight"))
     t[key.replace(".weight", ".gamma")] = t[key] * 9
     _save(t, path / "model.safetensors")
-    both(path, "AutoModel")
+    ref, got = both(path, "AutoModel")
+    assert _conversions(got.model)  # the legacy gamma/beta renaming was used, and is remembered
 
 
 # ---- 6. malformed files ----------------------------------------------------------------------------------

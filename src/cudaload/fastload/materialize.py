@@ -103,9 +103,10 @@ class KeyPlan:
     mismatched: list[str] = field(default_factory=list)  # "key: checkpoint shape vs model shape"
     mismatched_shapes: set[tuple[str, Any, Any]] = field(default_factory=set)  # as transformers records them
     unsupported_dtype: list[str] = field(default_factory=list)  # "key (dtype)" the fast path cannot copy
-    extra_state: list[str] = field(
-        default_factory=list
-    )  # ``_extra_state`` keys (set_extra_state, not copied)
+    # ``_extra_state`` keys: transformers calls set_extra_state, there are no bytes to copy
+    extra_state: list[str] = field(default_factory=list)
+    # transformers' renamings/converters for this model (the ones used are kept on the model)
+    conversions: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def plan_keys(model: Any, header: CheckpointHeader) -> KeyPlan:
     except ImportError:  # a transformers without the 5.x loading machinery: exact keys and the prefix only
         rename = None
 
-    plan = KeyPlan()
+    plan = KeyPlan(conversions=[*renamings, *converters])
     seen: set[str] = set()
     for key in sorted(header.tensors, key=order):
         if rename is not None:
@@ -598,6 +599,9 @@ def load(
         model = build_skeleton(config, cls, dtype, prep.model_kwargs)
         keys = plan_keys(model, header)
         check_keys(keys, prep)
+        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # convert_and_load_state_dict_in_model): the transforms that matched a checkpoint key
+        model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         t_build = time.perf_counter()
         fills = allocate(model, keys, header, dev, dtype)
         t_alloc = time.perf_counter()
