@@ -400,7 +400,7 @@ def test_legacy_gamma_beside_weight(tiny_model: Callable[..., Path], tmp_path: P
     key = next(k for k in t if k.endswith("LayerNorm.weight"))
     t[key.replace(".weight", ".gamma")] = t[key] * 9
     _save(t, path / "model.safetensors")
-    ref, got = both(path, "AutoModel")
+    _, got = both(path, "AutoModel")
     assert _conversions(got.model)  # the legacy gamma/beta renaming was used, and is remembered
 
 
