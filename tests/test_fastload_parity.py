@@ -636,10 +636,26 @@ _MAX_PARAMS = 2_000_000
 SAMPLE = ("llama", "qwen3", "gemma2", "gpt2", "opt", "mamba", "bert", "roberta", "t5", "bart")
 
 
+def _shrunk_config(cls: Any) -> Any:
+    """``cls``'s default config with the sizes of :data:`_SMALL` (and its sub-configs' too, for composite
+    models), passed to ``__init__`` so derived fields follow."""
+    defaults = cls().to_dict()
+    kw: dict[str, Any] = {k: v for k, v in _SMALL.items() if k in defaults}
+    for name in getattr(cls, "sub_configs", {}) or {}:
+        sub = defaults.get(name)
+        if isinstance(sub, dict):
+            kw[name] = {**sub, **{k: v for k, v in _SMALL.items() if k in sub}}
+            kw[name].update({k: v for k, v in _SMALL_VISION.items() if k in sub})
+    kw.update({k: v for k, v in _SMALL_VISION.items() if k in defaults})
+    return cls(**kw)
+
+
+_SMALL_VISION = {"image_size": 32, "patch_size": 8}
+
+
 def _tiny_checkpoint(model_type: str, root: Path) -> tuple[Path, str] | None:
     cls = transformers.CONFIG_MAPPING[model_type]
-    defaults = cls().to_dict()
-    config = cls(**{k: v for k, v in _SMALL.items() if k in defaults})
+    config = _shrunk_config(cls)
     for auto in _AUTOS:
         auto_cls = getattr(transformers, auto)
         if type(config) not in auto_cls._model_mapping:
