@@ -73,21 +73,21 @@ def _norm_report(missing: Any, unexpected: Any, mismatched: Any) -> dict[str, An
     }
 
 
-def reference(path: Path, auto_class: str, dtype: Any = None, **kwargs: Any) -> Loaded:
+def reference(path: Path, auto_class: str, dtype: Any = None, device: str = "cpu", **kwargs: Any) -> Loaded:
     torch.manual_seed(1234)
     with transformers_warnings() as logs:
         model, info = getattr(transformers, auto_class).from_pretrained(
-            path, dtype=dtype or torch.float32, device_map="cpu", output_loading_info=True, **kwargs
+            path, dtype=dtype or torch.float32, device_map=device, output_loading_info=True, **kwargs
         )
     report = _norm_report(info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"])
     return Loaded(model, report, list(logs))
 
 
-def fast(path: Path, auto_class: str, dtype: Any = None, **kwargs: Any) -> Loaded:
+def fast(path: Path, auto_class: str, dtype: Any = None, device: str = "cpu", **kwargs: Any) -> Loaded:
     torch.manual_seed(1234)
     with transformers_warnings() as logs:
         model = fastload.load(
-            path, auto_class=auto_class, device="cpu", dtype=dtype or torch.float32, **kwargs
+            path, auto_class=auto_class, device=device, dtype=dtype or torch.float32, **kwargs
         )
     r = model.cudaload_fastload
     report = _norm_report(r["missing_keys"], r["unexpected_keys"], r.get("mismatched_keys", []))
@@ -124,10 +124,14 @@ def _conversions(model: Any) -> list[tuple[str, list[str], list[str]]]:
 
 
 def both(
-    path: Path, auto_class: str = "AutoModelForCausalLM", dtype: Any = None, **kwargs: Any
+    path: Path,
+    auto_class: str = "AutoModelForCausalLM",
+    dtype: Any = None,
+    device: str = "cpu",
+    **kwargs: Any,
 ) -> tuple[Loaded, Loaded]:
-    ref = reference(path, auto_class, dtype, **kwargs)
-    got = fast(path, auto_class, dtype, **kwargs)
+    ref = reference(path, auto_class, dtype, device, **kwargs)
+    got = fast(path, auto_class, dtype, device, **kwargs)
     assert_parity(ref, got)
     return ref, got
 
@@ -588,6 +592,25 @@ def test_report_bert_tied_decoder_bias(tmp_path: Path, variant: str) -> None:
     _, got = both(path, "AutoModelForMaskedLM")
     if variant == "no_bias":
         assert got.report["missing_keys"] == ["cls.predictions.bias", "cls.predictions.decoder.bias"]
+
+
+@pytest.mark.gpu
+def test_parity_on_gpu(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """The CUDA fill with keywords, a mismatched and a missing tensor: same model and report on cuda:0."""
+    path = _copy(tiny_model("qwen3", dtype="bfloat16"), tmp_path / "gpu")
+    t = _tensors(path / "model.safetensors")
+    t["model.norm.weight"] = torch.ones(5, dtype=torch.bfloat16)
+    del t["model.layers.1.mlp.down_proj.weight"]
+    _save(t, path / "model.safetensors")
+    _, got = both(
+        path,
+        dtype=torch.bfloat16,
+        device="cuda:0",
+        ignore_mismatched_sizes=True,
+        rms_norm_eps=0.5,
+    )
+    assert got.model.model.norm.weight.device.type == "cuda"
+    assert got.report["missing_keys"] == ["model.layers.1.mlp.down_proj.weight"]
 
 
 # ---- 6. architectures --------------------------------------------------------------------------------------
