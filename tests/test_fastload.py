@@ -169,12 +169,16 @@ def test_unexpected_keys_ignored(tiny_model: Callable[..., Path], tmp_path: Path
     assert "model.layers.0.extra.weight" in got.cudaload_fastload["unexpected_keys"]
 
 
-def test_shape_mismatch_is_a_checkpoint_error(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+def test_shape_mismatch_fails_as_from_pretrained_fails(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """from_pretrained raises RuntimeError (load_model: LoadError) unless ignore_mismatched_sizes=True."""
+
     def shrink(t: dict[str, Any]) -> None:
         t["model.norm.weight"] = torch.ones(5)
 
     path = _rewrite(tiny_model("llama"), tmp_path / "mismatch", shrink)
-    with pytest.raises(CheckpointError, match=r"model\.norm\.weight"):
+    with pytest.raises(RuntimeError):
+        _reference(path, "AutoModelForCausalLM", torch.float32)
+    with pytest.raises(LoadError, match=r"model\.norm\.weight"):
         fastload.load(path, device="cpu", dtype=torch.float32)
     ok, why = fastload.supports(path)
     assert not ok and "shape" in why

@@ -225,7 +225,9 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
-    """Load by the planned path; the fast path falls back to from_pretrained on anything it cannot do."""
+    """Load by the planned path; the fast path steps aside to from_pretrained on anything it cannot do
+    exactly as from_pretrained does, and fails only where from_pretrained fails too (corrupt checkpoint,
+    mismatched shapes without ignore_mismatched_sizes)."""
     path = plan.model.local_path or plan.model.name
     notes: list[str] = []
     if plan.load_path.choice == "fast":
@@ -239,12 +241,14 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
                     device=plan.placement.devices[0],
                     dtype=_torch_dtype(plan.dtype.choice or "float32"),
                     attn_implementation=plan.attention.choice,
+                    **passthrough,
                 )
             return model, "fast", notes
-        except CheckpointError:
-            raise  # a corrupt file is corrupt for from_pretrained too
+        except (CheckpointError, LoadError):
+            raise  # from_pretrained fails on these too (the fast path only raises them when it would)
         except Exception as e:  # the fast path is an optimisation: never the reason a load fails
-            notes.append(f"fast path failed ({type(e).__name__}: {e}); loaded with from_pretrained instead")
+            what = "stepped aside" if isinstance(e, fastload.StepAside) else "failed"
+            notes.append(f"fast path {what} ({type(e).__name__}: {e}); loaded with from_pretrained instead")
             # the load still succeeds, but slower than planned: say so where it is seen, not only in the plan
             logger.warning("%s", notes[-1])
             del e
@@ -542,6 +546,7 @@ def load_model(
         fast=fast,
         new_tokens=new_tokens,
         padded=padded,
+        from_pretrained_kwargs=from_pretrained_kwargs,
     )
     plan = make_plan(model, **plan_kwargs)
     if tune:

@@ -208,6 +208,7 @@ def plan(
     new_tokens: int | None = None,
     padded: bool = False,
     timings: Timings | None = None,
+    from_pretrained_kwargs: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
 
@@ -290,7 +291,13 @@ def plan(
         budget=dict(fr.fit.budget),
         notes=fr.breakdown.notes,
     )
-    lp = choose_load_path(info, quantization=fr.decision.choice, placement=placement, prefer=fast)
+    lp = choose_load_path(
+        info,
+        quantization=fr.decision.choice,
+        placement=placement,
+        prefer=fast,
+        from_pretrained_kwargs=from_pretrained_kwargs,
+    )
 
     warnings: list[str] = []
     warnings.extend(r.removeprefix("WARNING: ") for r in dt.reasons if r.startswith("WARNING: "))

@@ -4,17 +4,19 @@
     ok, why = cudaload.fastload.supports(path, auto_class="AutoModelForCausalLM")
     header = cudaload.fastload.read_header(path)   # names, dtypes, shapes, byte ranges
 
-The result equals ``from_pretrained(path, dtype=..., device_map=device)``: same state_dict bit for bit, same
-outputs. Peak device memory is the model's size; host memory is bounded by the staging buffers. What the fast
-path cannot do (quantized or remote-code checkpoints, .bin files, weights needing transformers' fuse/split
-conversions) is reported by :func:`supports` and goes through ``from_pretrained``.
+The result equals ``from_pretrained(path, dtype=..., device_map=device, **kwargs)`` for the same keywords:
+same state_dict bit for bit, same config, same outputs, the same load report (missing/unexpected/mismatched
+keys). Peak device memory is the model's size; host memory is bounded by the staging buffers. What the fast
+path cannot do exactly (quantized or remote-code checkpoints, .bin files, weights needing transformers'
+fuse/split conversions, keywords such as ``key_mapping`` or ``state_dict``) raises :class:`StepAside` before
+anything is allocated, is reported by :func:`supports`, and goes through ``from_pretrained``.
 
 Importing this package does not import torch or transformers.
 """
 
 from __future__ import annotations
 
-from .materialize import load, supports
+from .materialize import StepAside, load, supports
 from .reader import CheckpointHeader, TensorInfo, read_header
 
-__all__ = ["CheckpointHeader", "TensorInfo", "load", "read_header", "supports"]
+__all__ = ["CheckpointHeader", "StepAside", "TensorInfo", "load", "read_header", "supports"]

@@ -10,10 +10,13 @@ result matches ``from_pretrained(path, dtype=..., device_map=device)`` bit for b
   classes, legacy ``gamma``/``beta``, per-model renames). A key that needs a *converter* (tensors fused or
   split, e.g. MoE experts stacked into one parameter) is out of scope: :func:`plan_keys` reports it;
 - dtypes: the skeleton's dtype, or float32 where ``_get_dtype_plan`` keeps a module in float32;
-- finishing: loaded tensors are flagged ``_is_hf_initialized``, tied targets too, then
-  ``initialize_weights()`` initialises exactly what is missing and recomputes non-persistent buffers
-  (rotary ``inv_freq``, BERT's ``position_ids``), ``tie_weights(missing_keys=...)`` ties (symmetrically,
-  as in ``from_pretrained``).
+- keywords: from_pretrained's, sorted as it sorts them (config overrides through ``AutoConfig``, files through
+  ``_get_resolved_checkpoint_files``), or the load steps aside (:class:`StepAside`) before allocating;
+- checkpoint files: transformers' ``_get_resolved_checkpoint_files``; headers validated as the safetensors
+  library validates them; shards merged in from_pretrained's order (a later shard's copy wins);
+- finishing: loaded tensors are set as ``set_param_for_module`` sets them, then transformers'
+  ``_finalize_model_loading`` does the rest (move missing keys and non-persistent buffers off meta,
+  ``initialize_weights``, ``tie_weights``, ``_adjust_missing_and_unexpected_keys``, the load report).
 
 Nothing of transformers is patched: these are the methods ``from_pretrained`` itself calls.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import re
@@ -31,8 +35,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError, ConfigurationError, DependencyError, InvalidChoiceError
-from .reader import CheckpointHeader, TensorInfo, read_header
+from ..errors import (
+    CheckpointError,
+    ConfigurationError,
+    DependencyError,
+    InvalidChoiceError,
+    LoadError,
+    ModelNotFoundError,
+)
+from .reader import CheckpointHeader, TensorInfo, read_files
 
 if TYPE_CHECKING:
     import torch
@@ -68,24 +79,101 @@ def torch_dtype(st_dtype: str) -> torch.dtype:
     return dt  # type: ignore[no-any-return]
 
 
+class StepAside(InvalidChoiceError):
+    """The fast path cannot give exactly what ``from_pretrained`` gives for this load; from_pretrained can.
+
+    Raised before any tensor storage is allocated. ``load_model`` catches it and loads with from_pretrained,
+    recording the reason in the plan's verified notes."""
+
+
+def _step_aside(root: str | os.PathLike[str], why: str) -> StepAside:
+    return StepAside(
+        f"fast loading steps aside for {os.fspath(root)}: {why}", fix="load it with from_pretrained"
+    )
+
+
 @dataclass
 class KeyPlan:
-    """How checkpoint keys map onto the model's state_dict."""
+    """How checkpoint keys map onto the model's state_dict (names as transformers reports them)."""
 
     load: dict[str, str] = field(default_factory=dict)  # model key -> checkpoint key
     missing: set[str] = field(default_factory=set)  # model keys the checkpoint lacks
-    unexpected: set[str] = field(default_factory=set)  # checkpoint keys the model has no place for
+    unexpected: set[str] = field(default_factory=set)  # checkpoint keys (renamed) the model has no place for
     needs_conversion: list[str] = field(default_factory=list)  # keys only a WeightConverter can load
     mismatched: list[str] = field(default_factory=list)  # "key: checkpoint shape vs model shape"
+    mismatched_shapes: set[tuple[str, Any, Any]] = field(default_factory=set)  # as transformers records them
+    unsupported_dtype: list[str] = field(default_factory=list)  # "key (dtype)" the fast path cannot copy
+    # ``_extra_state`` keys: transformers calls set_extra_state, there are no bytes to copy
+    extra_state: list[str] = field(default_factory=list)
+    # transformers' renamings/converters for this model (the ones used are kept on the model)
+    conversions: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The ``from_pretrained`` keywords of one load, sorted into what decides files, config and model."""
+
+    path: str  # as given: what transformers names in its reports
+    subfolder: str
+    variant: str | None
+    use_safetensors: bool | None
+    ignore_mismatched_sizes: bool
+    trust_remote_code: bool
+    download: dict[str, Any]  # transformers' DownloadKwargs
+    config_kwargs: dict[str, Any]  # everything AutoConfig.from_pretrained gets
+
+
+def load_options(path: str | os.PathLike[str], kwargs: Mapping[str, Any]) -> LoadOptions:
+    """Sort ``from_pretrained`` keywords; raise :class:`StepAside` for one the fast path cannot honour."""
+    from ..policies.load_path import fast_kwargs_blockers
+
+    blockers = fast_kwargs_blockers(kwargs)
+    if blockers:
+        raise _step_aside(path, "; ".join(blockers))
+    subfolder = kwargs.get("subfolder") or ""
+    download = {
+        "cache_dir": kwargs.get("cache_dir"),
+        "force_download": bool(kwargs.get("force_download", False)),
+        "proxies": kwargs.get("proxies"),
+        "local_files_only": bool(kwargs.get("local_files_only", False)),
+        "token": kwargs.get("token"),
+        "revision": kwargs.get("revision"),
+        "subfolder": subfolder,
+    }
+    # The auto classes hand every keyword to AutoConfig.from_pretrained and build the model with what it does
+    # not consume (transformers models/auto/auto_factory.py from_pretrained); dtype="auto" is dropped there.
+    config_kwargs = {k: v for k, v in kwargs.items() if k != "trust_remote_code"}
+    for k in ("dtype", "torch_dtype"):
+        if config_kwargs.get(k) == "auto":
+            config_kwargs.pop(k)
+    return LoadOptions(
+        path=os.fspath(path),
+        subfolder=subfolder,
+        variant=kwargs.get("variant"),
+        use_safetensors=kwargs.get("use_safetensors"),
+        ignore_mismatched_sizes=bool(kwargs.get("ignore_mismatched_sizes", False)),
+        trust_remote_code=bool(kwargs.get("trust_remote_code", False)),
+        download=download,
+        config_kwargs=config_kwargs,
+    )
 
 
 def read_config(path: str | os.PathLike[str], **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-    """``config.json`` as from_pretrained reads it: (config, model kwargs left over)."""
+    """``config.json`` as from_pretrained reads it: (config, model kwargs left over).
+
+    ``kwargs`` are from_pretrained's keywords: those naming a config attribute override it (``rms_norm_eps``,
+    ``use_cache``...), exactly as ``AutoConfig.from_pretrained(path, return_unused_kwargs=True, **kwargs)``
+    does inside from_pretrained; the loader's own keywords (:data:`FAST_LOADER_KWARGS`) are taken out of the
+    leftovers, which go to the model's ``__init__``."""
     from transformers import AutoConfig
 
+    from ..policies.load_path import FAST_LOADER_KWARGS
+
+    kwargs = dict(kwargs)
+    trust = bool(kwargs.pop("trust_remote_code", False))
     try:
         config, unused = AutoConfig.from_pretrained(
-            os.fspath(path), return_unused_kwargs=True, trust_remote_code=False, **kwargs
+            os.fspath(path), return_unused_kwargs=True, trust_remote_code=trust, **kwargs
         )
     except ValueError as e:
         # unknown model_type, or an auto_map that needs remote code
@@ -94,7 +182,7 @@ def read_config(path: str | os.PathLike[str], **kwargs: Any) -> tuple[Any, dict[
         raise CheckpointError(
             f"no readable config.json in {path}: {e}", fix="check the checkpoint directory"
         ) from e
-    return config, dict(unused)
+    return config, {k: v for k, v in unused.items() if k not in FAST_LOADER_KWARGS}
 
 
 def model_class(config: Any, auto_class: str) -> Any:
@@ -128,50 +216,83 @@ def build_skeleton(config: Any, cls: Any, dtype: torch.dtype, model_kwargs: Mapp
         sub = getattr(config, key, None)
         if sub is not None:
             sub.dtype = dtype
+    patch_output_recorders: Any = None
+    with contextlib.suppress(ImportError):  # a transformers without output recorders has nothing to patch
+        from transformers.monkey_patching import patch_output_recorders
     contexts = cls.get_init_context(dtype, False, False, None)
     with ContextManagers(contexts):
-        return cls(config, **model_kwargs)
+        model = cls(config, **model_kwargs)
+        if patch_output_recorders is not None:
+            patch_output_recorders(model)  # from_pretrained does this inside the same contexts
+    return model
 
 
 def plan_keys(model: Any, header: CheckpointHeader) -> KeyPlan:
-    """Map checkpoint keys onto ``model.state_dict()`` with transformers' own renaming rules."""
+    """Map checkpoint keys onto ``model.state_dict()`` with transformers' own renaming rules, in its order.
+
+    transformers (core_model_loading.py ``convert_and_load_state_dict_in_model``, 5.17:1647-1669,
+    5.24:1884-1906) visits checkpoint keys sorted by ``dot_natural_key``, renames each, and keeps the *first*
+    key that lands on a parameter (``param_name_to_load.setdefault``; ``WeightRenaming.convert`` reads
+    ``source_patterns[0]``). A key with no place in the model is reported under its renamed name."""
     meta_sd = model.state_dict()
     prefix = getattr(model, "base_model_prefix", None) or None
     renamings: list[Any] = []
     converters: list[Any] = []
     rename: Any = None
+    order: Any = None
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+        from transformers.core_model_loading import (
+            WeightConverter,
+            WeightRenaming,
+            dot_natural_key,
+            rename_source_key,
+        )
 
         conversions = get_model_conversion_mapping(model, None, None)
         renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
         converters = [c for c in conversions if isinstance(c, WeightConverter)]
         rename = rename_source_key
+        order = dot_natural_key
     except ImportError:  # a transformers without the 5.x loading machinery: exact keys and the prefix only
         rename = None
 
-    plan = KeyPlan()
-    # transformers visits keys in natural order and a later duplicate wins; sorted() keeps that deterministic
-    for key in sorted(header.tensors):
+    plan = KeyPlan(conversions=[*renamings, *converters])
+    seen: set[str] = set()
+    for key in sorted(header.tensors, key=order):
         if rename is not None:
             new, pattern = rename(key, renamings, converters, prefix, meta_sd)
             if new not in meta_sd and key in meta_sd:
                 new, pattern = rename(key, [], [], prefix, meta_sd)
         else:
             new, pattern = _prefix_only(key, prefix, meta_sd), None
-        if new not in meta_sd:
-            plan.unexpected.add(key)
-            continue
         if pattern is not None:
             plan.needs_conversion.append(key)
             continue
+        if new not in meta_sd:
+            plan.unexpected.add(new)
+            continue
+        if new in seen:
+            continue  # a later duplicate: transformers reads the first
+        seen.add(new)
         info, ref = header.tensors[key], meta_sd[new]
+        if new.rpartition(".")[2] == "_extra_state":
+            plan.extra_state.append(new)
+            continue
         if tuple(ref.shape) != info.shape:
             plan.mismatched.append(f"{new}: checkpoint {list(info.shape)} vs model {list(ref.shape)}")
+            # torch.Size both, as set_param_for_module records them (its report prints them)
+            plan.mismatched_shapes.add((new, type(ref.shape)(info.shape), ref.shape))
+            continue
+        if info.dtype not in _TORCH_DTYPES:
+            plan.unsupported_dtype.append(f"{key} ({info.dtype})")
             continue
         plan.load[new] = key
-    plan.missing = set(meta_sd) - set(plan.load)
+    # built as transformers builds it (all keys, then discard), so the set iterates in the same order and
+    # transformers' load report lists the keys in the same order
+    plan.missing = set(meta_sd.keys())
+    for k in seen:
+        plan.missing.discard(k)
     return plan
 
 
@@ -184,13 +305,19 @@ def _prefix_only(key: str, prefix: str | None, meta_sd: Mapping[str, Any]) -> st
     return key
 
 
-def _dtype_plan_match(model: Any, dtype: torch.dtype) -> tuple[re.Pattern[str] | None, Any]:
+def _dtype_plan_match(model: Any, dtype: torch.dtype) -> tuple[Any, Any]:
+    """(regex, {group: dtype}) of the model's keep-in-float32 plan, matched as transformers matches it."""
     plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
     if not plan:
         return None, None
-    # one pattern per entry, "*" as in transformers' glob alternation; all entries map to the same float32
-    pattern = re.compile("|".join(f"({k.replace('*', '.*')})" for k in plan))
-    return pattern, next(iter(plan.values()))
+    try:
+        from transformers.core_model_loading import build_glob_alternation
+
+        alt, by_group, _ = build_glob_alternation(list(plan.keys()))
+        return alt, {g: plan[glob] for g, glob in by_group.items()}
+    except ImportError:
+        pattern = re.compile("|".join(f"(?P<g{i}>{k.replace('*', '.*')})" for i, k in enumerate(plan)))
+        return pattern, {f"g{i}": v for i, v in enumerate(plan.values())}
 
 
 def _set_tensor(model: Any, name: str, value: Any) -> None:
@@ -202,71 +329,90 @@ def _set_tensor(model: Any, name: str, value: Any) -> None:
 def allocate(
     model: Any, keys: KeyPlan, header: CheckpointHeader, device: torch.device, dtype: torch.dtype
 ) -> list[tuple[str, Any, TensorInfo]]:
-    """Give every parameter and buffer of the skeleton uninitialised storage on ``device`` (tied targets the
-    checkpoint lacks stay on meta: ``tie_weights`` replaces them).
+    """Give every tensor the checkpoint fills uninitialised storage on ``device``, set on its module as
+    transformers' ``set_param_for_module`` sets it (a new ``Parameter``, ``requires_grad`` for floating
+    point, flagged ``_is_hf_initialized``). Everything else stays on meta: ``finish`` hands it to
+    transformers' own finishing steps, which move, initialise and tie it as from_pretrained does.
 
     Returns (model key, tensor, source) for every tensor to fill."""
     import torch
 
-    fp32_re, fp32 = _dtype_plan_match(model, dtype)
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    fp32_re, fp32_by_group = _dtype_plan_match(model, dtype)
+    meta_sd = model.state_dict(keep_vars=True)
+    buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
     fills: list[tuple[str, Any, TensorInfo]] = []
-    done: dict[int, Any] = {}  # id(meta tensor) -> its replacement, so shared tensors stay shared
-    named = [(n, t, True) for n, t in model.named_parameters(remove_duplicate=False)]
-    named += [(n, t, False) for n, t in model.named_buffers(remove_duplicate=False)]
-    for name, meta, is_param in named:
-        if meta is None:
-            continue
-        if id(meta) in done:
-            _set_tensor(model, name, done[id(meta)])
-            continue
-        if name in tied and name not in keys.load:
-            continue
+    for name, src in keys.load.items():
+        meta = meta_sd[name]
         target_dtype = meta.dtype
-        src = keys.load.get(name)
-        if src is not None and fp32_re is not None and fp32_re.search(name):
-            target_dtype = fp32
+        if fp32_re is not None:
+            m = fp32_re.search(name)
+            if m is not None and m.lastgroup in fp32_by_group:
+                target_dtype = fp32_by_group[m.lastgroup]
         real = torch.empty(meta.shape, dtype=target_dtype, device=device)
-        value: Any = torch.nn.Parameter(real, requires_grad=real.is_floating_point()) if is_param else real
-        if src is not None:
-            value._is_hf_initialized = True  # what set_param_for_module marks: init must not touch it
-            fills.append((name, value, header.tensors[src]))
+        value: Any = (
+            real if name in buffers else torch.nn.Parameter(real, requires_grad=real.is_floating_point())
+        )
+        value._is_hf_initialized = True  # what set_param_for_module marks: init must not touch it
+        fills.append((name, value, header.tensors[src]))
         _set_tensor(model, name, value)
-        done[id(meta)] = value
     return fills
 
 
-def finish(model: Any, keys: KeyPlan, path: str | os.PathLike[str]) -> None:
-    """Initialise what is missing, recompute non-persistent buffers, tie, eval, generation config."""
-    import torch
+def finish(
+    model: Any,
+    keys: KeyPlan,
+    options: LoadOptions,
+    model_kwargs: Mapping[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Any:
+    """Finish as from_pretrained finishes, by calling its own ``_finalize_model_loading``: flag tied weights,
+    move what is missing (and mismatched) off meta, initialise it, recompute non-persistent buffers, tie,
+    drop the keys the model ignores, log transformers' load report; then eval and the generation config.
 
-    for target in getattr(model, "all_tied_weights_keys", {}) or {}:
-        with contextlib.suppress(AttributeError):
-            model.get_parameter(target)._is_hf_initialized = True
-    with torch.no_grad():
-        model.initialize_weights()
-    missing = set(keys.missing)
-    model.tie_weights(missing_keys=missing, recompute_mapping=False)
+    Returns transformers' ``LoadStateDictInfo`` (missing, unexpected, mismatched keys after adjustment)."""
+    import dataclasses
+
+    from transformers.modeling_utils import LoadStateDictConfig
+    from transformers.utils.loading_report import LoadStateDictInfo
+
+    defaults: dict[str, Any] = {
+        f.name: (set() if "keys" in f.name else [] if "msgs" in f.name else {})
+        for f in dataclasses.fields(LoadStateDictInfo)
+    }
+    # the sets themselves, not copies: a copy can iterate in another order, and the report follows it
+    defaults.update(
+        missing_keys=keys.missing, unexpected_keys=keys.unexpected, mismatched_keys=keys.mismatched_shapes
+    )
+    info = LoadStateDictInfo(**defaults)
+    load_config = LoadStateDictConfig(
+        pretrained_model_name_or_path=options.path,
+        ignore_mismatched_sizes=options.ignore_mismatched_sizes,
+        device_map={"": device},
+        dtype=dtype,
+        dtype_plan=model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {},
+    )
+    info = type(model)._finalize_model_loading(model, load_config, info)
     leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if leftover:
-        raise CheckpointError(
-            f"after loading, {len(leftover)} tensors have no storage, e.g. {leftover[0]!r}",
-            fix="load this checkpoint with from_pretrained (the fast path cannot place these tensors)",
+        raise _step_aside(
+            options.path, f"after loading, {len(leftover)} tensors are still on meta, e.g. {leftover[0]!r}"
         )
     model.eval()
-    if model.can_generate():
-        from transformers import GenerationConfig
-
-        # no generation_config.json: keep the one derived from config.json, as from_pretrained does
-        with contextlib.suppress(OSError):
-            model.generation_config = GenerationConfig.from_pretrained(os.fspath(path))
-    if missing:
-        logger.warning(
-            "%s: %d weights not in the checkpoint were newly initialised: %s",
-            path,
-            len(missing),
-            sorted(missing)[:8],
+    if hasattr(model, "set_use_kernels"):
+        model.set_use_kernels(False, None)
+    if model.can_generate() and hasattr(model, "adjust_generation_fn"):
+        # from_pretrained's own step (generation_config.json, else the one derived from config.json)
+        model.adjust_generation_fn(
+            None,
+            True,
+            None,
+            options.path,
+            **options.download,
+            trust_remote_code=options.trust_remote_code,
+            **model_kwargs,
         )
+    return info
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -298,6 +444,109 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def resolve_files(options: LoadOptions, config: Any) -> list[str]:
+    """The checkpoint files from_pretrained would read, found by transformers' own
+    ``_get_resolved_checkpoint_files`` (single file before index, ``variant``, ``subfolder``,
+    ``transformers_weights``). Raises :class:`StepAside` when they are not safetensors files the fast path
+    reads, ModelNotFoundError when there are none."""
+    from transformers.modeling_utils import _get_resolved_checkpoint_files
+
+    path = options.path
+    if os.path.isfile(os.path.join(path, options.subfolder, "adapter_config.json")):
+        raise _step_aside(
+            path, "adapter_config.json: from_pretrained loads the base model and a PEFT adapter"
+        )
+    try:
+        files, _ = _get_resolved_checkpoint_files(
+            pretrained_model_name_or_path=path,
+            variant=options.variant,
+            gguf_file=None,
+            use_safetensors=options.use_safetensors,
+            user_agent=None,
+            is_remote_code=False,
+            transformers_explicit_filename=getattr(config, "transformers_weights", None),
+            download_kwargs=dict(options.download),  # type: ignore[arg-type]
+        )
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(
+            f"no checkpoint from_pretrained can read in {path}: {e}",
+            fix="check the directory, variant= and subfolder=",
+        ) from None
+    files = list(files or [])
+    if not files or not all(str(f).endswith(".safetensors") for f in files):
+        raise _step_aside(
+            path, f"the checkpoint is {[os.path.basename(str(f)) for f in files]}, not safetensors"
+        )
+    # transformers 5.24 also reads the config class's ``extra_files`` when present (modeling_utils.py
+    # from_pretrained, "EXPERIMENTAL ... config.extra_files"): leave those to it.
+    for extra in getattr(type(config), "extra_files", ()) or ():
+        if os.path.isfile(os.path.join(path, options.subfolder, extra)):
+            raise _step_aside(path, f"the model class reads the extra weights file {extra}")
+    return [str(f) for f in files]
+
+
+@dataclass
+class Prepared:
+    header: CheckpointHeader
+    config: Any
+    model_kwargs: dict[str, Any]
+    options: LoadOptions
+
+
+def prepare(path: str | os.PathLike[str], kwargs: Mapping[str, Any]) -> Prepared:
+    """Everything a load decides from files alone: keywords, config (with overrides), checkpoint files,
+    validated headers. Reads no tensor data; raises :class:`StepAside` for what only from_pretrained does."""
+    if not os.path.isdir(path):
+        what = "is a file, not a checkpoint directory" if os.path.exists(path) else "does not exist"
+        raise ModelNotFoundError(f"{os.fspath(path)} {what}", fix="pass a local checkpoint directory")
+    options = load_options(path, kwargs)
+    config_json = os.path.join(options.path, options.subfolder, "config.json")
+    if os.path.isfile(config_json):
+        try:
+            with open(config_json) as fh:
+                raw = json.load(fh)
+        except (OSError, ValueError):
+            raw = {}
+        if isinstance(raw, dict) and raw.get("auto_map"):
+            # checked before AutoConfig runs: with trust_remote_code=True it would import the repository's code
+            raise _step_aside(options.path, "config.json has an auto_map (remote code)")
+    config, model_kwargs = read_config(
+        options.path, trust_remote_code=options.trust_remote_code, **options.config_kwargs
+    )
+    reason = unsupported_config(config)
+    if reason:
+        raise _step_aside(options.path, reason)
+    files = resolve_files(options, config)
+    header = read_files(files, os.path.join(options.path, options.subfolder))  # every header check, here
+    return Prepared(header, config, model_kwargs, options)
+
+
+def check_keys(keys: KeyPlan, prep: Prepared) -> None:
+    """Step aside for keys only from_pretrained loads; fail as it fails on mismatched shapes."""
+    root = prep.options.path
+    if keys.needs_conversion:
+        raise _step_aside(
+            root,
+            f"{len(keys.needs_conversion)} checkpoint tensors need transformers' weight conversion "
+            f"(e.g. {keys.needs_conversion[0]!r})",
+        )
+    if keys.unsupported_dtype:
+        raise _step_aside(
+            root, f"tensors of a dtype the fast path does not copy: {keys.unsupported_dtype[:4]}"
+        )
+    if keys.extra_state:
+        raise _step_aside(root, f"module extra state is set by set_extra_state: {keys.extra_state[:4]}")
+    if keys.mismatched and not prep.options.ignore_mismatched_sizes:
+        # from_pretrained raises RuntimeError after its report (utils/loading_report.py log_state_dict_report);
+        # load_model reports that as LoadError
+        raise LoadError(
+            f"{root}: {len(keys.mismatched)} tensors have another shape than the model expects",
+            reasons=keys.mismatched[:8],
+            fix="check that config.json belongs to these weights, or pass ignore_mismatched_sizes=True to "
+            "re-initialise them",
+        )
+
+
 def load(
     path: str | os.PathLike[str],
     *,
@@ -307,9 +556,14 @@ def load(
     attn_implementation: str | None = None,
     threads: int | None = None,
     buffer_bytes: int | None = None,
-    **from_config_kwargs: Any,
+    **from_pretrained_kwargs: Any,
 ) -> Any:
-    """Load a safetensors checkpoint straight into the model's parameter storage on ``device``."""
+    """Load a safetensors checkpoint straight into the model's parameter storage on ``device``.
+
+    ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``: config overrides
+    (``rms_norm_eps=...``), ``variant``, ``subfolder``, ``ignore_mismatched_sizes``, model ``__init__``
+    keywords. One the fast path cannot honour exactly raises :class:`StepAside` (an InvalidChoiceError)
+    before anything is allocated; so does a checkpoint only from_pretrained can read."""
     import torch
 
     from . import staging
@@ -323,14 +577,9 @@ def load(
             f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
             fix="use threads >= 1 and buffer_bytes >= 64 KiB",
         )
-    header = read_header(path)  # every header check fails here, before any allocation
+    prep = prepare(path, from_pretrained_kwargs)
+    header, config = prep.header, prep.config
     root = header.root
-    config, model_kwargs = read_config(root, **from_config_kwargs)
-    reason = unsupported_config(config)
-    if reason:
-        raise InvalidChoiceError(
-            f"fast loading cannot take {root}: {reason}", fix="load it with from_pretrained"
-        )
     # Pinning the staging buffers is a fixed cost; started now, it runs while the skeleton is built and its
     # GPU storage allocated instead of in front of the first read.
     pool = (
@@ -345,29 +594,21 @@ def load(
     try:
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
+        config.name_or_path = prep.options.path  # as from_pretrained sets it
         cls = model_class(config, auto_class)
-        model = build_skeleton(config, cls, dtype, model_kwargs)
+        model = build_skeleton(config, cls, dtype, prep.model_kwargs)
         keys = plan_keys(model, header)
-        if keys.needs_conversion:
-            raise InvalidChoiceError(
-                f"fast loading cannot take {root}: {len(keys.needs_conversion)} checkpoint tensors need "
-                "transformers' "
-                f"weight conversion (e.g. {keys.needs_conversion[0]!r})",
-                fix="load it with from_pretrained",
-            )
-        if keys.mismatched:
-            raise CheckpointError(
-                f"{root}: {len(keys.mismatched)} tensors have another shape than the model expects",
-                reasons=keys.mismatched[:8],
-                fix="check that config.json belongs to these weights",
-            )
+        check_keys(keys, prep)
+        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # convert_and_load_state_dict_in_model): the transforms that matched a checkpoint key
+        model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         t_build = time.perf_counter()
         fills = allocate(model, keys, header, dev, dtype)
         t_alloc = time.perf_counter()
         fill_times = _fill(fills, dev, threads, buffer_bytes, pool)
         pool = None  # _fill closed it
         t_fill = time.perf_counter()
-        finish(model, keys, root)
+        info = finish(model, keys, prep.options, prep.model_kwargs, dev, dtype)
     except BaseException as e:
         # Leave nothing behind: the traceback's frames (worker threads included) hold views of the tensors
         # this load allocated; clearing them and the model lets the memory go before the error goes up.
@@ -380,7 +621,7 @@ def load(
             torch.cuda.empty_cache()
         raise
     t_end = time.perf_counter()
-    read_bytes = sum(info.nbytes for _, _, info in fills)
+    read_bytes = sum(info_.nbytes for _, _, info_ in fills)
     model.cudaload_fastload = {
         "seconds": round(t_end - t0, 4),
         "build_s": round(t_build - t0, 4),
@@ -392,8 +633,11 @@ def load(
         "threads": threads,
         "buffer_bytes": buffer_bytes,
         "device": str(dev),
-        "missing_keys": sorted(keys.missing - set(getattr(model, "all_tied_weights_keys", {}) or {})),
-        "unexpected_keys": sorted(keys.unexpected),
+        "files": [os.path.basename(f) for f in header.files],
+        # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
+        "missing_keys": sorted(info.missing_keys),
+        "unexpected_keys": sorted(info.unexpected_keys),
+        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
     }
     logger.info(
         "fast-loaded %s: %.2f GB in %.2f s (%.2f GB/s fill)",
@@ -442,38 +686,28 @@ def unsupported_config(config: Any) -> str | None:
     return None
 
 
-def supports(path: str | os.PathLike[str], *, auto_class: str = "AutoModelForCausalLM") -> tuple[bool, str]:
-    """Whether ``path`` can take the fast path, and why (or why not). Reads headers and config only;
-    builds the skeleton on the meta device (no tensor storage) to check that every key maps."""
+def supports(
+    path: str | os.PathLike[str], *, auto_class: str = "AutoModelForCausalLM", **from_pretrained_kwargs: Any
+) -> tuple[bool, str]:
+    """Whether ``path`` can take the fast path with these ``from_pretrained`` keywords, and why (or why not).
+    Reads headers and config only; builds the skeleton on the meta device (no tensor storage) to check that
+    every key maps."""
     import torch
 
     from ..errors import CudaloadError
 
     try:
-        header = read_header(path)
-        config, model_kwargs = read_config(header.root)
-    except CudaloadError as e:
-        return False, e.message
-    reason = unsupported_config(config)
-    if reason:
-        return False, reason
-    try:
-        model = build_skeleton(config, model_class(config, auto_class), torch.float32, model_kwargs)
+        prep = prepare(path, from_pretrained_kwargs)
+        model = build_skeleton(
+            prep.config, model_class(prep.config, auto_class), torch.float32, prep.model_kwargs
+        )
+        keys = plan_keys(model, prep.header)
+        check_keys(keys, prep)
     except CudaloadError as e:
         return False, e.message
     except Exception as e:  # a model transformers itself cannot build: from_pretrained will say why
         return False, f"transformers cannot build {auto_class} for this config ({type(e).__name__}: {e})"
-    keys = plan_keys(model, header)
-    if keys.needs_conversion:
-        return False, (
-            f"{len(keys.needs_conversion)} tensors need transformers' weight conversion "
-            f"(e.g. {keys.needs_conversion[0]!r}); from_pretrained does that"
-        )
-    if keys.mismatched:
-        return (
-            False,
-            f"{len(keys.mismatched)} tensors have another shape than the model: {keys.mismatched[0]}",
-        )
+    header = prep.header
     n = len(header.files)
     detail = (
         f"{len(keys.load)} tensors, {header.total_bytes / 1e9:.2f} GB in {n} safetensors file{'s' * (n > 1)}"

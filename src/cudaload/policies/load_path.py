@@ -7,10 +7,85 @@ model transformers knows (no remote code), placed on GPUs without offload. Every
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..decision import Candidate, Decision
 from ..plans import Placement
+
+#: ``from_pretrained`` keywords the fast path honours exactly. ``variant``, ``subfolder``, ``use_safetensors``
+#: and the config's ``transformers_weights`` pick the files through transformers' own
+#: ``_get_resolved_checkpoint_files``; ``ignore_mismatched_sizes`` reports and re-initialises mismatched tensors
+#: as transformers does; the Hub keywords (``revision``, ``token``, ``cache_dir``...) do nothing for a local
+#: directory; ``weights_only``/``disable_mmap`` only concern *how* transformers reads the same bytes; the rest
+#: are keywords transformers 5 accepts and drops (modeling_utils.py from_pretrained, "for name in ['mirror',
+#: '_fast_init', ...]: kwargs.pop(name)"). Every other keyword that is not in FROM_PRETRAINED_ONLY is what
+#: from_pretrained makes of it too: a config override when the config has that attribute
+#: (``AutoConfig.from_pretrained(path, **kwargs)``), else a keyword of the model's ``__init__``.
+FAST_LOADER_KWARGS = frozenset(
+    {
+        "variant",
+        "subfolder",
+        "use_safetensors",
+        "ignore_mismatched_sizes",
+        "trust_remote_code",
+        "revision",
+        "code_revision",
+        "token",
+        "cache_dir",
+        "force_download",
+        "local_files_only",
+        "proxies",
+        "weights_only",
+        "disable_mmap",
+        "tqdm_class",
+        "mirror",
+        "_fast_init",
+        "low_cpu_mem_usage",
+        "from_tf",
+        "from_flax",
+        "offload_state_dict",
+    }
+)
+
+#: ``from_pretrained`` keywords only ``from_pretrained`` can honour -> why the fast path steps aside.
+FROM_PRETRAINED_ONLY: Mapping[str, str] = {
+    "config": "a config object replaces config.json",
+    "state_dict": "weights come from a state_dict, not the files",
+    "gguf_file": "GGUF checkpoints are dequantized by transformers",
+    "key_mapping": "custom checkpoint key renames",
+    "quantization_config": "quantization happens inside from_pretrained",
+    "device_map": "accelerate places the modules",
+    "max_memory": "accelerate places the modules",
+    "offload_folder": "offload is handled by accelerate hooks",
+    "offload_buffers": "offload is handled by accelerate hooks",
+    "tp_plan": "tensor parallelism",
+    "tp_size": "tensor parallelism",
+    "distributed_config": "tensor/pipeline parallelism",
+    "device_mesh": "tensor parallelism",
+    "adapter_name": "a PEFT adapter is loaded on top",
+    "adapter_kwargs": "a PEFT adapter is loaded on top",
+    "output_loading_info": "returns (model, loading_info)",
+    "generation_config": "a generation config object replaces generation_config.json",
+    "use_kernels": "hub kernels are applied by from_pretrained",
+    "kernel_config": "hub kernels are applied by from_pretrained",
+    "allow_all_kernels": "hub kernels are applied by from_pretrained",
+    "fusion_config": "module fusions are registered by from_pretrained",
+    "experts_implementation": "MoE experts implementation is set by from_pretrained",
+}
+
+
+def fast_kwargs_blockers(kwargs: Mapping[str, Any]) -> list[str]:
+    """Why the ``from_pretrained`` keywords ``kwargs`` keep a load off the fast path (empty: it honours them)."""
+    out = [
+        f"from_pretrained keyword {k}=: {why}"
+        for k, why in FROM_PRETRAINED_ONLY.items()
+        if kwargs.get(k) is not None
+    ]
+    if kwargs.get("use_safetensors") is False:
+        out.append("from_pretrained keyword use_safetensors=False: the weights come from .bin files")
+    return out
+
 
 #: Below this checkpoint size the fast path is not known to win: its fixed costs (pinning the staging pool,
 #: building the skeleton) are ~0.15 s. Measured on the H200 (torch 2.11, transformers 5.17, warm page cache,
@@ -20,9 +95,16 @@ FAST_MIN_BYTES = 1 * 10**9
 
 
 def choose_load_path(
-    info: Any, *, quantization: str | None, placement: Placement, prefer: bool | None = None
+    info: Any,
+    *,
+    quantization: str | None,
+    placement: Placement,
+    prefer: bool | None = None,
+    from_pretrained_kwargs: Mapping[str, Any] | None = None,
 ) -> Decision:
-    """``prefer``: None decides by size; True takes the fast path whenever it can do the load; False never."""
+    """``prefer``: None decides by size; True takes the fast path whenever it can do the load; False never.
+    ``from_pretrained_kwargs``: the keywords load_model passes on; one the fast path cannot honour exactly
+    (:data:`FROM_PRETRAINED_ONLY`) makes it choose from_pretrained, with the keyword named in the reasons."""
     s = info.summary
     if prefer is False:
         fp = Candidate("from_pretrained", True, ("fast=False was passed",))
@@ -32,7 +114,7 @@ def choose_load_path(
             (Candidate("fast", False, ("fast=False was passed",)), fp),
             explicit=True,
         )
-    bad: list[str] = []
+    bad: list[str] = fast_kwargs_blockers(from_pretrained_kwargs or {})
     if not s.local_path:
         bad.append("the checkpoint is not a local directory (config-only or Hub plan)")
     elif not s.safetensors:
