@@ -11,11 +11,13 @@ backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``) and records the
 the point (the model) and after the last step (model + optimizer states), the time, or the out-of-memory error
 it hit. Modes:
 
+- LoRA and QLoRA train with ``adamw_torch_fused`` (Trainer's default).
 - ``lora``: bf16 model, PEFT LoRA r=16, alpha 32, on every linear layer but the head (``target_modules="all-linear"``).
 - ``qlora``: nf4, double quantization, bf16 compute (``BitsAndBytesConfig``), ``prepare_model_for_kbit_training``
   (which casts every non-4-bit parameter -- embeddings, norms, the head -- to fp32), then the same LoRA.
-- ``full``: every parameter trained. ``adamw_torch`` as cudaload assumes: fp32 weights (master) and fp32 AdamW
-  states, bf16 autocast (what Trainer does with ``bf16=True`` on a model kept in fp32); the other optimizers
+- ``full``: every parameter trained. ``adamw_torch_fused`` (Trainer's default optim on torch >= 2.8) and
+  ``adamw_torch`` (foreach) as cudaload assumes: fp32 weights (master) and fp32 AdamW states, bf16 autocast
+  (what Trainer does with ``bf16=True`` on a model kept in fp32); the other optimizers
   (``adamw_8bit``, ``paged_adamw_8bit`` from bitsandbytes; ``adafactor`` as Trainer builds it; ``sgd`` without
   momentum) on a bf16 model, the way people fit full fine-tunes with them. ``adamw_torch_bf16`` is AdamW on a
   bf16 model (states in bf16), for the term.
@@ -70,6 +72,8 @@ GROUP_ORDER = (
 #: then the rest of its grid; ``bisect_*`` alone runs only the bisection
 BISECT_IN = {"qlora8b": "bisect_qlora8b", "full06": "bisect_full06"}
 SEQS = (512, 2048, 8192, 16384)
+#: optimizers measured on fp32 weights (mixed precision with fp32 master weights, bf16 autocast)
+MASTER_FP32 = ("adamw_torch_fused", "adamw_torch")
 ALIGN = 256
 TAG = "[bench-memory-train]"
 
@@ -127,22 +131,22 @@ def grid(shape: str, mode: str, optim: str, seqs: Sequence[int]) -> list[Point]:
 def group_points(group: str, seqs: Sequence[int], shapes: dict[str, str]) -> list[Point]:
     s8, s06 = "8b", "0.6b"
     if group == "qlora8b":
-        return grid(s8, "qlora", "adamw_torch", seqs)
+        return grid(s8, "qlora", "adamw_torch_fused", seqs)
     if group == "lora8b":
-        return grid(s8, "lora", "adamw_torch", seqs)
+        return grid(s8, "lora", "adamw_torch_fused", seqs)
     if group == "lora06":
-        return grid(s06, "lora", "adamw_torch", seqs)
+        return grid(s06, "lora", "adamw_torch_fused", seqs)
     if group == "qlora06":
-        return grid(s06, "qlora", "adamw_torch", seqs)
+        return grid(s06, "qlora", "adamw_torch_fused", seqs)
     if group == "full06":
-        pts = grid(s06, "full", "adamw_torch", seqs)
+        pts = grid(s06, "full", "adamw_torch_fused", seqs)
         # the other optimizers: the optimizer term shows at a short length (activations small)
-        for opt in ("adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd", "adamw_torch_bf16"):
+        for opt in ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd", "adamw_torch_bf16"):
             pts += [Point(s06, "full", opt, seqs[0], 1, True), Point(s06, "full", opt, seqs[1], 1, True)]
         return pts
     if group == "full8b":
         # fp32 AdamW with fp32 master weights: 16 B/param = ~131 GB for 8.2 G parameters; only the smallest point
-        pts = [Point(s8, "full", "adamw_torch", seqs[0], 1, True)]
+        pts = [Point(s8, "full", "adamw_torch_fused", seqs[0], 1, True)]
         for opt in ("adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"):
             pts += [Point(s8, "full", opt, seqs[0], 1, True), Point(s8, "full", opt, seqs[1], 1, True)]
         return pts
@@ -151,8 +155,8 @@ def group_points(group: str, seqs: Sequence[int], shapes: dict[str, str]) -> lis
 
 BISECTIONS = {
     # group -> (shape, mode, optim, batch, gc)
-    "bisect_qlora8b": ("8b", "qlora", "adamw_torch", 1, True),
-    "bisect_full06": ("0.6b", "full", "adamw_torch", 1, True),
+    "bisect_qlora8b": ("8b", "qlora", "adamw_torch_fused", 1, True),
+    "bisect_full06": ("0.6b", "full", "adamw_torch_fused", 1, True),
 }
 
 
@@ -393,7 +397,7 @@ def prepare(shape: str, mode: str, optim: str, *, device: str, smoke: bool, work
         model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **LORA))
         autocast = False
     else:
-        master = optim == "adamw_torch"
+        master = optim in MASTER_FP32
         model = build_model(config, "float32" if master else "bfloat16", device)
         autocast = master
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -408,8 +412,12 @@ def make_optimizer(name: str, params: list[Any]) -> Any:
     import torch
 
     lr = 1e-5
-    if name in ("adamw_torch", "adamw_torch_bf16"):
-        return torch.optim.AdamW(params, lr=lr)
+    if name in ("adamw_torch_fused", "adamw_torch_bf16"):
+        # Trainer's default optim on torch >= 2.8 (transformers 5.17 training_args.py:804-809): one fused kernel
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    if name == "adamw_torch":
+        # the foreach implementation: torch._foreach_sqrt makes a full copy of exp_avg_sq during step()
+        return torch.optim.AdamW(params, lr=lr, foreach=bool(params) and params[0].is_cuda)
     if name == "adamw_8bit":
         import bitsandbytes as bnb
 
@@ -687,9 +695,9 @@ class Runner:
         # models by weight layout: full fine-tunes with adamw_torch train fp32 weights, the others bf16
         families: dict[bool, list[Point]] = {}
         for p in pts:
-            families.setdefault(p.mode == "full" and p.optim == "adamw_torch", []).append(p)
+            families.setdefault(p.mode == "full" and p.optim in MASTER_FP32, []).append(p)
         if not pts:
-            families = {mode == "full" and optim == "adamw_torch": []}
+            families = {mode == "full" and optim in MASTER_FP32: []}
         carried = BISECT_IN.get(gname)
         bis = (
             gname
@@ -697,7 +705,7 @@ class Runner:
             else (carried if carried in set(self.args.groups.split(",")) else None)
         )
         for master, fpts in families.items():
-            fam_optim = "adamw_torch" if master else (fpts[0].optim if fpts else optim)
+            fam_optim = "adamw_torch_fused" if master else (fpts[0].optim if fpts else optim)
             t0 = time.perf_counter()
             log(
                 f"{gname}: building {shape} {mode} ({'fp32 master' if master else 'bf16'}) at t={self.elapsed():.0f}s"
@@ -715,9 +723,7 @@ class Runner:
             )
             self.save()
             try:
-                bis_here = bis is not None and (
-                    BISECTIONS[bis][1:3] == (mode, "adamw_torch") and master == (mode == "full")
-                )
+                bis_here = bis is not None and (BISECTIONS[bis][1] == mode and master == (mode == "full"))
                 first = len(self.seqs) if (bis_here and gname not in BISECTIONS) else len(fpts)
                 for pt in fpts[:first]:
                     self.run_point(prep, pt, bnb_ok, bnb_why)
