@@ -282,6 +282,7 @@ def tiny_config() -> Any:
         head_dim=16,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
+        architectures=["Qwen3ForCausalLM"],
     )
 
 
@@ -333,7 +334,8 @@ def quantized_model(config: Any, device: str, work: Path) -> tuple[Any, dict[str
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    path = work / f"{config.architectures[0]}-{config.num_hidden_layers}L-{config.hidden_size}h"
+    arch = (config.architectures or ["model"])[0]
+    path = work / f"{arch}-{config.num_hidden_layers}L-{config.hidden_size}h-{config.vocab_size}v"
     info: dict[str, Any] = {"checkpoint": str(path)}
     if not (path / "config.json").exists():
         t0 = time.perf_counter()
@@ -362,7 +364,7 @@ def quantized_model(config: Any, device: str, work: Path) -> tuple[Any, dict[str
         str(path),
         quantization_config=qc,
         dtype=torch.bfloat16,
-        device_map={"": torch.device(device).index or 0},
+        device_map={"": device},
         attn_implementation="sdpa",
     )
     info["load_s"] = time.perf_counter() - t0
