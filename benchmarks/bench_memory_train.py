@@ -491,9 +491,10 @@ def train_steps(
                 else contextlib.nullcontext()
             )
             with ctx:
-                out = model(input_ids=ids, labels=ids)
-            out.loss.backward()
-            del out
+                # only the loss survives the forward, as in Trainer.training_step (the logits are not kept)
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            del loss
             opt.step()
             opt.zero_grad(set_to_none=True)
             meter.after_step(batch * seq_len)
