@@ -125,8 +125,13 @@ def plan(
     model_class: str | None = None,
     revision: str | None = None,
     fast: bool | None = None,
+    optimizer: str = "auto",
+    gradient_checkpointing: bool | None = None,
 ) -> Plan:
-    """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``."""
+    """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
+
+    Training intents also decide ``optimizer`` (``"auto"`` or a TrainingArguments optim name) and
+    ``gradient_checkpointing`` (None: off when everything fits without it)."""
     if intent not in INTENTS:
         raise ConfigurationError(f"unknown intent {intent!r}", fix=f"use one of {', '.join(INTENTS)}")
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -169,6 +174,8 @@ def plan(
         device_map=device_map,
         max_memory=max_memory,
         allow_offload=allow_offload,
+        optimizer=optimizer,
+        gradient_checkpointing=gradient_checkpointing,
     )
     placement = fr.fit.placement
     assert placement is not None
@@ -218,6 +225,8 @@ def plan(
         quantization_config=fr.quantization_config,
         peft=_peft(info) if intent in ("lora", "qlora") else None,
         warnings=tuple(warnings),
+        optimizer=fr.optimizer,
+        gradient_checkpointing=fr.gradient_checkpointing,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",

@@ -132,6 +132,9 @@ class Plan:
     peft: dict[str, Any] | None = None  # LoraConfig kwargs for lora / qlora
     warnings: tuple[str, ...] = ()
     verified: dict[str, Any] | None = None  # filled in by load_model()
+    # training intents: the optimizer (TrainingArguments optim name) and gradient checkpointing ("on"/"off")
+    optimizer: Decision | None = None
+    gradient_checkpointing: Decision | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +158,10 @@ class Plan:
             "peft": self.peft,
             "warnings": list(self.warnings),
             "verified": self.verified,
+            "optimizer": self.optimizer.to_dict() if self.optimizer else None,
+            "gradient_checkpointing": (
+                self.gradient_checkpointing.to_dict() if self.gradient_checkpointing else None
+            ),
         }
 
     @classmethod
@@ -179,6 +186,10 @@ class Plan:
             peft=d.get("peft"),
             warnings=tuple(d.get("warnings", ())),
             verified=d.get("verified"),
+            optimizer=Decision.from_dict(d["optimizer"]) if d.get("optimizer") else None,
+            gradient_checkpointing=(
+                Decision.from_dict(d["gradient_checkpointing"]) if d.get("gradient_checkpointing") else None
+            ),
         )
 
     def to_json(self, indent: int | None = 2) -> str:

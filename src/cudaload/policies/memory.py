@@ -212,7 +212,7 @@ def optimizer_state_bytes(
 def _largest_param(info: Any) -> int:
     s = info.summary
     inter = info.intermediate_size or 4 * s.hidden_size
-    return max(s.vocab_size * s.hidden_size, inter * s.hidden_size, 1)
+    return int(max(s.vocab_size * s.hidden_size, inter * s.hidden_size, 1))
 
 
 def training_activations(
@@ -419,12 +419,12 @@ def breakdown(
     terms["optimizer_step"] = max(step - terms["activations"], 0)
     # training state per parameter, attributed where the parameter lives
     per_param = (grads + opt + mw) / n if intent == "training" and n else 0.0
-    sp = param_split(info) if info.counts.total else None
-    if intent == "training" and sp is not None:
-        layer_params = sp.layer_linear + sp.layer_other
+    split = param_split(info) if info.counts.total else None
+    if intent == "training" and split is not None:
+        layer_params = split.layer_linear + split.layer_other
         per_layer_train = int(layer_params * per_param)
-        train_first = int((sp.embedding + sp.outside_other) * per_param)
-        train_last = int(sp.head * per_param)
+        train_first = int((split.embedding + split.outside_other) * per_param)
+        train_last = int(split.head * per_param)
     elif intent == "training":
         frac = wlayer / wtot if wtot else 1 / L
         per_layer_train = int((grads + opt + mw) * frac)
