@@ -86,6 +86,9 @@ class Breakdown:
     notes: tuple[str, ...] = ()
     #: bytes kept outside the GPU (paged optimizer states in CUDA managed memory evicted to the host)
     host_bytes: int = 0
+    #: activations kept per decoder layer (checkpointed inputs, or every saved tensor without checkpointing):
+    #: they live with the layer's device in a split; the rest of ``terms["activations"]`` is every device's
+    layer_activation_bytes: int = 0
 
     @property
     def model_bytes(self) -> int:
@@ -226,8 +229,8 @@ def training_activations(
     attn: str,
     gradient_checkpointing: bool,
     autocast_copies: int = 0,
-) -> tuple[int, list[str]]:
-    """Peak activation bytes of one training step and the notes that say how.
+) -> tuple[int, int, list[str]]:
+    """(peak activation bytes of one training step, the part kept per layer, the notes that say how).
 
     Saved per layer and token (no checkpointing): the two RMSNorms' fp32 inputs and their outputs, q/k/v and
     the attention output, the MLP's gate, up, activation and product, and with LoRA each wrapped module's
@@ -277,7 +280,7 @@ def training_activations(
             f"activations: bf16 autocast caches a copy of every weight during the forward "
             f"({autocast_copies / GiB:.2f} GiB)"
         )
-    return kept + phase, notes
+    return kept + phase, kept // L, notes
 
 
 def breakdown(
@@ -349,6 +352,7 @@ def breakdown(
     tokens = batch_size * seq_len
     n = info.counts.total or s.params
     master = master_weights(intent, optimizer, dtype)
+    act_layer = 0
     if not training:
         # one layer's working set during prefill, plus last-token logits in fp32 (generate keeps only those)
         act = tokens * (4 * hidden + 2 * inter) * b + batch_size * s.vocab_size * 4
@@ -358,7 +362,7 @@ def breakdown(
         terms["activations"] = act
     else:
         resid = 4 if (kbit_prepared or master) else b
-        act, act_notes = training_activations(
+        act, act_layer, act_notes = training_activations(
             info,
             intent=intent,
             seq_len=seq_len,
@@ -433,11 +437,16 @@ def breakdown(
     else:
         per_layer_train = (grads + opt + adapters) // L
         train_first = train_last = 0
-    layer_bytes = wlayer + kv // L + per_layer_train
-    every = terms["activations"] + terms.get("quantization_transient", 0) + terms["optimizer_step"]
+    layer_bytes = wlayer + kv // L + per_layer_train + act_layer
+    every = (
+        terms["activations"]
+        - act_layer * L
+        + terms.get("quantization_transient", 0)
+        + terms["optimizer_step"]
+    )
     # rounding residue goes with the first device so the split sums to the total
     layered = layer_bytes * L
-    model_total = wtot + kv + grads + opt + mw + adapters
+    model_total = wtot + kv + grads + opt + mw + adapters + act_layer * L
     first = wemb + train_first
     last = whead + train_last
     first += max(model_total - layered - first - last, 0)
@@ -451,6 +460,7 @@ def breakdown(
         layer_weight_bytes=wlayer,
         notes=tuple(notes),
         host_bytes=host,
+        layer_activation_bytes=act_layer,
     )
 
 
@@ -488,7 +498,8 @@ def gpu_terms(bd: Breakdown, devices: int) -> dict[str, int]:
     """``bd``'s terms for a model spread over ``devices`` GPUs: every device runs its layers' working set
     (activations) and holds a CUDA context; the model's own bytes are split, not repeated."""
     terms = dict(bd.terms)
-    terms["activations"] *= max(devices, 1)
+    layered = bd.layer_activation_bytes * bd.layers
+    terms["activations"] = layered + (terms["activations"] - layered) * max(devices, 1)
     terms["optimizer_step"] = terms.get("optimizer_step", 0) * max(devices, 1)
     terms["cuda_context"] = CUDA_CONTEXT_BYTES * devices
     return terms

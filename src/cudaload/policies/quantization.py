@@ -19,6 +19,7 @@ from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import bitsandbytes_support
 from ..errors import DoesNotFitError, InvalidChoiceError
+from .attention import SHORT_DECODE_MAX_TOKENS
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
 from .placement import Fit, budgets, place
 
@@ -254,6 +255,8 @@ def fit(
             cands[m].append(f"fits: {f.placement.reasons[0]}")
         else:
             cands[m].extend(f.reasons)
+            # what the method leaves unquantized decides MoE fits: say it where the method is rejected
+            cands[m].extend(n for n in bd.notes if "MoE expert" in n)
     usable = [m for m in methods if m == "none" or not bnb]
     if result is None and allow_offload and usable:
         method = None if "none" in usable else usable[-1]
@@ -264,25 +267,27 @@ def fit(
             cands[ok_name].append("fits with CPU/disk offload (allowed)")
     candidates = tuple(Candidate(m, m == ok_name, tuple(cands[m])) for m in METHODS)
     if result is None or bd_ok is None:
+        sugg = suggestions(
+            info,
+            caps,
+            dtype=dtype,
+            intent=intent,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            attn=attn,
+            methods=[m for m in methods if not (m != "none" and bnb)],
+            max_memory=max_memory,
+            allow_offload=allow_offload,
+            optimizer=opts[-1],
+            gradient_checkpointing=gcs[-1],
+            optimizer_requested=optimizer,
+        )
         raise DoesNotFitError(
             f"{info.summary.name} ({info.summary.params / 1e9:.2f} B params, intent {intent}, "
             f"seq_len {seq_len} x batch {batch_size}) does not fit this machine",
             reasons=[f"{c.name}: {'; '.join(c.reasons)}" for c in candidates],
-            fix=what_would_fit(
-                info,
-                caps,
-                dtype=dtype,
-                intent=intent,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                attn=attn,
-                methods=[m for m in methods if not (m != "none" and bnb)],
-                max_memory=max_memory,
-                allow_offload=allow_offload,
-                optimizer=opts[-1],
-                gradient_checkpointing=gcs[-1],
-                optimizer_requested=optimizer,
-            ),
+            fix=render_suggestions(sugg),
+            suggestions=sugg,
         )
     choice = None if ok_name == "none" else ok_name
     reasons = [c for c in cands[ok_name or "none"]]
@@ -381,6 +386,7 @@ class Suggestion:
     kind: str
     value: Any
     text: str
+    seq_len: int | None = None  # a GPU count that holds only with a shorter sequence says so
 
 
 def replicate_gpus(caps: Capabilities, count: int) -> Capabilities:
@@ -417,7 +423,25 @@ def suggestions(
     whole-layer granularity of a split are in the arithmetic (a count that only adds up in bytes is not
     enough)."""
     out: list[Suggestion] = []
-    best = methods[-1] if methods else "none"
+    if not methods:
+        # nothing this intent allows can run here (qlora without a usable bitsandbytes): only another intent
+        if intent == "qlora" and caps.gpus:
+            bd = breakdown(
+                info,
+                dtype=dtype,
+                quantization=None,
+                intent="lora",
+                seq_len=seq_len,
+                batch_size=batch_size,
+                attn=attn,
+                gradient_checkpointing=True,
+            )
+            if place(caps, bd, max_memory=max_memory).ok:
+                out.append(
+                    Suggestion("intent", "lora", "intent='lora' (bf16 base + LoRA, no bitsandbytes) fits")
+                )
+        return out
+    best = methods[-1]
     q = None if best == "none" else best
 
     def estimate_with(**kw: Any) -> Breakdown:
@@ -432,6 +456,16 @@ def suggestions(
             "gradient_checkpointing": gradient_checkpointing,
         }
         args.update(kw)
+        if (
+            args["intent"] == "inference"
+            and args["batch_size"] == 1
+            and args["seq_len"] <= SHORT_DECODE_MAX_TOKENS
+            and caps.gpus
+            and caps.gpus[0].compute_capability >= (8, 0)
+        ):
+            # a plan declaring one short sequence picks eager (policies/attention.py _short_decode): its
+            # seq_len^2 scores must be in the arithmetic of a shorter-sequence suggestion
+            args["attn"] = "eager"
         return breakdown(info, **args)
 
     def fits(c: Capabilities = caps, **kw: Any) -> bool:
@@ -454,16 +488,26 @@ def suggestions(
         )
         if not explicit_map:
             per_gpu = budgets(caps, None).get(f"cuda:{caps.gpus[0].index}", 0)
-            # smallest count that places: the model's bytes bound it below; then place() decides
-            bd = estimate_with()
-            room = max(per_gpu - bd.every_device, 1)
-            n = max(len(caps.gpus) + 1, bd.model_bytes // room)
-            while n <= MAX_SUGGESTED_GPUS and not fits(replicate_gpus(caps, n)):
-                n += 1
-            if n <= MAX_SUGGESTED_GPUS:
-                out.append(
-                    Suggestion("gpus", n, f"{n} GPUs like {caps.gpus[0].name} ({per_gpu / GiB:.0f} GiB each)")
-                )
+
+            def gpus_for(s: int) -> int | None:
+                # smallest count that places: the model's bytes bound it below; then place() decides
+                bd = estimate_with(seq_len=s)
+                room = max(per_gpu - bd.every_device, 1)
+                n = max(len(caps.gpus) + 1, bd.model_bytes // room)
+                while n <= MAX_SUGGESTED_GPUS and not fits(replicate_gpus(caps, n), seq_len=s):
+                    n += 1
+                return n if n <= MAX_SUGGESTED_GPUS else None
+
+            name = f"{caps.gpus[0].name} ({per_gpu / GiB:.0f} GiB each)"
+            s = seq_len
+            n = gpus_for(s)
+            while n is None and s > 512:
+                # every GPU of a split runs its share of the sequence's activations: shorter, then more GPUs
+                s = max(s // 2, 512)
+                n = gpus_for(s)
+            if n is not None:
+                text = f"{n} GPUs like {name}" + ("" if s == seq_len else f" with seq_len <= {s}")
+                out.append(Suggestion("gpus", n, text, seq_len=None if s == seq_len else s))
         if (
             intent in ("training", "lora")
             and "nf4" not in methods
@@ -483,7 +527,8 @@ def suggestions(
                 ):
                     out.append(Suggestion("optimizer", o, f"optimizer='{o}' fits"))
                     break
-    if not allow_offload:
+    if not allow_offload and place(caps, estimate_with(), max_memory=max_memory, allow_offload=True).ok:
+        # only when the host's memory is known (a profile without it cannot offload)
         out.append(Suggestion("offload", True, "allow_offload=True (CPU/disk offload, slow)"))
     return out
 
@@ -492,11 +537,11 @@ def suggestions(
 MAX_SUGGESTED_GPUS = 64
 
 
-def what_would_fit(
-    info: Any,
-    caps: Capabilities,
-    **kw: Any,
-) -> str:
-    """One line of alternatives, each checked against the same estimate (see :func:`suggestions`)."""
-    tips = [t.text for t in suggestions(info, caps, **kw)]
+def render_suggestions(sugg: list[Suggestion]) -> str:
+    tips = [t.text for t in sugg]
     return "try: " + "; or ".join(tips) if tips else "use a machine with more GPU memory"
+
+
+def what_would_fit(info: Any, caps: Capabilities, **kw: Any) -> str:
+    """One line of alternatives, each checked against the same estimate (see :func:`suggestions`)."""
+    return render_suggestions(suggestions(info, caps, **kw))
