@@ -752,6 +752,7 @@ class Runner:
             return
         row = measure(prep, pt, self.args.steps, self.meter, self.device)
         row["t"] = round(self.elapsed(), 1)
+        row["cudaload"] = cudaload_estimate(row, self.smoke)
         self.res["points"].append(row)
         self.note_rate(pt.shape, pt.mode, row)
         status = "OOM" if row["oom"] else (row.get("error") or f"{row.get('seconds', 0):.1f} s")
@@ -825,6 +826,10 @@ class Runner:
         rec["longest_trains"] = lo
         rec["shortest_fails"] = hi
         rec["converged"] = hi is not None and lo is not None and hi - lo <= ALIGN
+        try:
+            rec["cudaload_planned"] = planned_longest(rec, self.smoke, card)
+        except Exception as e:
+            rec["cudaload_planned_error"] = f"{type(e).__name__}: {e}"
         self.meter.set_card(None)
         log(f"bisect {gname} {card_gib} GB: longest {lo}, shortest failing {hi}")
         self.save()
@@ -911,10 +916,116 @@ def bisect_longest(
 
 
 # ----------------------------------------------------------------------------------------------------------
+# cudaload's own estimates for what was measured (pure arithmetic: no GPU)
+# ----------------------------------------------------------------------------------------------------------
+#: bench mode/optim -> cudaload.plan / estimate arguments; adamw_torch_bf16 (AdamW on bf16 weights) has no
+#: cudaload counterpart (cudaload plans AdamW with fp32 master weights) and is not estimated
+def plan_args(mode: str, optim: str) -> dict[str, Any] | None:
+    if optim == "adamw_torch_bf16":
+        return None
+    if mode == "qlora":
+        return {"intent": "qlora", "quantization": "nf4", "optimizer": optim}
+    if mode == "lora":
+        return {"intent": "lora", "quantization": None, "optimizer": optim}
+    return {"intent": "training", "quantization": None, "optimizer": optim}
+
+
+_INFO: dict[str, Any] = {}
+
+
+def _info(shape: str, smoke: bool) -> Any:
+    from cudaload.model_info import model_info
+
+    key = f"{shape}/{smoke}"
+    if key not in _INFO:
+        _INFO[key] = model_info(config_for(shape, smoke))
+    return _INFO[key]
+
+
+def cudaload_estimate(row: dict[str, Any], smoke: bool) -> dict[str, Any] | None:
+    """cudaload's terms for a measured point; ``estimate_allocated`` is comparable with the allocator's peak
+    (the CUDA context is outside it)."""
+    args = plan_args(row["mode"], row["optim"])
+    if args is None:
+        return None
+    try:
+        from cudaload.policies.memory import estimate
+
+        t = estimate(
+            _info(row["shape"], smoke),
+            dtype="bfloat16",
+            seq_len=row["seq_len"],
+            batch_size=row["batch"],
+            attn=row["attn"],
+            gradient_checkpointing=row["gradient_checkpointing"],
+            **args,
+        )
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    alloc = t["total"] - t["cuda_context"]
+    out: dict[str, Any] = {"terms": t, "estimate_allocated": alloc}
+    if not row.get("oom") and row.get("peak_allocated"):
+        out["ratio_allocated"] = alloc / row["peak_allocated"]
+        out["ratio_reserved"] = alloc / max(row["peak_reserved"], 1)
+    return out
+
+
+def planned_longest(rec: dict[str, Any], smoke: bool, allocator_bytes: int) -> int | None:
+    """The longest seq_len (multiple of 256) cudaload plans for an emulated card whose allocator may hold
+    ``allocator_bytes``: a GPU of that size plus cudaload's own context allowance (which it subtracts)."""
+    args = plan_args(rec["mode"], rec["optim"])
+    if args is None:
+        return None
+    from cudaload.capabilities import GPU, Capabilities
+    from cudaload.errors import DoesNotFitError
+    from cudaload.planner import plan
+    from cudaload.policies.memory import CUDA_CONTEXT_BYTES
+
+    total = allocator_bytes + CUDA_CONTEXT_BYTES
+    caps = Capabilities(source="emulated", gpus=(GPU(0, "emulated", (9, 0), total, total),)).with_packages(
+        ["bitsandbytes"], []
+    )
+    cfg = config_for(rec["shape"], smoke)
+    q = args["quantization"] or "none"
+
+    def fits(seq: int) -> bool:
+        try:
+            plan(
+                cfg,
+                hardware=caps,
+                intent=args["intent"],
+                quantization=q if args["intent"] != "training" else "auto",
+                optimizer=args["optimizer"],
+                gradient_checkpointing=rec["gradient_checkpointing"],
+                attn="sdpa",
+                seq_len=seq,
+                batch_size=rec["batch"],
+            )
+            return True
+        except DoesNotFitError:
+            return False
+
+    lo, hi = 0, 1
+    while fits(hi * ALIGN) and hi * ALIGN < 1 << 20:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * ALIGN):
+            lo = mid
+        else:
+            hi = mid
+    return lo * ALIGN
+
+
+# ----------------------------------------------------------------------------------------------------------
 # markdown
 # ----------------------------------------------------------------------------------------------------------
 def _g(n: Any) -> str:
     return "-" if n is None else f"{n / GiB:.2f}"
+
+
+def _r(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def render_markdown(res: dict[str, Any]) -> str:
@@ -928,8 +1039,9 @@ def render_markdown(res: dict[str, Any]) -> str:
         "",
         "## Peaks (GiB; allocator: max_memory_allocated / max_memory_reserved, reset per point)",
         "",
-        "| shape | mode | optim | seq | batch | ckpt | attn | before | peak alloc | peak reserved | after | s | result |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | mode | optim | seq | batch | ckpt | attn | before | peak alloc | peak reserved | after | s | result "
+        "| cudaload est. | est. / peak alloc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["points"]:
         result = "OOM" if r["oom"] else ("error" if "error" in r else "ok")
@@ -937,18 +1049,22 @@ def render_markdown(res: dict[str, Any]) -> str:
             f"| {r['shape']} | {r['mode']} | {r['optim']} | {r['seq_len']} | {r['batch']} | "
             f"{'on' if r['gradient_checkpointing'] else 'off'} | {r['attn']} | {_g(r['allocated_before'])} | "
             f"{_g(r['peak_allocated'])} | {_g(r['peak_reserved'])} | {_g(r.get('allocated_after'))} | "
-            f"{r.get('seconds', 0) or 0:.1f} | {result} |"
+            f"{r.get('seconds', 0) or 0:.1f} | {result} | {_g((r.get('cudaload') or {}).get('estimate_allocated'))} | "
+            f"{_r((r.get('cudaload') or {}).get('ratio_allocated'))} |"
         )
     out += ["", "## Fit boundary on emulated cards (longest seq_len that trains, multiple of 256)", ""]
     out += [
-        "| group | card GB | longest trains | shortest fails | converged | probes | note |",
-        "|---|---|---|---|---|---|---|",
+        "| group | card GB | longest trains | shortest fails | converged | cudaload plans | planned / measured "
+        "| probes | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for b in res["bisections"]:
         probes = ", ".join(f"{p['seq_len']}{'+' if p['trains'] else 'x'}" for p in b["probes"])
         out.append(
             f"| {b['group']} | {b['card_gib']} | {b.get('longest_trains')} | {b.get('shortest_fails')} | "
-            f"{b.get('converged')} | {probes} | {b.get('stopped', '')} |"
+            f"{b.get('converged')} | {b.get('cudaload_planned')} | "
+            f"{_r(b['cudaload_planned'] / b['longest_trains'] if b.get('cudaload_planned') and b.get('longest_trains') else None)} "
+            f"| {probes} | {b.get('stopped', '')} |"
         )
     if res["skipped"]:
         out += ["", "## Skipped", ""] + [f"- {s['what']}: {s['why']}" for s in res["skipped"]]
