@@ -339,7 +339,13 @@ def test_does_not_fit_says_what_would() -> None:
     with pytest.raises(DoesNotFitError) as e:
         plan(full_config("Llama-3.1-70B"), hardware=hw("H100-SXM", missing=("bitsandbytes",)))
     msg = str(e.value)
-    assert "GPUs like" in msg and "allow_offload" in msg
+    # offload is suggested only where it fits: a profile states no host memory (issue 15: every suggestion
+    # is followed in tests/test_memory_suggestions.py)
+    assert "GPUs like" in msg and "allow_offload" not in msg
+    caps = replace(hw("H100-SXM", missing=("bitsandbytes",)), host_memory=512 << 30)
+    with pytest.raises(DoesNotFitError) as e:
+        plan(full_config("Llama-3.1-70B"), hardware=caps)
+    assert "allow_offload" in str(e.value)
     with pytest.raises(DoesNotFitError) as e:
         plan(
             full_config("Qwen3-8B"),
