@@ -294,3 +294,13 @@ def test_qlora_70b_does_not_fit_48gb() -> None:
     caps = hardware("L40S").with_packages(["bitsandbytes"], [])
     with pytest.raises(DoesNotFitError):
         plan(full_config("Llama-3.1-70B"), hardware=caps, intent="qlora", seq_len=512, batch_size=1)
+
+
+def test_paged_states_must_fit_the_host() -> None:
+    from dataclasses import replace
+
+    caps = replace(hardware("L40S").with_packages(["bitsandbytes"], []), host_memory=8 << 30)
+    p = plan(full_config("Llama-3.1-8B"), hardware=caps, intent="training", seq_len=512)
+    assert p.optimizer is not None and p.optimizer.choice == "adafactor"
+    paged = p.optimizer.candidate("paged_adamw_8bit")
+    assert paged is not None and "exceed the host" in " ".join(paged.reasons)

@@ -212,6 +212,15 @@ def fit(
             optimizer=opt,
             gradient_checkpointing=gc,
         )
+        if bd.host_bytes and caps.host_memory and bd.host_bytes > caps.host_memory:
+            # paged optimizer states evicted to the host must fit there
+            return bd, Fit(
+                False,
+                reasons=(
+                    f"{opt}: {bd.host_bytes / GiB:.2f} GiB of paged states exceed the host's "
+                    f"{caps.host_memory / GiB:.2f} GiB",
+                ),
+            )
         return bd, place(caps, bd, device_map=device_map, max_memory=max_memory, allow_offload=offload)
 
     for m in METHODS:
