@@ -218,6 +218,36 @@ def _largest_param(info: Any) -> int:
     return int(max(s.vocab_size * s.hidden_size, inter * s.hidden_size, 1))
 
 
+@dataclass(frozen=True)
+class TrainingPhases:
+    """Activation bytes of one training step by phase. ``kept``: what the forward leaves for backward (every
+    layer's checkpointed input, or every saved tensor without checkpointing); ``loss``: the fp32 loss over the
+    vocabulary (forward end / backward start); ``layer``: one layer's recompute and backward transients;
+    ``cache``: bf16 autocast copies of the weights, alive until the forward ends."""
+
+    kept: int
+    loss: int
+    layer: int
+    cache: int = 0
+
+    def peak(self, grads: int, step: int, accumulate: bool) -> tuple[int, int]:
+        """(activation bytes, optimizer-step excess) so that weights + states + gradients + both is the peak.
+
+        Without accumulation the gradients do not exist during the forward (zero_grad(set_to_none=True), as
+        Trainer calls it) and grow while backward frees the kept activations, so the step's peak is the
+        largest of: forward end (cache + kept + loss), backward start (kept + loss), backward end (gradients +
+        one layer), optimizer step (gradients + its temporaries). With accumulation the gradients persist
+        through the next micro-step's forward and add to every phase."""
+        fwd = self.cache + self.kept + self.loss
+        bwd = max(self.kept, 0) + self.layer
+        if accumulate:
+            act = max(fwd, bwd)
+            return act, max(step - act, 0)
+        top = max(fwd, bwd, grads + self.layer)
+        act = max(top - grads, 0)
+        return act, max(grads + step - top, 0)
+
+
 def training_activations(
     info: Any,
     *,
@@ -229,14 +259,14 @@ def training_activations(
     attn: str,
     gradient_checkpointing: bool,
     autocast_copies: int = 0,
-) -> tuple[int, int, list[str]]:
-    """(peak activation bytes of one training step, the part kept per layer, the notes that say how).
+) -> tuple[TrainingPhases, list[str]]:
+    """The step's activation phases and the notes that say how.
 
-    Saved per layer and token (no checkpointing): the two RMSNorms' fp32 inputs and their outputs, q/k/v and
-    the attention output, the MLP's gate, up, activation and product, and with LoRA each wrapped module's
-    dropout output and mask. With gradient checkpointing (transformers checkpoints every decoder layer,
-    non-reentrant) each layer keeps only its input and one layer at a time is recomputed. On top, the larger
-    of two phases: the loss over the full vocabulary in fp32, or one layer's backward transients."""
+    Saved per layer and token (no checkpointing): the two RMSNorms' fp32 inputs and their outputs, q/k/v,
+    the rotated q/k and the attention output, the MLP's gate, up, activation and product, and with LoRA each
+    wrapped module's dropout output in fp32 (PEFT casts the input to the adapter's dtype) and its mask. With
+    gradient checkpointing (transformers checkpoints every decoder layer, non-reentrant) each layer keeps only
+    its input and one layer at a time is recomputed."""
     s = info.summary
     L = max(s.layers, 1)
     h = s.hidden_size
@@ -247,7 +277,7 @@ def training_activations(
     tokens = batch_size * seq_len
     layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
     if intent in ("lora", "qlora"):
-        layer += (r + 1) * 5 * h + (a + 1) * (q + inter)  # dropout output + mask on each wrapped input
+        layer += 5 * (5 * h + q + inter)  # fp32 dropout output + bool mask on each of the 7 wrapped inputs
     layer_saved = tokens * layer
     backward = tokens * (2 * a * inter + 4 * r * h)
     scores = batch_size * s.num_heads * seq_len * seq_len
@@ -259,28 +289,26 @@ def training_activations(
             f"activations: eager attention keeps {s.num_heads} x {seq_len}^2 scores per layer "
             f"(fp32 softmax + {a}-byte copy), {scores * (EAGER_SAVED_FP32 + a) / GiB:.2f} GiB a layer"
         )
-    logits = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT if info.can_generate else 0
+    loss = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT if info.can_generate else 0
     if gradient_checkpointing:
-        kept = L * tokens * h * r
-        phase = max(logits + autocast_copies, layer_saved + backward)
+        ph = TrainingPhases(L * tokens * h * r, loss, layer_saved + backward, autocast_copies)
         notes.append(
-            f"activations: gradient checkpointing: {L} layer inputs {kept / GiB:.2f} GiB + the larger of the "
-            f"fp32 loss over {s.vocab_size} logits ({logits / GiB:.2f} GiB) and one layer recomputed with its "
-            f"backward ({(layer_saved + backward) / GiB:.2f} GiB)"
+            f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, the fp32 loss over "
+            f"{s.vocab_size} logits {loss / GiB:.2f} GiB, one layer recomputed with its backward "
+            f"{ph.layer / GiB:.2f} GiB"
         )
     else:
-        kept = L * layer_saved
-        phase = max(logits + autocast_copies, backward)
+        ph = TrainingPhases(L * layer_saved, loss, backward, autocast_copies)
         notes.append(
-            f"activations: no gradient checkpointing: every layer's saved tensors {kept / GiB:.2f} GiB + the "
-            f"fp32 loss over {s.vocab_size} logits ({logits / GiB:.2f} GiB)"
+            f"activations: no gradient checkpointing: every layer's saved tensors {ph.kept / GiB:.2f} GiB, the "
+            f"fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
         )
     if autocast_copies:
         notes.append(
-            f"activations: bf16 autocast caches a copy of every weight during the forward "
+            f"activations: bf16 autocast caches a copy of every weight until the forward ends "
             f"({autocast_copies / GiB:.2f} GiB)"
         )
-    return kept + phase, kept // L, notes
+    return ph, notes
 
 
 def breakdown(
@@ -362,7 +390,7 @@ def breakdown(
         terms["activations"] = act
     else:
         resid = 4 if (kbit_prepared or master) else b
-        act, act_layer, act_notes = training_activations(
+        phases, act_notes = training_activations(
             info,
             intent=intent,
             seq_len=seq_len,
@@ -373,18 +401,19 @@ def breakdown(
             gradient_checkpointing=gc_on,
             autocast_copies=n * b if master else 0,
         )
-        terms["activations"] = act
         notes.extend(act_notes)
     grads = opt = mw = adapters = host = step = 0
     if intent == "training":
-        grads = n * b
         pb = 4 if master else b
+        grads = n * pb  # gradients take the parameters' dtype
         opt, host = optimizer_state_bytes(info, optimizer, n, pb)
         if master:
-            mw = n * 4
+            # mixed precision as Trainer runs it on an fp32 model: the fp32 weights are the master copy
+            # (weights in the dtype + the rest of fp32 here), fp32 gradients and fp32 AdamW states
+            mw = n * (4 - b)
             notes.append(
-                f"training: {optimizer}: fp32 master weights and fp32 AdamW states (mixed precision), "
-                "16 bytes/param with bf16"
+                f"training: {optimizer}: fp32 master weights, fp32 gradients and fp32 AdamW states (mixed "
+                "precision), 16 bytes/param"
             )
         else:
             notes.append(
@@ -411,16 +440,21 @@ def breakdown(
                 f"optimizer: {optimizer} keeps {host / GiB:.2f} GiB of states in CUDA managed memory, "
                 "paged to host memory under pressure (not counted on the GPU)"
             )
-        if gradient_accumulation_steps > 1:
+        accumulate = gradient_accumulation_steps > 1
+        if accumulate:
             notes.append(
-                f"gradients persist across {gradient_accumulation_steps} micro-steps (already counted)"
+                f"gradients persist across {gradient_accumulation_steps} micro-steps: they add to the forward"
             )
+        act, terms["optimizer_step"] = phases.peak(grads, step, accumulate)
+        terms["activations"] = act
+        # what a split keeps per layer: its checkpointed inputs (never more than the phase peak)
+        act_layer = min(phases.kept, act) // L
+    else:
+        terms["optimizer_step"] = 0
     terms["gradients"] = grads
     terms["optimizer"] = opt
     terms["master_weights"] = mw
     terms["adapters"] = adapters
-    # the optimizer step runs after backward has freed the activations: only its excess over them counts
-    terms["optimizer_step"] = max(step - terms["activations"], 0)
     # training state per parameter, attributed where the parameter lives
     per_param = (grads + opt + mw) / n if intent == "training" and n else 0.0
     split = param_split(info) if info.counts.total else None
