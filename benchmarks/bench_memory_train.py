@@ -128,6 +128,22 @@ def grid(shape: str, mode: str, optim: str, seqs: Sequence[int]) -> list[Point]:
     return pts
 
 
+def is_primary(pt: Point, grid_optim: str, seqs: Sequence[int]) -> bool:
+    """The first pass: batch 1 with checkpointing over every length, the other optimizers, and one point each
+    without checkpointing and with eager attention (2048 tokens, or the second length)."""
+    mid = seqs[1] if len(seqs) > 1 else seqs[0]
+    if pt.optim != grid_optim:
+        return True
+    if pt.batch == 1 and pt.gc and pt.attn == "sdpa":
+        return True
+    return (
+        pt.batch == 1
+        and pt.seq_len == mid
+        and (not pt.gc or pt.attn == "eager")
+        and (pt.gc or pt.attn == "sdpa")
+    )
+
+
 def group_points(group: str, seqs: Sequence[int], shapes: dict[str, str]) -> list[Point]:
     s8, s06 = "8b", "0.6b"
     if group == "qlora8b":
@@ -660,18 +676,21 @@ class Runner:
             groups = [g for g in groups if not g.startswith("full8b")]
         bnb_ok, bnb_why = (False, "smoke: CPU") if self.smoke else bnb_usable()
         peft_ok, peft_why = peft_usable()
-        for gname in groups:
-            if self.left() < 5:
-                self.skip(gname, "budget spent")
-                continue
-            try:
-                self.run_group(gname, bnb_ok, bnb_why, peft_ok, peft_why)
-            except Exception as e:
-                self.res["groups"].setdefault(gname, {})["error"] = "".join(traceback.format_exception(e))[
-                    -3000:
-                ]
-                log(f"group {gname} failed: {type(e).__name__}: {e}")
-            self.save()
+        # two passes: every group's primary points and bisections first, then the rest of every grid, so a
+        # budget that runs out leaves the most informative figures of every group rather than all of one
+        for phase in ("primary", "secondary"):
+            for gname in groups:
+                if self.left() < 5:
+                    self.skip(f"{gname} ({phase})", "budget spent")
+                    continue
+                try:
+                    self.run_group(gname, bnb_ok, bnb_why, peft_ok, peft_why, phase)
+                except Exception as e:
+                    self.res["groups"].setdefault(gname, {})[f"error_{phase}"] = "".join(
+                        traceback.format_exception(e)
+                    )[-3000:]
+                    log(f"group {gname} ({phase}) failed: {type(e).__name__}: {e}")
+                self.save()
         log(
             f"done in {self.elapsed():.0f} s: {len(self.res['points'])} points, {len(self.res['bisections'])} bisections"
         )
@@ -679,15 +698,26 @@ class Runner:
         return 0
 
     def run_group(
-        self, gname: str, bnb_ok: bool, bnb_why: str | None, peft_ok: bool, peft_why: str | None
+        self,
+        gname: str,
+        bnb_ok: bool,
+        bnb_why: str | None,
+        peft_ok: bool,
+        peft_why: str | None,
+        phase: str = "primary",
     ) -> None:
         if gname in BISECTIONS:
+            if phase != "primary":
+                return
             shape, mode, optim = BISECTIONS[gname][:3]
             pts: list[Point] = []
         else:
-            pts = group_points(gname, self.seqs, SHAPES)
-            shape, mode = pts[0].shape, pts[0].mode
-            optim = pts[0].optim
+            every = group_points(gname, self.seqs, SHAPES)
+            shape, mode = every[0].shape, every[0].mode
+            optim = every[0].optim
+            pts = [p for p in every if is_primary(p, optim, self.seqs) == (phase == "primary")]
+            if not pts:
+                return
         if mode in ("lora", "qlora") and not peft_ok:
             self.skip(gname, peft_why or "peft missing")
             return
@@ -705,7 +735,7 @@ class Runner:
         bis = (
             gname
             if gname in BISECTIONS
-            else (carried if carried in set(self.args.groups.split(",")) else None)
+            else (carried if carried in set(self.args.groups.split(",")) and phase == "primary" else None)
         )
         for master, fpts in families.items():
             fam_optim = "adamw_torch_fused" if master else (fpts[0].optim if fpts else optim)
@@ -727,7 +757,11 @@ class Runner:
             self.save()
             try:
                 bis_here = bis is not None and (BISECTIONS[bis][1] == mode and master == (mode == "full"))
-                first = len(self.seqs) if (bis_here and gname not in BISECTIONS) else len(fpts)
+                first = (
+                    sum(1 for p in fpts if p.batch == 1 and p.gc and p.attn == "sdpa" and p.optim == optim)
+                    if (bis_here and gname not in BISECTIONS)
+                    else len(fpts)
+                )
                 for pt in fpts[:first]:
                     self.run_point(prep, pt, bnb_ok, bnb_why)
                 if bis_here and bis is not None:
