@@ -101,7 +101,7 @@ def test_smoke_run_records_points_and_bisections(tmp_path: Path) -> None:
     assert all(p["steps"] >= 2 for p in pts)
     assert any(not p["gradient_checkpointing"] for p in pts) and any(p["attn"] == "eager" for p in pts)
     # the fake meter charges model bytes + 64 KiB a token; a fake "24 GB" card is 96 MiB
-    (model,) = [m for m in res["groups"]["full06"]["models"] if m["master_fp32"]]
+    model = next(m for m in res["groups"]["full06"]["models"] if m["master_fp32"])
     base = model["model_allocated"]
     for bis in res["bisections"]:
         card = bis["card_bytes"]
