@@ -128,6 +128,22 @@ def grid(shape: str, mode: str, optim: str, seqs: Sequence[int]) -> list[Point]:
     return pts
 
 
+def is_primary(pt: Point, grid_optim: str, seqs: Sequence[int]) -> bool:
+    """The first pass: batch 1 with checkpointing over every length, the other optimizers, and one point each
+    without checkpointing and with eager attention (2048 tokens, or the second length)."""
+    mid = seqs[1] if len(seqs) > 1 else seqs[0]
+    if pt.optim != grid_optim:
+        return True
+    if pt.batch == 1 and pt.gc and pt.attn == "sdpa":
+        return True
+    return (
+        pt.batch == 1
+        and pt.seq_len == mid
+        and (not pt.gc or pt.attn == "eager")
+        and (pt.gc or pt.attn == "sdpa")
+    )
+
+
 def group_points(group: str, seqs: Sequence[int], shapes: dict[str, str]) -> list[Point]:
     s8, s06 = "8b", "0.6b"
     if group == "qlora8b":
@@ -660,18 +676,21 @@ class Runner:
             groups = [g for g in groups if not g.startswith("full8b")]
         bnb_ok, bnb_why = (False, "smoke: CPU") if self.smoke else bnb_usable()
         peft_ok, peft_why = peft_usable()
-        for gname in groups:
-            if self.left() < 5:
-                self.skip(gname, "budget spent")
-                continue
-            try:
-                self.run_group(gname, bnb_ok, bnb_why, peft_ok, peft_why)
-            except Exception as e:
-                self.res["groups"].setdefault(gname, {})["error"] = "".join(traceback.format_exception(e))[
-                    -3000:
-                ]
-                log(f"group {gname} failed: {type(e).__name__}: {e}")
-            self.save()
+        # two passes: every group's primary points and bisections first, then the rest of every grid, so a
+        # budget that runs out leaves the most informative figures of every group rather than all of one
+        for phase in ("primary", "secondary"):
+            for gname in groups:
+                if self.left() < 5:
+                    self.skip(f"{gname} ({phase})", "budget spent")
+                    continue
+                try:
+                    self.run_group(gname, bnb_ok, bnb_why, peft_ok, peft_why, phase)
+                except Exception as e:
+                    self.res["groups"].setdefault(gname, {})[f"error_{phase}"] = "".join(
+                        traceback.format_exception(e)
+                    )[-3000:]
+                    log(f"group {gname} ({phase}) failed: {type(e).__name__}: {e}")
+                self.save()
         log(
             f"done in {self.elapsed():.0f} s: {len(self.res['points'])} points, {len(self.res['bisections'])} bisections"
         )
@@ -679,15 +698,26 @@ class Runner:
         return 0
 
     def run_group(
-        self, gname: str, bnb_ok: bool, bnb_why: str | None, peft_ok: bool, peft_why: str | None
+        self,
+        gname: str,
+        bnb_ok: bool,
+        bnb_why: str | None,
+        peft_ok: bool,
+        peft_why: str | None,
+        phase: str = "primary",
     ) -> None:
         if gname in BISECTIONS:
+            if phase != "primary":
+                return
             shape, mode, optim = BISECTIONS[gname][:3]
             pts: list[Point] = []
         else:
-            pts = group_points(gname, self.seqs, SHAPES)
-            shape, mode = pts[0].shape, pts[0].mode
-            optim = pts[0].optim
+            every = group_points(gname, self.seqs, SHAPES)
+            shape, mode = every[0].shape, every[0].mode
+            optim = every[0].optim
+            pts = [p for p in every if is_primary(p, optim, self.seqs) == (phase == "primary")]
+            if not pts:
+                return
         if mode in ("lora", "qlora") and not peft_ok:
             self.skip(gname, peft_why or "peft missing")
             return
@@ -705,7 +735,7 @@ class Runner:
         bis = (
             gname
             if gname in BISECTIONS
-            else (carried if carried in set(self.args.groups.split(",")) else None)
+            else (carried if carried in set(self.args.groups.split(",")) and phase == "primary" else None)
         )
         for master, fpts in families.items():
             fam_optim = "adamw_torch_fused" if master else (fpts[0].optim if fpts else optim)
@@ -727,7 +757,11 @@ class Runner:
             self.save()
             try:
                 bis_here = bis is not None and (BISECTIONS[bis][1] == mode and master == (mode == "full"))
-                first = len(self.seqs) if (bis_here and gname not in BISECTIONS) else len(fpts)
+                first = (
+                    sum(1 for p in fpts if p.batch == 1 and p.gc and p.attn == "sdpa" and p.optim == optim)
+                    if (bis_here and gname not in BISECTIONS)
+                    else len(fpts)
+                )
                 for pt in fpts[:first]:
                     self.run_point(prep, pt, bnb_ok, bnb_why)
                 if bis_here and bis is not None:
@@ -752,6 +786,7 @@ class Runner:
             return
         row = measure(prep, pt, self.args.steps, self.meter, self.device)
         row["t"] = round(self.elapsed(), 1)
+        row["cudaload"] = cudaload_estimate(row, self.smoke)
         self.res["points"].append(row)
         self.note_rate(pt.shape, pt.mode, row)
         status = "OOM" if row["oom"] else (row.get("error") or f"{row.get('seconds', 0):.1f} s")
@@ -825,6 +860,10 @@ class Runner:
         rec["longest_trains"] = lo
         rec["shortest_fails"] = hi
         rec["converged"] = hi is not None and lo is not None and hi - lo <= ALIGN
+        try:
+            rec["cudaload_planned"] = planned_longest(rec, self.smoke, card)
+        except Exception as e:
+            rec["cudaload_planned_error"] = f"{type(e).__name__}: {e}"
         self.meter.set_card(None)
         log(f"bisect {gname} {card_gib} GB: longest {lo}, shortest failing {hi}")
         self.save()
@@ -911,10 +950,116 @@ def bisect_longest(
 
 
 # ----------------------------------------------------------------------------------------------------------
+# cudaload's own estimates for what was measured (pure arithmetic: no GPU)
+# ----------------------------------------------------------------------------------------------------------
+#: bench mode/optim -> cudaload.plan / estimate arguments; adamw_torch_bf16 (AdamW on bf16 weights) has no
+#: cudaload counterpart (cudaload plans AdamW with fp32 master weights) and is not estimated
+def plan_args(mode: str, optim: str) -> dict[str, Any] | None:
+    if optim == "adamw_torch_bf16":
+        return None
+    if mode == "qlora":
+        return {"intent": "qlora", "quantization": "nf4", "optimizer": optim}
+    if mode == "lora":
+        return {"intent": "lora", "quantization": None, "optimizer": optim}
+    return {"intent": "training", "quantization": None, "optimizer": optim}
+
+
+_INFO: dict[str, Any] = {}
+
+
+def _info(shape: str, smoke: bool) -> Any:
+    from cudaload.model_info import model_info
+
+    key = f"{shape}/{smoke}"
+    if key not in _INFO:
+        _INFO[key] = model_info(config_for(shape, smoke))
+    return _INFO[key]
+
+
+def cudaload_estimate(row: dict[str, Any], smoke: bool) -> dict[str, Any] | None:
+    """cudaload's terms for a measured point; ``estimate_allocated`` is comparable with the allocator's peak
+    (the CUDA context is outside it)."""
+    args = plan_args(row["mode"], row["optim"])
+    if args is None:
+        return None
+    try:
+        from cudaload.policies.memory import estimate
+
+        t = estimate(
+            _info(row["shape"], smoke),
+            dtype="bfloat16",
+            seq_len=row["seq_len"],
+            batch_size=row["batch"],
+            attn=row["attn"],
+            gradient_checkpointing=row["gradient_checkpointing"],
+            **args,
+        )
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    alloc = t["total"] - t["cuda_context"]
+    out: dict[str, Any] = {"terms": t, "estimate_allocated": alloc}
+    if not row.get("oom") and row.get("peak_allocated"):
+        out["ratio_allocated"] = alloc / row["peak_allocated"]
+        out["ratio_reserved"] = alloc / max(row["peak_reserved"], 1)
+    return out
+
+
+def planned_longest(rec: dict[str, Any], smoke: bool, allocator_bytes: int) -> int | None:
+    """The longest seq_len (multiple of 256) cudaload plans for an emulated card whose allocator may hold
+    ``allocator_bytes``: a GPU of that size plus cudaload's own context allowance (which it subtracts)."""
+    args = plan_args(rec["mode"], rec["optim"])
+    if args is None:
+        return None
+    from cudaload.capabilities import GPU, Capabilities
+    from cudaload.errors import DoesNotFitError
+    from cudaload.planner import plan
+    from cudaload.policies.memory import CUDA_CONTEXT_BYTES
+
+    total = allocator_bytes + CUDA_CONTEXT_BYTES
+    caps = Capabilities(source="emulated", gpus=(GPU(0, "emulated", (9, 0), total, total),)).with_packages(
+        ["bitsandbytes"], []
+    )
+    cfg = config_for(rec["shape"], smoke)
+    q = args["quantization"] or "none"
+
+    def fits(seq: int) -> bool:
+        try:
+            plan(
+                cfg,
+                hardware=caps,
+                intent=args["intent"],
+                quantization=q if args["intent"] != "training" else "auto",
+                optimizer=args["optimizer"],
+                gradient_checkpointing=rec["gradient_checkpointing"],
+                attn="sdpa",
+                seq_len=seq,
+                batch_size=rec["batch"],
+            )
+            return True
+        except DoesNotFitError:
+            return False
+
+    lo, hi = 0, 1
+    while fits(hi * ALIGN) and hi * ALIGN < 1 << 20:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * ALIGN):
+            lo = mid
+        else:
+            hi = mid
+    return lo * ALIGN
+
+
+# ----------------------------------------------------------------------------------------------------------
 # markdown
 # ----------------------------------------------------------------------------------------------------------
 def _g(n: Any) -> str:
     return "-" if n is None else f"{n / GiB:.2f}"
+
+
+def _r(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def render_markdown(res: dict[str, Any]) -> str:
@@ -928,8 +1073,9 @@ def render_markdown(res: dict[str, Any]) -> str:
         "",
         "## Peaks (GiB; allocator: max_memory_allocated / max_memory_reserved, reset per point)",
         "",
-        "| shape | mode | optim | seq | batch | ckpt | attn | before | peak alloc | peak reserved | after | s | result |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | mode | optim | seq | batch | ckpt | attn | before | peak alloc | peak reserved | after | s | result "
+        "| cudaload est. | est. / peak alloc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["points"]:
         result = "OOM" if r["oom"] else ("error" if "error" in r else "ok")
@@ -937,18 +1083,22 @@ def render_markdown(res: dict[str, Any]) -> str:
             f"| {r['shape']} | {r['mode']} | {r['optim']} | {r['seq_len']} | {r['batch']} | "
             f"{'on' if r['gradient_checkpointing'] else 'off'} | {r['attn']} | {_g(r['allocated_before'])} | "
             f"{_g(r['peak_allocated'])} | {_g(r['peak_reserved'])} | {_g(r.get('allocated_after'))} | "
-            f"{r.get('seconds', 0) or 0:.1f} | {result} |"
+            f"{r.get('seconds', 0) or 0:.1f} | {result} | {_g((r.get('cudaload') or {}).get('estimate_allocated'))} | "
+            f"{_r((r.get('cudaload') or {}).get('ratio_allocated'))} |"
         )
     out += ["", "## Fit boundary on emulated cards (longest seq_len that trains, multiple of 256)", ""]
     out += [
-        "| group | card GB | longest trains | shortest fails | converged | probes | note |",
-        "|---|---|---|---|---|---|---|",
+        "| group | card GB | longest trains | shortest fails | converged | cudaload plans | planned / measured "
+        "| probes | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for b in res["bisections"]:
         probes = ", ".join(f"{p['seq_len']}{'+' if p['trains'] else 'x'}" for p in b["probes"])
         out.append(
             f"| {b['group']} | {b['card_gib']} | {b.get('longest_trains')} | {b.get('shortest_fails')} | "
-            f"{b.get('converged')} | {probes} | {b.get('stopped', '')} |"
+            f"{b.get('converged')} | {b.get('cudaload_planned')} | "
+            f"{_r(b['cudaload_planned'] / b['longest_trains'] if b.get('cudaload_planned') and b.get('longest_trains') else None)} "
+            f"| {probes} | {b.get('stopped', '')} |"
         )
     if res["skipped"]:
         out += ["", "## Skipped", ""] + [f"- {s['what']}: {s['why']}" for s in res["skipped"]]

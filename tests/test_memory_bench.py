@@ -101,7 +101,7 @@ def test_smoke_run_records_points_and_bisections(tmp_path: Path) -> None:
     assert all(p["steps"] >= 2 for p in pts)
     assert any(not p["gradient_checkpointing"] for p in pts) and any(p["attn"] == "eager" for p in pts)
     # the fake meter charges model bytes + 64 KiB a token; a fake "24 GB" card is 96 MiB
-    (model,) = [m for m in res["groups"]["full06"]["models"] if m["master_fp32"]]
+    model = next(m for m in res["groups"]["full06"]["models"] if m["master_fp32"])
     base = model["model_allocated"]
     for bis in res["bisections"]:
         card = bis["card_bytes"]
@@ -109,5 +109,10 @@ def test_smoke_run_records_points_and_bisections(tmp_path: Path) -> None:
         assert bis["longest_trains"] == want, bis
         assert bis["shortest_fails"] == want + 256
         assert any(not p["trains"] for p in bis["probes"])  # an OOM was caught and recorded
+    # cudaload's own estimate rides along with every point it can plan, and its planned boundary per card
+    est = [p["cudaload"] for p in pts if p["optim"] != "adamw_torch_bf16"]
+    assert est and all(e["estimate_allocated"] > 0 and e["ratio_allocated"] > 0 for e in est)
+    assert all(p["cudaload"] is None for p in pts if p["optim"] == "adamw_torch_bf16")
+    assert all(isinstance(b["cudaload_planned"], int) for b in res["bisections"])
     md = (out / "results.md").read_text()
     assert "Fit boundary" in md and "adafactor" in md

@@ -67,7 +67,19 @@ class DependencyError(CudaloadError, ImportError):
 
 
 class DoesNotFitError(CudaloadError, MemoryError):
-    """The model does not fit the machine under any allowed option."""
+    """The model does not fit the machine under any allowed option. ``suggestions``: the alternatives the
+    ``fix`` names, as structured values (cudaload.policies.quantization.Suggestion), each checked to fit."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        reasons: Sequence[str] = (),
+        suggestions: Sequence[object] = (),
+    ) -> None:
+        self.suggestions = tuple(suggestions)
+        super().__init__(message, fix=fix, reasons=reasons)
 
 
 class LoadError(CudaloadError, RuntimeError):

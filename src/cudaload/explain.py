@@ -80,6 +80,10 @@ def explain(plan: Plan) -> str:
     if pl.max_memory:
         out.append("    max_memory: " + ", ".join(f"{k}={_size(v)}" for k, v in pl.max_memory.items()))
     out += _decision("load path", plan.load_path)
+    if plan.optimizer is not None:
+        out += _decision("optimizer", plan.optimizer)
+    if plan.gradient_checkpointing is not None:
+        out += _decision("gradient checkpointing", plan.gradient_checkpointing)
     out.append("memory (estimated before loading):")
     for k, v in plan.memory.terms.items():
         if v:

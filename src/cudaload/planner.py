@@ -209,13 +209,18 @@ def plan(
     padded: bool = False,
     timings: Timings | None = None,
     from_pretrained_kwargs: Mapping[str, Any] | None = None,
+    optimizer: str = "auto",
+    gradient_checkpointing: bool | None = None,
 ) -> Plan:
     """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
 
     ``new_tokens`` (of ``seq_len``) and ``padded`` describe the declared generate() work more closely, so
     measured attention timings of the nearest work are used; ``timings`` passes a measurement directly
     (``load_model(tune=True)`` does), otherwise this machine's tune cache and then cudaload's shipped priors
-    are asked (:func:`cudaload.tuning.lookup`)."""
+    are asked (:func:`cudaload.tuning.lookup`).
+
+    Training intents also decide ``optimizer`` (``"auto"`` or a TrainingArguments optim name) and
+    ``gradient_checkpointing`` (None: off when everything fits without it)."""
     if intent not in INTENTS:
         raise ConfigurationError(f"unknown intent {intent!r}", fix=f"use one of {', '.join(INTENTS)}")
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -278,6 +283,8 @@ def plan(
         device_map=device_map,
         max_memory=max_memory,
         allow_offload=allow_offload,
+        optimizer=optimizer,
+        gradient_checkpointing=gradient_checkpointing,
     )
     placement = fr.fit.placement
     assert placement is not None
@@ -336,6 +343,8 @@ def plan(
         serving=_serving(info, caps, dt.choice, at.choice, fr, gpu_devs, declared_seq, declared_batch)
         if intent == "serving"
         else None,
+        optimizer=fr.optimizer,
+        gradient_checkpointing=fr.gradient_checkpointing,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",

@@ -137,6 +137,9 @@ class Plan:
     verified: dict[str, Any] | None = None  # filled in by load_model()
     # intent "serving": transformers' continuous-batching settings (cudaload.policies.serving.ServingPlan)
     serving: ServingPlan | None = None
+    # training intents: the optimizer (TrainingArguments optim name) and gradient checkpointing ("on"/"off")
+    optimizer: Decision | None = None
+    gradient_checkpointing: Decision | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -161,6 +164,10 @@ class Plan:
             "warnings": list(self.warnings),
             "verified": self.verified,
             "serving": self.serving.to_dict() if self.serving is not None else None,
+            "optimizer": self.optimizer.to_dict() if self.optimizer else None,
+            "gradient_checkpointing": (
+                self.gradient_checkpointing.to_dict() if self.gradient_checkpointing else None
+            ),
         }
 
     @classmethod
@@ -186,6 +193,10 @@ class Plan:
             warnings=tuple(d.get("warnings", ())),
             verified=d.get("verified"),
             serving=_serving_from(d.get("serving")),
+            optimizer=Decision.from_dict(d["optimizer"]) if d.get("optimizer") else None,
+            gradient_checkpointing=(
+                Decision.from_dict(d["gradient_checkpointing"]) if d.get("gradient_checkpointing") else None
+            ),
         )
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -1,11 +1,72 @@
-"""TrainingArguments keywords that fit a Plan."""
+"""TrainingArguments keywords that fit a Plan.
+
+:func:`training_arguments` merges small, independent pieces (precision, optimizer, memory); each is a function
+of the plan alone, so other pieces (distributed settings) compose the same way.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import ConfigurationError
 from .plans import Plan
+
+#: transformers renamed TrainingArguments.gradient_checkpointing to activation_checkpointing in 5.23 (the old
+#: name is a deprecated alias there: training_args.py "Deprecated alias of `activation_checkpointing`")
+ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
+
+
+def _version(text: str | None) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _on_gpu(plan: Plan) -> bool:
+    return any(d.startswith("cuda") for d in plan.placement.devices)
+
+
+def precision_arguments(plan: Plan) -> dict[str, Any]:
+    """bf16 / fp16 from the plan's dtype; TF32 matmuls on Ampere and later."""
+    gpus = plan.hardware.get("gpus", [])
+    on_gpu = _on_gpu(plan)
+    args: dict[str, Any] = {
+        "bf16": plan.dtype.choice == "bfloat16",
+        "fp16": plan.dtype.choice == "float16",
+    }
+    if on_gpu:
+        # TF32 matmuls are free speed on Ampere and later and harmless for fine-tuning
+        args["tf32"] = bool(gpus) and all(tuple(g["compute_capability"]) >= (8, 0) for g in gpus)
+    return args
+
+
+def optimizer_arguments(plan: Plan) -> dict[str, Any]:
+    """``optim``: the plan's optimizer decision (TrainingArguments' names), or the intent's default for plans
+    made before optimizers were planned."""
+    if plan.optimizer is not None and plan.optimizer.choice:
+        return {"optim": plan.optimizer.choice}
+    if plan.intent == "qlora":
+        # paged 8-bit AdamW keeps optimizer spikes out of OOM territory, the QLoRA paper's recipe
+        return {"optim": "paged_adamw_8bit"}
+    return {"optim": "adamw_torch_fused" if _on_gpu(plan) else "adamw_torch"}
+
+
+def memory_arguments(plan: Plan) -> dict[str, Any]:
+    """Batch size and gradient checkpointing as planned (the memory estimate assumed exactly these)."""
+    if plan.gradient_checkpointing is not None:
+        gc = plan.gradient_checkpointing.choice == "on"
+    else:  # plans made before checkpointing was planned
+        gc = plan.intent in ("training", "qlora") or plan.seq_len >= 4096
+    new = _version(plan.hardware.get("transformers")) >= ACTIVATION_CHECKPOINTING_SINCE
+    name = "activation_checkpointing" if new else "gradient_checkpointing"
+    args: dict[str, Any] = {"per_device_train_batch_size": plan.batch_size, name: gc}
+    if gc:
+        # non-reentrant checkpointing: no inputs need requires_grad, and it is what the estimate measured
+        args[f"{name}_kwargs"] = {"use_reentrant": False}
+    if plan.intent in ("lora", "qlora"):
+        # adapters leave most parameters frozen; DDP must not wait for their gradients
+        args["ddp_find_unused_parameters"] = False
+    return args
 
 
 def training_arguments(plan: Plan) -> dict[str, Any]:
@@ -17,30 +78,4 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
         raise ConfigurationError(
             "this plan is for inference", fix="plan or load with intent='training', 'lora' or 'qlora'"
         )
-    gpus = plan.hardware.get("gpus", [])
-    on_gpu = any(d.startswith("cuda") for d in plan.placement.devices)
-    ampere = on_gpu and all(tuple(g["compute_capability"]) >= (8, 0) for g in gpus) and bool(gpus)
-    args: dict[str, Any] = {
-        "bf16": plan.dtype.choice == "bfloat16",
-        "fp16": plan.dtype.choice == "float16",
-        # TF32 matmuls are free speed on Ampere and later and harmless for fine-tuning
-        "tf32": ampere if on_gpu else None,
-        "per_device_train_batch_size": plan.batch_size,
-        # activations dominate long-sequence training; k-bit training is prepared with checkpointing already
-        "gradient_checkpointing": plan.intent in ("training", "qlora") or plan.seq_len >= 4096,
-    }
-    if plan.intent == "qlora":
-        # paged 8-bit AdamW keeps optimizer spikes out of OOM territory, the QLoRA paper's recipe
-        args["optim"] = "paged_adamw_8bit"
-    elif on_gpu:
-        args["optim"] = "adamw_torch_fused"
-    else:
-        args["optim"] = "adamw_torch"
-    if args["gradient_checkpointing"]:
-        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
-    if plan.intent in ("lora", "qlora"):
-        # adapters leave most parameters frozen; DDP must not wait for their gradients
-        args["ddp_find_unused_parameters"] = False
-    if args["tf32"] is None:
-        del args["tf32"]
-    return args
+    return {**precision_arguments(plan), **optimizer_arguments(plan), **memory_arguments(plan)}

@@ -35,6 +35,35 @@ NF4_ABSMAX_PLAIN = 4 / 64
 #: cudaload's own loads allocated, measured in the same run as the other terms.)
 INT8_BYTES_PER_PARAM = 1.02
 
+#: 8-bit optimizer states (bitsandbytes 0.50.2 Optimizer2State, optim_bits=8): exp_avg and exp_avg_sq as uint8
+#: plus one fp32 absmax per 256-value block for each (blockwise quantization; bitsandbytes/optim/optimizer.py).
+#: Parameters under 4096 elements keep 32-bit states (min_8bit_size): norms, negligible.
+ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
+
+#: The loss over the full vocabulary, per logit, as transformers 5.17 computes it (loss/loss_utils.py:59
+#: ``logits = logits.float()``, then cross_entropy): the logits in the head's dtype, their fp32 copy, the
+#: fp32 log-softmax that cross_entropy saves, and in backward its fp32 gradient; the forward and the backward
+#: phases each hold about three of these (bf16 head: 2 + 4 + 4 forward, 4 + 4 + 4 backward): 12 bytes.
+LOSS_BYTES_PER_LOGIT = 12
+
+#: Eager attention materialises per layer and head a seq_len x seq_len score matrix. Inference: the scores,
+#: the masked scores, the fp32 softmax and its copy in the dtype (the H200 measured 28.4 vs 19.2 GiB for
+#: eager vs sdpa at batch 8 x 2048 on the Qwen3-8B shape: 9.2 bytes per element; 3 x 2 + 4 = 10 planned).
+#: Training keeps the fp32 softmax and the dtype copy of every layer for backward (6 bytes per element
+#: with bf16), and the layer being differentiated needs its gradients (2 + 4 + 4 + 2 bytes).
+EAGER_SAVED_FP32 = 4
+EAGER_BACKWARD_BYTES = 12
+
+#: Adafactor (transformers 5.17 optimization.py:1221-1276) steps each parameter with fp32 temporaries: the
+#: gradient in fp32, the parameter in fp32 (for bf16 weights), and ``update``: three fp32 copies of the
+#: largest parameter (the embedding or output head) at the step's peak.
+ADAFACTOR_STEP_FP32_COPIES = 3
+
+#: Optimizers cudaload plans with, in transformers' TrainingArguments(optim=...) vocabulary.
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
+#: Those that need bitsandbytes.
+BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+
 #: LoRA defaults cudaload plans with (LoraConfig kwargs in the plan)
 LORA_R = 16
 LORA_ALPHA = 32
@@ -55,24 +84,64 @@ class Breakdown:
     every_device: int
     layer_weight_bytes: int = 0
     notes: tuple[str, ...] = ()
+    #: bytes kept outside the GPU (paged optimizer states in CUDA managed memory evicted to the host)
+    host_bytes: int = 0
+    #: activations kept per decoder layer (checkpointed inputs, or every saved tensor without checkpointing):
+    #: they live with the layer's device in a split; the rest of ``terms["activations"]`` is every device's
+    layer_activation_bytes: int = 0
 
     @property
     def model_bytes(self) -> int:
         return self.layers * self.layer_bytes + self.first_bytes + self.last_bytes
 
 
+@dataclass(frozen=True)
+class Split:
+    """Parameters by where a device_map puts them: per decoder layer (linear / the rest: norms and fused
+    3-D expert tensors) and outside the layers (embedding side, output head)."""
+
+    layer_linear: float
+    layer_other: float
+    outside_other: int
+    embedding: int
+    head: int
+
+
+def param_split(info: Any) -> Split:
+    """Where each parameter lives. ``counts.per_layer`` is exact (one- and two-layer builds); every
+    ``nn.Linear`` but the head is taken to sit in a decoder layer, so the rest of a layer -- norms, and the
+    fused 3-D expert tensors of transformers 5 MoE models (MixtralExperts.gate_up_proj / down_proj,
+    modeling_mixtral.py:65-66 in 5.17) -- is ``per_layer`` minus its linear share. Before this split those
+    expert bytes were counted with the embedding and all landed on the first GPU."""
+    c = info.counts
+    L = max(info.summary.layers, 1)
+    lin = c.linear / L
+    other = max(c.per_layer - lin, 0.0) if c.per_layer else 0.0
+    outside = max(c.other - int(other * L), 0)
+    return Split(lin, other, outside, c.embedding, c.head)
+
+
 def weight_bytes(
-    info: Any, dtype: str, quantization: str | None, *, double_quant: bool = True
+    info: Any,
+    dtype: str,
+    quantization: str | None,
+    *,
+    double_quant: bool = True,
+    other_bytes: int | None = None,
 ) -> tuple[int, int, int]:
-    """(total, embedding-side, head-side) bytes of the weights in ``dtype`` under ``quantization``."""
+    """(total, embedding-side, head-side) bytes of the weights in ``dtype`` under ``quantization``.
+    ``other_bytes``: bytes per parameter of what is not quantized (fp32 after prepare_model_for_kbit_training)."""
     c = info.counts
     b = dtype_bytes(dtype)
+    ob = other_bytes or b
     if c.total == 0:  # no class to count (remote code): the stored size scaled to dtype
         ck = info.summary.checkpoint_dtype or "float32"
         tot = info.summary.weights_bytes * b // max(dtype_bytes(ck), 1) if info.summary.weights_bytes else 0
         return tot, 0, 0
-    emb = (c.embedding + c.other) * b
-    head = c.head * b
+    sp = param_split(info)
+    emb = (c.embedding + sp.outside_other) * ob
+    head = c.head * ob
+    layered_other = (c.other - sp.outside_other) * ob
     if quantization == "nf4":
         per = NF4_BYTES_PER_PARAM + (NF4_ABSMAX_DOUBLE_QUANT if double_quant else NF4_ABSMAX_PLAIN)
         lin = int(c.linear * per)
@@ -85,7 +154,7 @@ def weight_bytes(
             # the headers are the truth for what is stored; rescale to the load dtype
             stored = s.weights_bytes * b // max(dtype_bytes(s.checkpoint_dtype), 1)
             return stored, emb, head
-    return lin + emb + head, emb, head
+    return lin + layered_other + emb + head, emb, head
 
 
 def adapter_params(info: Any, r: int = LORA_R) -> int:
@@ -103,6 +172,145 @@ def kv_cache_bytes(info: Any, dtype: str, seq_len: int, batch_size: int) -> int:
     return int(2 * batch_size * s.num_kv_heads * s.head_dim * tokens * dtype_bytes(dtype))
 
 
+def default_optimizer(intent: str, on_gpu: bool = True) -> str | None:
+    """What cudaload plans when nothing else is decided: Trainer's default (adamw_torch_fused on torch >= 2.8,
+    transformers 5.17 training_args.py:804-809), the QLoRA paper's paged 8-bit AdamW for qlora."""
+    if intent == "inference":
+        return None
+    if intent == "qlora":
+        return "paged_adamw_8bit"
+    return "adamw_torch_fused" if on_gpu else "adamw_torch"
+
+
+def master_weights(intent: str, optimizer: str | None, dtype: str) -> bool:
+    """Full fine-tuning with torch AdamW keeps fp32 master weights under a half-precision compute dtype (mixed
+    precision); the memory-saving optimizers are planned on half-precision weights, as people fit full
+    fine-tunes with them."""
+    return (
+        intent == "training" and optimizer in ("adamw_torch_fused", "adamw_torch") and dtype_bytes(dtype) < 4
+    )
+
+
+def optimizer_state_bytes(
+    info: Any, optimizer: str | None, trainable: int, param_bytes: int
+) -> tuple[int, int]:
+    """(GPU bytes, host bytes) of the optimizer's states for ``trainable`` parameters of ``param_bytes`` each."""
+    if optimizer in ("adamw_torch_fused", "adamw_torch", None):
+        return 2 * param_bytes * trainable, 0  # exp_avg, exp_avg_sq: zeros_like(param)
+    if optimizer == "adamw_8bit":
+        return int(ADAM8BIT_BYTES_PER_PARAM * trainable), 0
+    if optimizer == "paged_adamw_8bit":
+        # CUDA managed memory: on the GPU while there is room, evicted to the host under pressure
+        return 0, int(ADAM8BIT_BYTES_PER_PARAM * trainable)
+    if optimizer == "adafactor":
+        # factored second moments: one fp32 row and one fp32 column vector per matrix (beta1=None: no exp_avg)
+        s = info.summary
+        mats = info.counts.linear_in_out + (s.vocab_size + s.hidden_size) * (1 + (info.counts.head > 0))
+        return 4 * int(mats), 0
+    if optimizer == "sgd":
+        return 0, 0  # Trainer's optim="sgd": no momentum (4 bytes/param with momentum)
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def _largest_param(info: Any) -> int:
+    s = info.summary
+    inter = info.intermediate_size or 4 * s.hidden_size
+    return int(max(s.vocab_size * s.hidden_size, inter * s.hidden_size, 1))
+
+
+@dataclass(frozen=True)
+class TrainingPhases:
+    """Activation bytes of one training step by phase. ``kept``: what the forward leaves for backward (every
+    layer's checkpointed input, or every saved tensor without checkpointing); ``loss``: the fp32 loss over the
+    vocabulary (forward end / backward start); ``layer``: one layer's recompute and backward transients;
+    ``cache``: bf16 autocast copies of the weights, alive until the forward ends."""
+
+    kept: int
+    loss: int
+    layer: int
+    cache: int = 0
+
+    def peak(self, grads: int, step: int, accumulate: bool) -> tuple[int, int]:
+        """(activation bytes, optimizer-step excess) so that weights + states + gradients + both is the peak.
+
+        Without accumulation the gradients do not exist during the forward (zero_grad(set_to_none=True), as
+        Trainer calls it) and grow while backward frees the kept activations, so the step's peak is the
+        largest of: forward end (cache + kept + loss), backward start (kept + loss), backward end (gradients +
+        one layer), optimizer step (gradients + its temporaries). With accumulation the gradients persist
+        through the next micro-step's forward and add to every phase."""
+        fwd = self.cache + self.kept + self.loss
+        bwd = max(self.kept, 0) + self.layer
+        if accumulate:
+            act = max(fwd, bwd)
+            return act, max(step - act, 0)
+        top = max(fwd, bwd, grads + self.layer)
+        act = max(top - grads, 0)
+        return act, max(grads + step - top, 0)
+
+
+def training_activations(
+    info: Any,
+    *,
+    intent: str,
+    seq_len: int,
+    batch_size: int,
+    act_bytes: int,
+    resid_bytes: int,
+    attn: str,
+    gradient_checkpointing: bool,
+    autocast_copies: int = 0,
+) -> tuple[TrainingPhases, list[str]]:
+    """The step's activation phases and the notes that say how.
+
+    Saved per layer and token (no checkpointing): the two RMSNorms' fp32 inputs and their outputs, q/k/v,
+    the rotated q/k and the attention output, the MLP's gate, up, activation and product, and with LoRA each
+    wrapped module's dropout output in fp32 (PEFT casts the input to the adapter's dtype) and its mask. With
+    gradient checkpointing (transformers checkpoints every decoder layer, non-reentrant) each layer keeps only
+    its input and one layer at a time is recomputed."""
+    s = info.summary
+    L = max(s.layers, 1)
+    h = s.hidden_size
+    inter = info.intermediate_size or 4 * h
+    q = s.num_heads * s.head_dim or h
+    kv = s.num_kv_heads * s.head_dim or h
+    a, r = act_bytes, resid_bytes
+    tokens = batch_size * seq_len
+    layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
+    if intent in ("lora", "qlora"):
+        layer += 5 * (5 * h + q + inter)  # fp32 dropout output + bool mask on each of the 7 wrapped inputs
+    layer_saved = tokens * layer
+    backward = tokens * (2 * a * inter + 4 * r * h)
+    scores = batch_size * s.num_heads * seq_len * seq_len
+    notes = []
+    if attn == "eager":
+        layer_saved += scores * (EAGER_SAVED_FP32 + a)
+        backward += scores * EAGER_BACKWARD_BYTES
+        notes.append(
+            f"activations: eager attention keeps {s.num_heads} x {seq_len}^2 scores per layer "
+            f"(fp32 softmax + {a}-byte copy), {scores * (EAGER_SAVED_FP32 + a) / GiB:.2f} GiB a layer"
+        )
+    loss = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT if info.can_generate else 0
+    if gradient_checkpointing:
+        ph = TrainingPhases(L * tokens * h * r, loss, layer_saved + backward, autocast_copies)
+        notes.append(
+            f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, the fp32 loss over "
+            f"{s.vocab_size} logits {loss / GiB:.2f} GiB, one layer recomputed with its backward "
+            f"{ph.layer / GiB:.2f} GiB"
+        )
+    else:
+        ph = TrainingPhases(L * layer_saved, loss, backward, autocast_copies)
+        notes.append(
+            f"activations: no gradient checkpointing: every layer's saved tensors {ph.kept / GiB:.2f} GiB, the "
+            f"fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
+        )
+    if autocast_copies:
+        notes.append(
+            f"activations: bf16 autocast caches a copy of every weight until the forward ends "
+            f"({autocast_copies / GiB:.2f} GiB)"
+        )
+    return ph, notes
+
+
 def breakdown(
     info: Any,
     *,
@@ -112,24 +320,56 @@ def breakdown(
     seq_len: int,
     batch_size: int,
     attn: str = "sdpa",
+    optimizer: str | None = None,
+    gradient_checkpointing: bool | None = None,
+    gradient_accumulation_steps: int = 1,
 ) -> Breakdown:
-    """All memory terms for one configuration, and how they distribute over a layer split."""
+    """All memory terms for one configuration, and how they distribute over a layer split.
+
+    Training: ``optimizer`` (None: :func:`default_optimizer`), ``gradient_checkpointing`` (None: on), and
+    ``gradient_accumulation_steps``: gradients persist across micro-steps, which the estimate already assumes
+    (they are counted at the activation peak), so accumulation adds no bytes -- it is the way to grow the
+    effective batch without growing the activations."""
     s = info.summary
     b = dtype_bytes(dtype)
     L = max(s.layers, 1)
     terms: dict[str, int] = {}
     notes: list[str] = []
-    wtot, wemb, whead = weight_bytes(info, dtype, quantization)
+    training = intent != "inference"
+    if training and optimizer is None:
+        optimizer = default_optimizer(intent, on_gpu=b < 4)
+    gc_on = True if gradient_checkpointing is None else gradient_checkpointing
+    # peft's prepare_model_for_kbit_training (peft 0.21 utils/other.py:203-209) casts every parameter that is
+    # not 4-bit -- embeddings, norms, the output head, fused expert tensors -- to fp32
+    kbit_prepared = intent == "qlora" and quantization is not None
+    ob = 4 if kbit_prepared else b
+    wtot, wemb, whead = weight_bytes(info, dtype, quantization, other_bytes=ob)
     terms["weights"] = wtot
     wlayer = max(wtot - wemb - whead, 0) // L
     if quantization:
         # bitsandbytes quantises while loading: one layer's linear weights pass through in the compute dtype
         terms["quantization_transient"] = info.counts.linear * b // L
+        sp = param_split(info)
+        unq = int(sp.layer_other * L) + sp.outside_other + sp.embedding + sp.head
+        what = "embeddings, norms and the output head"
+        if s.is_moe and sp.layer_other * L > 1e6 * L:
+            what = "embeddings, norms, the output head and the fused 3-D expert tensors"
         notes.append(
-            f"weights: {quantization} for {info.counts.linear:,} linear parameters; embeddings, norms "
-            f"and the output head stay in {dtype}"
+            f"weights: {quantization} for {info.counts.linear:,} nn.Linear parameters; {unq:,} parameters "
+            f"({unq * ob / GiB:.2f} GiB) stay in {'float32' if kbit_prepared else dtype}: {what} "
+            "(transformers' bitsandbytes integration replaces only nn.Linear / Conv1D modules, "
+            "integrations/bitsandbytes.py:189 in 5.17 to 5.24)"
         )
-    training = intent != "inference"
+        if s.is_moe and sp.layer_other * L > 1e6 * L:
+            notes.append(
+                f"weights: {int(sp.layer_other * L) * ob / GiB:.2f} GiB of MoE expert weights (fused 3-D "
+                f"parameters) are not quantized and stay {'float32' if kbit_prepared else dtype}"
+            )
+        if kbit_prepared:
+            notes.append(
+                "qlora: prepare_model_for_kbit_training casts the non-4-bit parameters to fp32, so the residual "
+                "stream and the logits are fp32 too"
+            )
     kv = 0 if training else kv_cache_bytes(info, dtype, seq_len, batch_size)
     terms["kv_cache"] = kv
     if kv and info.sliding_layers:
@@ -138,57 +378,109 @@ def breakdown(
         )
     hidden, inter = s.hidden_size, info.intermediate_size or 4 * s.hidden_size
     tokens = batch_size * seq_len
+    n = info.counts.total or s.params
+    master = master_weights(intent, optimizer, dtype)
+    act_layer = 0
     if not training:
         # one layer's working set during prefill, plus last-token logits in fp32 (generate keeps only those)
         act = tokens * (4 * hidden + 2 * inter) * b + batch_size * s.vocab_size * 4
         if attn == "eager":
-            act += batch_size * s.num_heads * seq_len * seq_len * (b + 4)  # scores + fp32 softmax
+            act += batch_size * s.num_heads * seq_len * seq_len * (3 * b + 4)
             notes.append("activations: eager attention materialises seq_len^2 scores per head")
         terms["activations"] = act
     else:
-        # gradient checkpointing (cudaload's training arguments turn it on): each layer keeps its input,
-        # one layer is recomputed at a time, and the logits exist in the dtype, fp32 and as a gradient
-        ckpt = L * tokens * hidden * b
-        work = tokens * (8 * hidden + 4 * inter) * b
-        logits = tokens * s.vocab_size * (b + 4 + 4) if info.can_generate else 0
-        terms["activations"] = ckpt + work + logits
-        notes.append("activations: gradient checkpointing assumed (layer inputs kept, one layer recomputed)")
-    grads = opt = master = adapters = 0
-    n = info.counts.total or s.params
+        resid = 4 if (kbit_prepared or master) else b
+        phases, act_notes = training_activations(
+            info,
+            intent=intent,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            act_bytes=b,
+            resid_bytes=resid,
+            attn=attn,
+            gradient_checkpointing=gc_on,
+            autocast_copies=n * b if master else 0,
+        )
+        notes.extend(act_notes)
+    grads = opt = mw = adapters = host = step = 0
     if intent == "training":
-        grads = n * b
-        opt = n * 8  # AdamW: exp_avg and exp_avg_sq in fp32
-        if b < 4:
-            master = n * 4
+        pb = 4 if master else b
+        grads = n * pb  # gradients take the parameters' dtype
+        opt, host = optimizer_state_bytes(info, optimizer, n, pb)
+        if master:
+            # mixed precision as Trainer runs it on an fp32 model: the fp32 weights are the master copy
+            # (weights in the dtype + the rest of fp32 here), fp32 gradients and fp32 AdamW states
+            mw = n * (4 - b)
             notes.append(
-                "training: fp32 master weights and AdamW states (mixed precision), 16 bytes/param with bf16"
+                f"training: {optimizer}: fp32 master weights, fp32 gradients and fp32 AdamW states (mixed "
+                "precision), 16 bytes/param"
+            )
+        else:
+            notes.append(
+                f"training: {optimizer} on {dtype} weights: {b} B weights + {b} B gradients + "
+                f"{(opt + host) / max(n, 1):.2f} B optimizer states per parameter"
             )
     elif intent in ("lora", "qlora"):
         ap = adapter_params(info)
         adapters = ap * 4  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype)
         grads = ap * 4
-        opt = ap * 8
+        opt, host = optimizer_state_bytes(info, optimizer, ap, 4)
         notes.append(
             f"{intent}: r={LORA_R} adapters on {info.counts.linear_modules} linear modules "
-            f"({ap:,} trainable parameters, fp32), base frozen"
+            f"({ap:,} trainable parameters, fp32), base frozen; optimizer {optimizer}"
         )
+    if training:
+        if optimizer == "adamw_torch":
+            # foreach AdamW: torch._foreach_sqrt(exp_avg_sqs) copies every second moment during step()
+            step = opt // 2
+        elif optimizer == "adafactor" and intent == "training":
+            step = ADAFACTOR_STEP_FP32_COPIES * 4 * _largest_param(info)
+        if host:
+            notes.append(
+                f"optimizer: {optimizer} keeps {host / GiB:.2f} GiB of states in CUDA managed memory, "
+                "paged to host memory under pressure (not counted on the GPU)"
+            )
+        accumulate = gradient_accumulation_steps > 1
+        if accumulate:
+            notes.append(
+                f"gradients persist across {gradient_accumulation_steps} micro-steps: they add to the forward"
+            )
+        act, terms["optimizer_step"] = phases.peak(grads, step, accumulate)
+        terms["activations"] = act
+        # what a split keeps per layer: its checkpointed inputs (never more than the phase peak)
+        act_layer = min(phases.kept, act) // L
+    else:
+        terms["optimizer_step"] = 0
     terms["gradients"] = grads
     terms["optimizer"] = opt
-    terms["master_weights"] = master
+    terms["master_weights"] = mw
     terms["adapters"] = adapters
-    frac = wlayer / wtot if wtot else 1 / L
-    per_layer_train = (
-        int((grads + opt + master + adapters) * frac)
-        if intent == "training"
-        else ((grads + opt + adapters) // L)
+    # training state per parameter, attributed where the parameter lives
+    per_param = (grads + opt + mw) / n if intent == "training" and n else 0.0
+    split = param_split(info) if info.counts.total else None
+    if intent == "training" and split is not None:
+        layer_params = split.layer_linear + split.layer_other
+        per_layer_train = int(layer_params * per_param)
+        train_first = int((split.embedding + split.outside_other) * per_param)
+        train_last = int(split.head * per_param)
+    elif intent == "training":
+        frac = wlayer / wtot if wtot else 1 / L
+        per_layer_train = int((grads + opt + mw) * frac)
+        train_first = int((grads + opt + mw) * (wemb / wtot)) if wtot else 0
+        train_last = int((grads + opt + mw) * (whead / wtot)) if wtot else 0
+    else:
+        per_layer_train = (grads + opt + adapters) // L
+        train_first = train_last = 0
+    layer_bytes = wlayer + kv // L + per_layer_train + act_layer
+    every = (
+        terms["activations"]
+        - act_layer * L
+        + terms.get("quantization_transient", 0)
+        + terms["optimizer_step"]
     )
-    layer_bytes = wlayer + kv // L + per_layer_train
-    train_first = int((grads + opt + master) * (wemb / wtot)) if intent == "training" and wtot else 0
-    train_last = int((grads + opt + master) * (whead / wtot)) if intent == "training" and wtot else 0
-    every = terms["activations"] + terms.get("quantization_transient", 0)
     # rounding residue goes with the first device so the split sums to the total
     layered = layer_bytes * L
-    model_total = wtot + kv + grads + opt + master + adapters
+    model_total = wtot + kv + grads + opt + mw + adapters + act_layer * L
     first = wemb + train_first
     last = whead + train_last
     first += max(model_total - layered - first - last, 0)
@@ -201,6 +493,8 @@ def breakdown(
         every_device=every,
         layer_weight_bytes=wlayer,
         notes=tuple(notes),
+        host_bytes=host,
+        layer_activation_bytes=act_layer,
     )
 
 
@@ -214,6 +508,8 @@ def estimate(
     batch_size: int,
     attn: str = "sdpa",
     devices: int = 1,
+    optimizer: str | None = None,
+    gradient_checkpointing: bool | None = None,
 ) -> dict[str, int]:
     """The terms for ``devices`` GPUs (each with a CUDA context and its own activations), with ``total``."""
     bd = breakdown(
@@ -224,6 +520,8 @@ def estimate(
         seq_len=seq_len,
         batch_size=batch_size,
         attn=attn,
+        optimizer=optimizer,
+        gradient_checkpointing=gradient_checkpointing,
     )
     terms = gpu_terms(bd, devices)
     terms["total"] = sum(terms.values())
@@ -234,6 +532,8 @@ def gpu_terms(bd: Breakdown, devices: int) -> dict[str, int]:
     """``bd``'s terms for a model spread over ``devices`` GPUs: every device runs its layers' working set
     (activations) and holds a CUDA context; the model's own bytes are split, not repeated."""
     terms = dict(bd.terms)
-    terms["activations"] *= max(devices, 1)
+    layered = bd.layer_activation_bytes * bd.layers
+    terms["activations"] = layered + (terms["activations"] - layered) * max(devices, 1)
+    terms["optimizer_step"] = terms.get("optimizer_step", 0) * max(devices, 1)
     terms["cuda_context"] = CUDA_CONTEXT_BYTES * devices
     return terms

@@ -2,19 +2,25 @@
 else :class:`DoesNotFitError` saying what would fit. Per intent: full fine-tuning never quantizes; QLoRA is
 nf4 with double quantisation and an explicit half-precision compute dtype (never BitsAndBytesConfig's fp4 /
 fp32 defaults).
+
+Training adds rungs inside each method: the optimizer (fp32 AdamW with fp32 master weights -> 8-bit AdamW ->
+paged 8-bit AdamW when bitsandbytes is usable -> Adafactor) and, for each, gradient checkpointing off (faster)
+then on. Every suggestion in a :class:`DoesNotFitError` is one of :func:`suggestions`, each checked by planning
+it (tests/test_memory_suggestions.py follows every one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import bitsandbytes_support
 from ..errors import DoesNotFitError, InvalidChoiceError
-from .memory import CUDA_CONTEXT_BYTES, Breakdown, GiB, breakdown
+from .attention import SHORT_DECODE_MAX_TOKENS
+from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
 from .placement import Fit, budgets, place
 
 METHODS = ("none", "int8", "nf4")
@@ -26,6 +32,72 @@ class FitResult:
     fit: Fit
     breakdown: Breakdown
     quantization_config: dict[str, Any] | None
+    optimizer: Decision | None = None  # training intents: the optimizer (TrainingArguments optim name)
+    gradient_checkpointing: Decision | None = None  # training intents: "on" / "off"
+
+
+#: why each optimizer is where it is on the ladder
+_OPT_WHY = {
+    "adamw_torch_fused": "AdamW with fp32 states (Trainer's default optim on torch >= 2.8), fused kernel",
+    "adamw_torch": "AdamW with fp32 states (foreach; the step copies the second moments)",
+    "adamw_8bit": "bitsandbytes 8-bit AdamW: ~2 bytes/param of states on half-precision weights",
+    "paged_adamw_8bit": "bitsandbytes paged 8-bit AdamW: states in CUDA managed memory, paged to the host "
+    "under pressure (slower steps when they are)",
+    "adafactor": "Adafactor: factored second moments (one row and one column vector per matrix)",
+    "sgd": "SGD without momentum: no states",
+}
+
+
+def training_ladder(
+    intent: str,
+    caps: Capabilities,
+    *,
+    optimizer: str = "auto",
+    gradient_checkpointing: bool | None = None,
+) -> tuple[list[str | None], list[bool | None], dict[str, list[str]]]:
+    """(optimizers to try in order, checkpointing settings in order, reasons for optimizers not tried)."""
+    if intent == "inference":
+        return [None], [None], {}
+    req = (optimizer or "auto").strip().lower()
+    if req != "auto" and req not in OPTIMIZERS:
+        raise InvalidChoiceError(
+            f"unknown optimizer {optimizer!r}", fix=f"use auto or one of {', '.join(OPTIMIZERS)}"
+        )
+    bnb = bnb_problems(caps)
+    skipped: dict[str, list[str]] = {}
+    on_gpu = bool(caps.gpus)
+    if req != "auto":
+        if req in BNB_OPTIMIZERS and bnb:
+            raise InvalidChoiceError(
+                f"optimizer={req} needs bitsandbytes, which cannot run here",
+                reasons=bnb,
+                fix="install a bitsandbytes build for this GPU, or use optimizer='adamw_torch_fused' / 'adafactor'",
+            )
+        opts: list[str | None] = [req]
+    elif intent == "training":
+        first = default_optimizer(intent, on_gpu)
+        opts = [first]
+        for o in ("adamw_8bit", "paged_adamw_8bit"):
+            if bnb:
+                skipped[o] = list(bnb)
+            else:
+                opts.append(o)
+        opts.append("adafactor")
+        skipped["sgd"] = ["not chosen automatically: plain SGD rarely fine-tunes a transformer well"]
+    else:
+        # adapters are a few million parameters: the optimizer's states never decide the fit
+        first = default_optimizer(intent, on_gpu)
+        if first in BNB_OPTIMIZERS and bnb:
+            first = "adamw_torch_fused" if on_gpu else "adamw_torch"
+        opts = [first]
+    if gradient_checkpointing is not None:
+        gcs: list[bool | None] = [gradient_checkpointing]
+    elif intent == "qlora":
+        # peft's prepare_model_for_kbit_training (which load_model runs for k-bit bases) turns it on
+        gcs = [True]
+    else:
+        gcs = [False, True]
+    return opts, gcs, skipped
 
 
 def quantization_config(method: str | None, dtype: str) -> dict[str, Any] | None:
@@ -60,7 +132,9 @@ def bnb_problems(caps: Capabilities) -> list[str]:
             out.append("bitsandbytes is not installed (assumed missing)")
         elif caps.source.startswith("profile:"):
             # a profile describes hardware; what will be installed on it is the planner's to say
-            out.append("bitsandbytes is not assumed on a profile (--assume-installed bitsandbytes to plan with it)")
+            out.append(
+                "bitsandbytes is not assumed on a profile (--assume-installed bitsandbytes to plan with it)"
+            )
         else:
             out.append("bitsandbytes is not installed (pip install 'cudaload[quant]')")
     elif not pkg.usable:
@@ -109,8 +183,16 @@ def fit(
     device_map: Any = None,
     max_memory: Mapping[Any, Any] | None = None,
     allow_offload: bool = False,
+    optimizer: str = "auto",
+    gradient_checkpointing: bool | None = None,
 ) -> FitResult:
     methods = _methods(intent, quantization)
+    opts, gcs, opt_skipped = training_ladder(
+        intent, caps, optimizer=optimizer, gradient_checkpointing=gradient_checkpointing
+    )
+    #: (method, optimizer, checkpointing, fit) in the order tried
+    tried: list[tuple[str, str | None, bool | None, Fit]] = []
+    chosen: tuple[str | None, bool | None] = (opts[-1], gcs[-1])
     explicit = (quantization or "auto") != "auto"
     bnb = bnb_problems(caps)
     cands: dict[str, list[str]] = {m: [] for m in METHODS}
@@ -118,7 +200,7 @@ def fit(
     result: Fit | None = None
     bd_ok: Breakdown | None = None
 
-    def attempt(method: str | None, offload: bool) -> tuple[Breakdown, Fit]:
+    def attempt(method: str | None, offload: bool, opt: str | None, gc: bool | None) -> tuple[Breakdown, Fit]:
         bd = breakdown(
             info,
             dtype=dtype,
@@ -127,7 +209,18 @@ def fit(
             seq_len=seq_len,
             batch_size=batch_size,
             attn=attn,
+            optimizer=opt,
+            gradient_checkpointing=gc,
         )
+        if bd.host_bytes and caps.host_memory and bd.host_bytes > caps.host_memory:
+            # paged optimizer states evicted to the host must fit there
+            return bd, Fit(
+                False,
+                reasons=(
+                    f"{opt}: {bd.host_bytes / GiB:.2f} GiB of paged states exceed the host's "
+                    f"{caps.host_memory / GiB:.2f} GiB",
+                ),
+            )
         return bd, place(caps, bd, device_map=device_map, max_memory=max_memory, allow_offload=offload)
 
     for m in METHODS:
@@ -155,38 +248,55 @@ def fit(
                     fix="install a bitsandbytes build for this GPU, or use quantization='none'",
                 )
             continue
-        bd, f = attempt(method, offload=False)
+        f = Fit(False)
+        for opt in opts:
+            for gc in gcs:
+                bd, f = attempt(method, False, opt, gc)
+                tried.append((m, opt, gc, f))
+                if f.ok:
+                    break
+            if f.ok:
+                chosen = (opt, gc)
+                break
         if f.ok:
             ok_name, result, bd_ok = m, f, bd
             assert f.placement is not None
             cands[m].append(f"fits: {f.placement.reasons[0]}")
         else:
             cands[m].extend(f.reasons)
+            # what the method leaves unquantized decides MoE fits: say it where the method is rejected
+            cands[m].extend(n for n in bd.notes if "MoE expert" in n)
     usable = [m for m in methods if m == "none" or not bnb]
     if result is None and allow_offload and usable:
         method = None if "none" in usable else usable[-1]
-        bd, f = attempt(method, offload=True)
+        bd, f = attempt(method, True, opts[-1], gcs[-1])
         if f.ok:
+            chosen = (opts[-1], gcs[-1])
             ok_name, result, bd_ok = method or "none", f, bd
             cands[ok_name].append("fits with CPU/disk offload (allowed)")
     candidates = tuple(Candidate(m, m == ok_name, tuple(cands[m])) for m in METHODS)
     if result is None or bd_ok is None:
+        sugg = suggestions(
+            info,
+            caps,
+            dtype=dtype,
+            intent=intent,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            attn=attn,
+            methods=[m for m in methods if not (m != "none" and bnb)],
+            max_memory=max_memory,
+            allow_offload=allow_offload,
+            optimizer=opts[-1],
+            gradient_checkpointing=gcs[-1],
+            optimizer_requested=optimizer,
+        )
         raise DoesNotFitError(
             f"{info.summary.name} ({info.summary.params / 1e9:.2f} B params, intent {intent}, "
             f"seq_len {seq_len} x batch {batch_size}) does not fit this machine",
             reasons=[f"{c.name}: {'; '.join(c.reasons)}" for c in candidates],
-            fix=what_would_fit(
-                info,
-                caps,
-                dtype=dtype,
-                intent=intent,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                attn=attn,
-                methods=[m for m in methods if not (m != "none" and bnb)],
-                max_memory=max_memory,
-                allow_offload=allow_offload,
-            ),
+            fix=render_suggestions(sugg),
+            suggestions=sugg,
         )
     choice = None if ok_name == "none" else ok_name
     reasons = [c for c in cands[ok_name or "none"]]
@@ -195,10 +305,112 @@ def fit(
     if explicit:
         reasons.insert(0, f"requested explicitly ({quantization})")
     dec = Decision(choice, tuple(reasons), candidates, explicit=explicit)
-    return FitResult(dec, result, bd_ok, quantization_config(choice, dtype))
+    opt_dec = gc_dec = None
+    if intent != "inference":
+        opt_dec, gc_dec = _training_decisions(
+            tried, ok_name, chosen, opts, gcs, opt_skipped, optimizer, gradient_checkpointing, bd_ok
+        )
+    return FitResult(dec, result, bd_ok, quantization_config(choice, dtype), opt_dec, gc_dec)
 
 
-def what_would_fit(
+def _training_decisions(
+    tried: list[tuple[str, str | None, bool | None, Fit]],
+    method: str | None,
+    chosen: tuple[str | None, bool | None],
+    opts: list[str | None],
+    gcs: list[bool | None],
+    skipped: dict[str, list[str]],
+    optimizer: str,
+    gradient_checkpointing: bool | None,
+    bd: Breakdown,
+) -> tuple[Decision, Decision]:
+    """The optimizer and gradient-checkpointing decisions, from the ladder's attempts for the chosen method."""
+    mine = [t for t in tried if t[0] == method]
+    opt_c: list[Candidate] = []
+    for o in OPTIMIZERS:
+        why = [_OPT_WHY[o]]
+        if o == chosen[0]:
+            ok = True
+            why.append("fits" + (" (requested)" if optimizer != "auto" else ""))
+        elif o in skipped:
+            ok = False
+            why.extend(skipped[o])
+        elif o in opts:
+            fails = [f for (_, oo, _, f) in mine if oo == o and not f.ok]
+            ok = False
+            if fails:
+                why.append("does not fit: " + "; ".join(fails[-1].reasons))
+            else:
+                why.append(f"not needed: {chosen[0]} fits")
+        else:
+            ok = False
+            why.append("not requested" if optimizer != "auto" else "not on this intent's ladder")
+        opt_c.append(Candidate(o, ok, tuple(why)))
+    opt_reasons = [r for c in opt_c if c.ok for r in c.reasons]
+    host = [n for n in bd.notes if n.startswith("optimizer:")]
+    opt_dec = Decision(chosen[0], (*opt_reasons, *host), tuple(opt_c), explicit=optimizer != "auto")
+    gc_c: list[Candidate] = []
+    for name, val in (("off", False), ("on", True)):
+        if val == chosen[1]:
+            why = ["requested" if gradient_checkpointing is not None else "fits"]
+            if val and gradient_checkpointing is None and len(gcs) == 1:
+                why = ["prepare_model_for_kbit_training turns it on for a k-bit base (peft utils/other.py)"]
+            elif val and gradient_checkpointing is None:
+                why.append(
+                    "without it the activations of every layer do not fit (each layer's input is kept "
+                    "and the layer recomputed in backward: ~1/3 more compute)"
+                )
+            gc_c.append(Candidate(name, True, tuple(why)))
+        elif val in gcs:
+            fails = [f for (_, o, g, f) in mine if g is val and o == chosen[0] and not f.ok]
+            why = ["does not fit: " + "; ".join(fails[-1].reasons)] if fails else ["not needed: fits without"]
+            gc_c.append(Candidate(name, False, tuple(why)))
+        else:
+            gc_c.append(
+                Candidate(
+                    name,
+                    False,
+                    (
+                        "not requested"
+                        if gradient_checkpointing is not None
+                        else "k-bit training runs with it on",
+                    ),
+                )
+            )
+    gc_dec = Decision(
+        "on" if chosen[1] else "off",
+        next(c.reasons for c in gc_c if c.ok),
+        tuple(gc_c),
+        explicit=gradient_checkpointing is not None,
+    )
+    return opt_dec, gc_dec
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One way to make the plan fit, already checked against the same estimate: ``kind`` is what to change
+    (``seq_len``, ``batch_size``, ``gpus``, ``intent``, ``optimizer``, ``offload``), ``value`` its new value
+    (``gpus``: how many GPUs like the first one), ``text`` what the error says."""
+
+    kind: str
+    value: Any
+    text: str
+    seq_len: int | None = None  # a GPU count that holds only with a shorter sequence says so
+
+
+def replicate_gpus(caps: Capabilities, count: int) -> Capabilities:
+    """``caps`` with ``count`` GPUs like its first one (what "N GPUs like X" means), numbered 0..count-1."""
+    g0 = caps.gpus[0]
+    gpus = tuple(replace(g0, index=i, nvml_index=i) for i in range(count))
+    src = caps.source
+    if src.startswith("profile:"):
+        label = src.removeprefix("profile:")
+        label = label.split("x", 1)[1] if label[:1].isdigit() and "x" in label else label
+        src = f"profile:{count}x{label}" if count > 1 else f"profile:{label}"
+    return replace(caps, gpus=gpus, source=src)
+
+
+def suggestions(
     info: Any,
     caps: Capabilities,
     *,
@@ -210,10 +422,35 @@ def what_would_fit(
     methods: list[str],
     max_memory: Mapping[Any, Any] | None,
     allow_offload: bool,
-) -> str:
-    """One line of alternatives, each checked against the same estimate."""
-    tips: list[str] = []
-    best = methods[-1] if methods else "none"
+    optimizer: str | None = None,
+    gradient_checkpointing: bool | None = None,
+    optimizer_requested: str = "auto",
+) -> list[Suggestion]:
+    """Alternatives that fit, each probed with the ladder's last (smallest) rung: the last quantization
+    method, ``optimizer`` and ``gradient_checkpointing`` as the ladder would end. A GPU count is found by
+    placing the model on that many copies of the first GPU, so the per-GPU context and activations and the
+    whole-layer granularity of a split are in the arithmetic (a count that only adds up in bytes is not
+    enough)."""
+    out: list[Suggestion] = []
+    if not methods:
+        # nothing this intent allows can run here (qlora without a usable bitsandbytes): only another intent
+        if intent == "qlora" and caps.gpus:
+            bd = breakdown(
+                info,
+                dtype=dtype,
+                quantization=None,
+                intent="lora",
+                seq_len=seq_len,
+                batch_size=batch_size,
+                attn=attn,
+                gradient_checkpointing=True,
+            )
+            if place(caps, bd, max_memory=max_memory).ok:
+                out.append(
+                    Suggestion("intent", "lora", "intent='lora' (bf16 base + LoRA, no bitsandbytes) fits")
+                )
+        return out
+    best = methods[-1]
     q = None if best == "none" else best
 
     def estimate_with(**kw: Any) -> Breakdown:
@@ -224,12 +461,24 @@ def what_would_fit(
             "seq_len": seq_len,
             "batch_size": batch_size,
             "attn": attn,
+            "optimizer": optimizer,
+            "gradient_checkpointing": gradient_checkpointing,
         }
         args.update(kw)
+        if (
+            args["intent"] == "inference"
+            and args["batch_size"] == 1
+            and args["seq_len"] <= SHORT_DECODE_MAX_TOKENS
+            and caps.gpus
+            and caps.gpus[0].compute_capability >= (8, 0)
+        ):
+            # a plan declaring one short sequence picks eager (policies/attention.py _short_decode): its
+            # seq_len^2 scores must be in the arithmetic of a shorter-sequence suggestion
+            args["attn"] = "eager"
         return breakdown(info, **args)
 
-    def fits(**kw: Any) -> bool:
-        return place(caps, estimate_with(**kw), max_memory=max_memory).ok
+    def fits(c: Capabilities = caps, **kw: Any) -> bool:
+        return place(c, estimate_with(**kw), max_memory=max_memory).ok
 
     if caps.gpus:
         lo, hi = 0, seq_len
@@ -240,28 +489,68 @@ def what_would_fit(
             else:
                 hi = mid
         if lo >= 128:
-            tips.append(f"seq_len <= {lo} fits{'' if q is None else f' with {q}'}")
+            out.append(Suggestion("seq_len", lo, f"seq_len <= {lo} fits{'' if q is None else f' with {q}'}"))
         if batch_size > 1 and fits(batch_size=1):
-            tips.append("batch_size=1 fits")
-        bd = estimate_with()
-        per_gpu = max(budgets(caps, max_memory).get(f"cuda:{caps.gpus[0].index}", 0), 1)
-        need_gpus = 1
-        while need_gpus < 1024:
-            room = (
-                need_gpus * (per_gpu - CUDA_CONTEXT_BYTES - bd.every_device) - bd.first_bytes - bd.last_bytes
-            )
-            if room >= bd.layers * bd.layer_bytes:
-                break
-            need_gpus += 1
-        if need_gpus > len(caps.gpus) and need_gpus < 1024:
-            tips.append(f"{need_gpus} GPUs like {caps.gpus[0].name} ({per_gpu / GiB:.0f} GiB each)")
+            out.append(Suggestion("batch_size", 1, "batch_size=1 fits"))
+        explicit_map = max_memory is not None and any(
+            str(k).strip() not in ("cpu", "disk") for k in max_memory
+        )
+        if not explicit_map:
+            per_gpu = budgets(caps, None).get(f"cuda:{caps.gpus[0].index}", 0)
+
+            def gpus_for(s: int) -> int | None:
+                # smallest count that places: the model's bytes bound it below; then place() decides
+                bd = estimate_with(seq_len=s)
+                room = max(per_gpu - bd.every_device, 1)
+                n = max(len(caps.gpus) + 1, bd.model_bytes // room)
+                while n <= MAX_SUGGESTED_GPUS and not fits(replicate_gpus(caps, n), seq_len=s):
+                    n += 1
+                return n if n <= MAX_SUGGESTED_GPUS else None
+
+            name = f"{caps.gpus[0].name} ({per_gpu / GiB:.0f} GiB each)"
+            s = seq_len
+            n = gpus_for(s)
+            while n is None and s > 512:
+                # every GPU of a split runs its share of the sequence's activations: shorter, then more GPUs
+                s = max(s // 2, 512)
+                n = gpus_for(s)
+            if n is not None:
+                text = f"{n} GPUs like {name}" + ("" if s == seq_len else f" with seq_len <= {s}")
+                out.append(Suggestion("gpus", n, text, seq_len=None if s == seq_len else s))
         if (
             intent in ("training", "lora")
             and "nf4" not in methods
-            and fits(quantization="nf4", intent="qlora")
             and not bnb_problems(caps)
+            and fits(
+                quantization="nf4", intent="qlora", optimizer="paged_adamw_8bit", gradient_checkpointing=True
+            )
         ):
-            tips.append("intent='qlora' (nf4 base + LoRA) fits")
-    if not allow_offload:
-        tips.append("allow_offload=True (CPU/disk offload, slow)")
+            out.append(Suggestion("intent", "qlora", "intent='qlora' (nf4 base + LoRA) fits"))
+        if intent == "training" and optimizer_requested not in ("auto", "", None):
+            for o in ("adamw_8bit", "paged_adamw_8bit", "adafactor"):
+                if o == optimizer_requested or (o in BNB_OPTIMIZERS and bnb_problems(caps)):
+                    continue
+                if fits(
+                    optimizer=o,
+                    gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
+                ):
+                    out.append(Suggestion("optimizer", o, f"optimizer='{o}' fits"))
+                    break
+    if not allow_offload and place(caps, estimate_with(), max_memory=max_memory, allow_offload=True).ok:
+        # only when the host's memory is known (a profile without it cannot offload)
+        out.append(Suggestion("offload", True, "allow_offload=True (CPU/disk offload, slow)"))
+    return out
+
+
+#: what a suggestion may ask for at most (profiles compose up to 64 GPUs)
+MAX_SUGGESTED_GPUS = 64
+
+
+def render_suggestions(sugg: list[Suggestion]) -> str:
+    tips = [t.text for t in sugg]
     return "try: " + "; or ".join(tips) if tips else "use a machine with more GPU memory"
+
+
+def what_would_fit(info: Any, caps: Capabilities, **kw: Any) -> str:
+    """One line of alternatives, each checked against the same estimate (see :func:`suggestions`)."""
+    return render_suggestions(suggestions(info, caps, **kw))
