@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import importlib.util
 import json
 import os
 import signal
@@ -53,7 +54,9 @@ TITLES = {
 #: seconds each part may take on 2 x H200 (process start, imports ~10 s, included); trimmed to the budget left
 PART_TIMEOUT_S = {"a": 75, "b": 90, "c": 110, "write": 120, "d": 150, "e": 90}
 #: below this many seconds left, part d uses the 0.6B shape instead of writing/loading the 16 GB one
-D_8B_MIN_LEFT_S = 150
+D_8B_MIN_LEFT_S = 120
+#: writing the random 16 GB checkpoint (generated on the GPU, saved from host memory into the page cache)
+WRITE_8B_EXPECTED_S = 60
 #: logits of TP vs one GPU: bf16 has an 8-bit mantissa (relative step 2^-8 = 0.4%) and TP changes the order
 #: of every row-parallel reduction over 36 layers; we accept 5% of the reference's largest |logit| and
 #: argmax agreement on 95% of positions (random weights give near-uniform logits, so ties flip easily).
@@ -332,7 +335,10 @@ def w_fsdp(spec: dict[str, Any]) -> dict[str, Any]:
     _fix_rotary(model, ctx.device)
     ctx.sync()
     build_s = time.perf_counter() - t0
-    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], foreach=True)
+    # fused: one kernel, no per-step temporaries the size of the states (foreach's sqrt copy of exp_avg_sq
+    # would add 4 bytes/param at the step); DTensor supports it (torch/distributed/tensor/_ops/
+    # _pointwise_ops.py lists aten._fused_adamw_), and training_arguments() picks adamw_torch_fused on GPUs
+    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], fused=ctx.cuda, foreach=not ctx.cuda)
     ids = _input_batch(config.vocab_size, batch, seq, 2000 + ctx.rank, ctx.device)
     ctx.reset_peak()
     losses: list[float] = []
@@ -375,6 +381,13 @@ def w_fsdp(spec: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as e:
+        return f"unavailable: {type(e).__name__}: {e}"[:300]
+
+
 def _gen_time(model: Any, ids: Any, new: int, ctx: Ctx) -> float:
     import torch
 
@@ -415,7 +428,8 @@ def w_tp(spec: dict[str, Any]) -> dict[str, Any]:
     tp_mem_after_load = ctx.memory()
     ids1 = _input_batch(tp.config.vocab_size, 1, spec["prompt"], 7, ctx.device)
     with torch.no_grad():
-        tp_logits = tp(ids1).logits.float().cpu()
+        out = tp(ids1).logits
+        tp_logits = (out.full_tensor() if hasattr(out, "full_tensor") else out).float().cpu()
     single = None
     single_load_s = None
     if ctx.rank == 0:
@@ -480,7 +494,7 @@ def w_tp(spec: dict[str, Any]) -> dict[str, Any]:
     res = {
         "path": path,
         "world_size": ctx.world,
-        "tp_plan": getattr(tp, "tp_plan", None) and {k: str(v) for k, v in dict(tp.tp_plan).items()},
+        "tp_plan": _safe(lambda: {k: str(v) for k, v in dict(tp.tp_plan).items()}),
         "tp_load_s": tp_load_s,
         "single_load_s": single_load_s,
         "logits": cmp,
@@ -567,7 +581,7 @@ def w_split(spec: dict[str, Any]) -> dict[str, Any]:
             "per_device": dict(plan.memory.per_device),
             "load_path": plan.load_path.choice,
             "load_path_reasons": list(plan.load_path.reasons),
-            "parallelism": getattr(plan, "parallelism", None) and plan.parallelism.to_dict(),  # type: ignore[attr-defined]
+            "parallelism": _safe(lambda: plan.parallelism.to_dict()),
         },
     }
 
@@ -766,10 +780,9 @@ class Runner:
         n = 2
         if p in ("a", "b"):
             if p == "b":
-                try:
-                    import bitsandbytes  # noqa: F401
-                except Exception as e:
-                    return {"skipped": f"bitsandbytes does not import: {type(e).__name__}: {e}"[:300]}
+                # found, not imported: importing bitsandbytes initialises CUDA, and the parent never does
+                if importlib.util.find_spec("bitsandbytes") is None:
+                    return {"skipped": "bitsandbytes is not installed"}
                 if smoke:
                     return {"skipped": "QLoRA needs CUDA (bitsandbytes' 4-bit kernels)"}
             path = self.checkpoint("Qwen3-0.6B")
@@ -795,11 +808,11 @@ class Runner:
             }
             return self.launch("fsdp", spec, nproc=n, timeout=self.budget_for(p))
         if p == "d":
-            shape = "Qwen3-8B"
+            shape = {"8b": "Qwen3-8B", "0.6b": "Qwen3-0.6B"}.get(self.args.tp_shape, "Qwen3-8B")
             ready = (self.work / shape / "config.json").exists()
             # "or the 0.6B shape if time is short": writing 16 GB and loading it twice needs the time
-            need = D_8B_MIN_LEFT_S + (0 if ready else PART_TIMEOUT_S["write"])
-            if not smoke and self.left() < need:
+            need = D_8B_MIN_LEFT_S + (0 if ready else WRITE_8B_EXPECTED_S)
+            if not smoke and self.args.tp_shape == "auto" and self.left() < need:
                 shape = "Qwen3-0.6B"
             path = self.checkpoint(shape)
             spec = {
@@ -997,6 +1010,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--parts", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=list(PARTS)
     )
     p.add_argument("--work", help="where checkpoints are written and reused (default /tmp/cudaload-bench)")
+    p.add_argument(
+        "--tp-shape",
+        choices=["auto", "8b", "0.6b"],
+        default="auto",
+        help="part d's shape (auto: 8B unless the budget left cannot write and load it)",
+    )
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny model: proves the script runs")
     p.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
