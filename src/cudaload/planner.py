@@ -14,13 +14,14 @@ from typing import Any
 
 from . import _env
 from .capabilities import Capabilities
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DoesNotFitError
 from .model_info import ModelInfo, model_info
 from .plans import INTENTS, MemoryEstimate, Plan
 from .policies.attention import choose_attention
 from .policies.dtype import choose_dtype
 from .policies.load_path import choose_load_path
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
+from .policies.parallelism import decide as decide_parallelism
 from .policies.quantization import fit
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,13 @@ def plan(
     model_class: str | None = None,
     revision: str | None = None,
     fast: bool | None = None,
+    parallelism: str = "auto",
+    lower_latency: bool = False,
 ) -> Plan:
-    """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``."""
+    """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
+
+    ``parallelism`` ("auto", "ddp", "fsdp2", "deepspeed", "tp", "layer_split", "single") and
+    ``lower_latency`` (prefer tensor parallelism for inference) steer the several-GPU decision."""
     if intent not in INTENTS:
         raise ConfigurationError(f"unknown intent {intent!r}", fix=f"use one of {', '.join(INTENTS)}")
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -157,9 +163,7 @@ def plan(
         info, caps, dtype=dt.choice, intent=intent, requested=attn, trust=trust, revision=None, work=declared
     )
     assert at.choice is not None
-    fr = fit(
-        info,
-        caps,
+    fit_kw: dict[str, Any] = dict(
         dtype=dt.choice,
         intent=intent,
         seq_len=seq_len,
@@ -170,18 +174,36 @@ def plan(
         max_memory=max_memory,
         allow_offload=allow_offload,
     )
-    placement = fr.fit.placement
-    assert placement is not None
-    gpu_devs = [d for d in fr.fit.per_device if d.startswith("cuda")]
-    terms = gpu_terms(fr.breakdown, len(gpu_devs))
-    per_device = dict(fr.fit.per_device)
-    memory = MemoryEstimate(
-        terms=terms,
-        total=sum(per_device.values()),
-        per_device=per_device,
-        budget=dict(fr.fit.budget),
-        notes=fr.breakdown.notes,
+    fr = None
+    try:
+        fr = fit(info, caps, **fit_kw)
+    except DoesNotFitError as e:
+        nofit: DoesNotFitError | None = e
+    else:
+        nofit = None
+    # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a
+    # model that no single process fits, or replace a quantization chosen only to fit one rank's GPU
+    pd = decide_parallelism(
+        info, caps, fr, nofit, strategy=parallelism, lower_latency=lower_latency, **fit_kw
     )
+    if pd.fit is not None:
+        fr = pd.fit
+    assert fr is not None
+    placement = pd.placement or fr.fit.placement
+    assert placement is not None
+    if pd.memory is not None:
+        memory = pd.memory
+    else:
+        gpu_devs = [d for d in fr.fit.per_device if d.startswith("cuda")]
+        terms = gpu_terms(fr.breakdown, len(gpu_devs))
+        per_device = dict(fr.fit.per_device)
+        memory = MemoryEstimate(
+            terms=terms,
+            total=sum(per_device.values()),
+            per_device=per_device,
+            budget=dict(fr.fit.budget),
+            notes=fr.breakdown.notes,
+        )
     lp = choose_load_path(info, quantization=fr.decision.choice, placement=placement, prefer=fast)
 
     warnings: list[str] = []
@@ -218,6 +240,7 @@ def plan(
         quantization_config=fr.quantization_config,
         peft=_peft(info) if intent in ("lora", "qlora") else None,
         warnings=tuple(warnings),
+        parallelism=pd.parallelism,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",
