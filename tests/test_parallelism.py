@@ -453,3 +453,12 @@ def test_one_process_on_several_gpus_training_is_told_how_to_launch() -> None:
             hardware=dataclasses.replace(four, gpus=four.gpus[:2]),
             intent="lora",
         )
+
+
+def test_torchrun_on_cpus_has_no_gpu_parallelism() -> None:
+    """Ranks on CPUs (gloo) each hold a replica; there are no GPUs to share."""
+    caps = torchrun(Capabilities(source="detected", host_memory=64 << 30), 2)
+    p = plan(full_config("Qwen3-0.6B"), hardware=caps, intent="lora", seq_len=128)
+    assert p.parallelism is None and p.placement.devices == ("cpu",)
+    with pytest.raises(ConfigurationError, match="needs GPUs"):
+        plan(full_config("Qwen3-0.6B"), hardware=caps, intent="lora", seq_len=128, parallelism="fsdp2")

@@ -219,7 +219,8 @@ def choose_parallelism(
     if strategy not in REQUESTS:
         raise ConfigurationError(f"unknown parallelism {strategy!r}", fix=f"use one of {', '.join(REQUESTS)}")
     n, local, launched = world(caps)
-    if n <= 1 and strategy in ("auto", "single"):
+    if (n <= 1 or not caps.gpus) and strategy in ("auto", "single"):
+        # one GPU, or the CPU (torchrun ranks on CPUs with gloo): nothing is shared between GPUs
         return None
     if not caps.gpus:
         raise ConfigurationError(
@@ -882,7 +883,7 @@ def decide(
     from .quantization import FitResult, bnb_problems, quantization_config
 
     n, _, launched = world(caps)
-    if n <= 1 and strategy in ("auto", "single"):
+    if (n <= 1 or not caps.gpus) and strategy in ("auto", "single"):
         if nofit is not None:
             raise nofit
         return Outcome()
