@@ -485,3 +485,68 @@ def test_torchrun_on_cpus_has_no_gpu_parallelism() -> None:
     assert p.parallelism is None and p.placement.devices == ("cpu",)
     with pytest.raises(ConfigurationError, match="needs GPUs"):
         plan(full_config("Qwen3-0.6B"), hardware=caps, intent="lora", seq_len=128, parallelism="fsdp2")
+
+
+# -- benchmarks/bench_parallel.py ------------------------------------------------------------------------
+def _bench() -> Any:
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_parallel.py"
+    spec = importlib.util.spec_from_file_location("bench_parallel", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_parallel"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_compares_the_allocator_peak_with_the_plans_allocator_part() -> None:
+    bench = _bench()
+    p = plan(
+        full_config("Qwen3-8B"), hardware=torchrun(hardware("2xH200"), 2), intent="training", seq_len=512
+    )
+    assert p.parallelism is not None
+    summary = {"parallelism": p.parallelism.to_dict(), "memory_total": p.memory.total}
+    terms = p.parallelism.per_gpu["fsdp2"]
+    assert bench._planned_per_gpu(summary) == terms["total"]
+    assert bench._planned_allocated(summary) == terms["total"] - terms["cuda_context"] - terms["nccl"]
+    res = {
+        "meta": {"date": "d", "smoke": False, "budget_s": 300},
+        "parts": {
+            "c": {
+                "world_size": 2, "batch_size_per_rank": 1, "seq_len": 512, "steps": 10, "loss_first": 12.0,
+                "loss_last": 11.0, "loss_down": True, "step_s_median": 0.5, "step_s_spread": [0.4, 0.6],
+                "plan": summary,
+                "ranks": [{"rank": r, "memory": {"device": f"cuda:{r}", "peak_allocated": 70 * GiB}} for r in (0, 1)],
+            }
+        },
+    }  # fmt: skip
+    md = bench.render_markdown(res)
+    ratio = 70 * GiB / bench._planned_allocated(summary)
+    assert f"| {ratio:.3g} |" in md and "plan.parallelism.choice = fsdp2" in md
+
+
+@pytest.mark.slow
+def test_bench_parallel_smoke_runs_on_this_cpu(tmp_path: Path) -> None:
+    """torchrun with 2 gloo processes: DDP LoRA and FSDP2 train (loss goes down), TP logits match one process."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_parallel.py"), "--smoke", "--out", str(out),
+         "--work", str(tmp_path / "work"), "--parts", "a,c,d,e", "--budget-s", "240"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    a, c, d = (res["parts"][k] for k in "acd")
+    assert "error" not in a and a["loss_down"] and a["plan"]["parallelism"]["choice"] == "ddp"
+    assert "error" not in c and c["loss_down"] and len(c["ranks"]) == 2
+    # each rank held half the parameters (FSDP2 shards of the same model)
+    assert sum(rk["local_params"] for rk in c["ranks"]) == c["parameters"]
+    assert "error" not in d and d["logits"]["within_bf16_tolerance"]
+    assert "skipped" in res["parts"]["e"]
+    assert (out / "results.md").read_text().startswith("# Several GPUs")
