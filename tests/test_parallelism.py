@@ -164,6 +164,9 @@ def test_deepspeed_is_planned_when_assumed_and_explained() -> None:
     assert auto.parallelism is not None and auto.parallelism.choice == "fsdp2"  # native unless asked for
     z2 = auto.parallelism.decision.candidate("deepspeed_zero2")
     assert z2 is not None and z2.ok
+    alt = auto.parallelism.config["deepspeed_alternative"]
+    assert alt["strategy"] == "deepspeed_zero2" and alt["config"]["zero_optimization"]["stage"] == 2
+    assert "DeepSpeed instead (deepspeed_zero2)" in auto.explain()
     ds = plan(
         cfg,
         hardware=h,
@@ -198,6 +201,7 @@ def test_deepspeed_is_planned_when_assumed_and_explained() -> None:
     plain = plan(cfg, hardware=h, intent="training", seq_len=512)
     assert plain.parallelism is not None
     z3 = plain.parallelism.decision.candidate("deepspeed_zero3")
+    assert "deepspeed_alternative" not in plain.parallelism.config
     assert (
         no is not None
         and z3 is not None

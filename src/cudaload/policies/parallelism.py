@@ -453,6 +453,13 @@ def choose_parallelism(
         if chosen in ("fsdp2", "fsdp2_offload") and t.get("weights", 0) + ctx > budget:
             config["weights_on_cpu"] = True
             config["training_arguments"]["fsdp_config"]["cpu_ram_efficient_loading"] = True
+        alt = next((k for k in evals if k.startswith("deepspeed") and evals[k].ok), None)
+        if training and alt is not None and not chosen.startswith("deepspeed"):
+            # installed or assumed: the DeepSpeed way to run the same job, ready to use (not run by cudaload)
+            ds_cfg = _settings(
+                alt, info, facts, n, intent=intent, dtype=dtype, quantization=quantization, seq_len=seq_len
+            )
+            config["deepspeed_alternative"] = {"strategy": alt, "config": ds_cfg["deepspeed_config"]}
     explicit = strategy != "auto"
     decision = Decision(chosen, (*reasons, *notes), cands, explicit=explicit)
     return Parallelism(
@@ -829,6 +836,14 @@ def explain_lines(par: Parallelism) -> list[str]:
     fp = par.config.get("from_pretrained")
     if fp:
         lines.append("    from_pretrained: " + ", ".join(f"{k}={v!r}" for k, v in fp.items()))
+    alt = par.config.get("deepspeed_alternative")
+    if alt:
+        lines.append(
+            f"    DeepSpeed instead ({alt['strategy']}): TrainingArguments(deepspeed={alt['config']!r})"
+        )
+    ds = par.config.get("deepspeed_config")
+    if ds:
+        lines.append(f"    DeepSpeed config: {ds!r}")
     if par.config.get("quantization_config"):
         lines.append(f"    quantization_config: {par.config['quantization_config']!r}")
     return lines
