@@ -341,11 +341,6 @@ def choose_parallelism(
             + ("" if allow_offload else "; needs allow_offload=True")
             + (f"; {ds_why}" if ds_why else ""),
         )
-        if quantization == "nf4":
-            notes.append(
-                "QLoRA under FSDP: the 4-bit weights must be stored as bfloat16 to be sharded "
-                "(BitsAndBytesConfig bnb_4bit_quant_storage='bfloat16', the QLoRA-FSDP recipe)"
-            )
         order = ["ddp", "fsdp2", "fsdp2_offload"]
         fam = {
             "auto": order,
@@ -422,6 +417,23 @@ def choose_parallelism(
         reasons.append(_why(chosen, evals, n, launched, training))
         if not launched and n > 1:
             reasons.append(f"launch one process per GPU: {launch_command(n, local)}")
+        if quantization == "nf4" and chosen in (
+            "fsdp2",
+            "fsdp2_offload",
+            "deepspeed_zero3",
+            "deepspeed_zero3_offload",
+        ):
+            notes.append(
+                f"QLoRA sharded: the 4-bit weights are stored as {dtype} so they can be sharded "
+                f"(BitsAndBytesConfig bnb_4bit_quant_storage='{dtype}', the QLoRA-FSDP recipe)"
+            )
+    elif strategy != "auto":
+        raise InvalidChoiceError(
+            f"parallelism={strategy!r} does not fit here",
+            reasons=[f"{k}: {'; '.join(evals[k].reasons)}" for k in wanted if k in evals],
+            fix="use parallelism='auto' to let cudaload choose"
+            + ("" if allow_offload or not training else ", or allow_offload=True"),
+        )
     elif training:
         need = evals["fsdp2"].terms["total"]
         gpus_needed = _gpus_needed(state, need - state // n, budget)
@@ -728,6 +740,8 @@ def _settings(
             cfg["transformer_layer_cls_to_wrap"] = [facts.decoder_layer_class]
         out: dict[str, Any] = {"training_arguments": {"fsdp": True, "fsdp_config": cfg}}
         if quantization == "nf4":
+            # a float storage dtype lets FSDP flatten and shard the packed 4-bit weights with the rest;
+            # BitsAndBytesConfig takes it as a string (transformers 5.17 utils/quantization_config.py:479-484)
             out["quantization_config"] = {"bnb_4bit_quant_storage": dtype}
         return out
     if chosen.startswith("deepspeed"):
@@ -1044,9 +1058,9 @@ def decide(
             dec, reasons=(*dec.reasons, "weights become fp8 at load for tensor parallelism: see parallelism")
         )
     qcfg = quantization_config(dec.choice, dtype)
-    if qcfg is not None and par.config.get("quantization_config") and dec.choice == "nf4":
-        qcfg = {**qcfg, **par.config["quantization_config"]}
     if fr is not None and not override_q:
         qcfg = fr.quantization_config
+    if qcfg is not None and dec.choice == "nf4" and par.config.get("quantization_config"):
+        qcfg = {**qcfg, **par.config["quantization_config"]}
     fit_result = FitResult(dec, Fit(True, placement, dict(memory.per_device), dict(memory.budget)), bd, qcfg)
     return Outcome(parallelism=par, fit=fit_result, placement=placement, memory=memory)
