@@ -166,7 +166,7 @@ def test_qlora_under_fsdp_stores_4bit_as_bf16() -> None:
     )
     assert big.parallelism is not None and big.parallelism.choice == "ddp"
     assert big.quantization_config is not None and "bnb_4bit_quant_storage" not in big.quantization_config
-    with pytest.raises(InvalidChoiceError, match="does not fit"):
+    with pytest.raises(DoesNotFitError, match="does not fit"):
         plan(full_config("Llama-3.1-70B"), hardware=caps, intent="qlora", seq_len=1024, parallelism="ddp")
 
 

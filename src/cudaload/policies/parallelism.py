@@ -428,7 +428,7 @@ def choose_parallelism(
                 f"(BitsAndBytesConfig bnb_4bit_quant_storage='{dtype}', the QLoRA-FSDP recipe)"
             )
     elif strategy != "auto":
-        raise InvalidChoiceError(
+        raise DoesNotFitError(
             f"parallelism={strategy!r} does not fit here",
             reasons=[f"{k}: {'; '.join(evals[k].reasons)}" for k in wanted if k in evals],
             fix="use parallelism='auto' to let cudaload choose"
