@@ -177,6 +177,47 @@ def _plan_summary(make: Any) -> dict[str, Any]:
     return out
 
 
+#: plan terms that live outside torch's caching allocator (compared with the device's used memory, not with
+#: torch.cuda.max_memory_allocated)
+OUTSIDE_ALLOCATOR = ("cuda_context", "nccl")
+
+
+def _plan_hardware(smoke: bool) -> Any:
+    """What plans are made against: the machine itself, or in --smoke a 2 x H200 profile seen from this
+    torchrun rank (so the comparison code runs on a CPU too; its numbers then mean nothing)."""
+    if not smoke:
+        return None
+    import dataclasses
+
+    from cudaload.capabilities import Distributed
+    from cudaload.profiles import hardware
+
+    env = os.environ
+    dist = Distributed(
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        rank=int(env.get("RANK", "0")),
+        world_size=int(env.get("WORLD_SIZE", "1")),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
+    )
+    return dataclasses.replace(hardware("2xH200"), distributed=dist)
+
+
+def _planned_terms(plan: dict[str, Any]) -> dict[str, int]:
+    par = plan.get("parallelism")
+    if isinstance(par, dict):
+        for c in par.get("candidates", []):
+            if c.get("name") == par.get("choice") and c.get("per_gpu_terms"):
+                return dict(c["per_gpu_terms"])
+    return {}
+
+
+def _planned_allocated(plan: dict[str, Any]) -> int | None:
+    """What the plan expects torch's allocator to peak at on each GPU: its per-GPU total less the terms that
+    live outside the allocator (CUDA context, NCCL buffers)."""
+    t = _planned_terms(plan)
+    return t["total"] - sum(t.get(k, 0) for k in OUTSIDE_ALLOCATOR) if t else None
+
+
 def _planned_per_gpu(plan: dict[str, Any]) -> int | None:
     """The per-GPU bytes the plan gives the chosen strategy (parallelism when planned, memory otherwise)."""
     par = plan.get("parallelism")
@@ -215,12 +256,23 @@ def w_ddp(spec: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     plan = model.cudaload_plan
     targs = cudaload.training_arguments(plan)
-    if targs.get("gradient_checkpointing"):
-        # what Trainer does with these arguments (non-reentrant checkpointing composes with DDP)
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=targs["gradient_checkpointing_kwargs"]
+    try:
+        from cudaload.policies.parallelism import merge_training_arguments
+
+        targs = merge_training_arguments(targs, plan)
+    except ImportError:  # before issue 17's parallelism module
+        pass
+    # the plan's activation term assumes gradient checkpointing for every training intent
+    # (policies/memory.py); non-reentrant checkpointing composes with DDP
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if spec["smoke"]:
+        plan_info = _plan_summary(
+            lambda: cudaload.plan(
+                spec["path"], hardware=_plan_hardware(True), intent=intent, seq_len=seq, batch_size=batch
+            )
         )
-    plan_info = _plan_summary(lambda: plan)
+    else:
+        plan_info = _plan_summary(lambda: plan)
     ddp = DDP(
         model,
         device_ids=[ctx.local_rank] if ctx.cuda else None,
@@ -265,6 +317,7 @@ def w_ddp(spec: dict[str, Any]) -> dict[str, Any]:
         "training_arguments": {
             k: v for k, v in targs.items() if isinstance(v, (str, int, float, bool, dict))
         },
+        "gradient_checkpointing": True,
         "trainable_parameters": sum(p.numel() for p in params),
         "placement": plan.placement.to_dict()["devices"],
         "load_path": (plan.verified or {}).get("load_path"),
@@ -309,7 +362,13 @@ def w_fsdp(spec: dict[str, Any]) -> dict[str, Any]:
     plan_info: dict[str, Any] = {}
     if ctx.rank == 0:
         plan_info = _plan_summary(
-            lambda: cudaload.plan(spec["config_dir"], intent="training", seq_len=seq, batch_size=batch)
+            lambda: cudaload.plan(
+                spec["config_dir"],
+                hardware=_plan_hardware(spec["smoke"]),
+                intent="training",
+                seq_len=seq,
+                batch_size=batch,
+            )
         )
     t0 = time.perf_counter()
     model = _meta_model(config, torch.float32)
@@ -417,11 +476,23 @@ def w_tp(spec: dict[str, Any]) -> dict[str, Any]:
     if ctx.rank == 0:
         import cudaload
 
-        plan_info = _plan_summary(lambda: cudaload.plan(path, seq_len=spec["prompt"] + spec["new_tokens"]))
+        hw = _plan_hardware(spec["smoke"])
+        work = spec["prompt"] + spec["new_tokens"]
+        plan_info = _plan_summary(lambda: cudaload.plan(path, hardware=hw, seq_len=work))
+        plan_info["lower_latency"] = _plan_summary(
+            lambda: cudaload.plan(path, hardware=hw, seq_len=work, lower_latency=True)
+        )
     ctx.barrier()
     ctx.reset_peak()
     t0 = time.perf_counter()
-    tp = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, tp_plan="auto")
+    try:
+        # transformers 5.17 deprecates from_pretrained(tp_plan=...) (removed in 5.18: modeling_utils.py:4136-4142)
+        from transformers import DistributedConfig
+
+        tp_kw: dict[str, Any] = {"distributed_config": DistributedConfig(tp_plan="auto")}
+    except ImportError:
+        tp_kw = {"tp_plan": "auto"}
+    tp = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **tp_kw)
     tp.eval()
     ctx.sync()
     tp_load_s = time.perf_counter() - t0
@@ -887,7 +958,9 @@ def summary_line(p: str, res: dict[str, Any]) -> str:
         peaks = _per_rank_peaks(res)
         return (
             f"loss {res['loss_first']:.3f} -> {res['loss_last']:.3f}; step {f3(res['step_s_median'])} s; "
-            f"peak per GPU {', '.join(g(x) for x in peaks)} GiB; plan {g(_planned_per_gpu(res.get('plan', {})))} GiB"
+            f"peak allocated per GPU {', '.join(g(x) for x in peaks)} GiB; plan "
+            f"{g(_planned_allocated(res.get('plan', {})))} GiB (allocator part of "
+            f"{g(_planned_per_gpu(res.get('plan', {})))})"
         )
     if p == "d":
         d = res.get("decode", {})
@@ -928,16 +1001,23 @@ def render_markdown(r: dict[str, Any]) -> str:
                 f"({'down' if res['loss_down'] else 'NOT down'}); step {f3(res['step_s_median'])} s "
                 f"(spread {res.get('step_s_spread')})",
                 "",
-                "| rank | device | peak allocated GiB | peak reserved GiB | device used at end GiB | plan GiB | peak/plan |",
-                "|---|---|---|---|---|---|---|",
+                "| rank | device | peak allocated GiB | plan, allocator part GiB | peak/plan | peak reserved GiB "
+                "| device used at end GiB | plan per GPU GiB |",
+                "|---|---|---|---|---|---|---|---|",
             ]
+            alloc_plan = _planned_allocated(plan)
             for rk in res.get("ranks", []):
                 mem = rk.get("memory", {})
                 peak = mem.get("peak_allocated")
-                ratio = peak / planned if peak and planned else None
+                ratio = peak / alloc_plan if peak and alloc_plan else None
                 lines.append(
-                    f"| {rk['rank']} | {mem.get('device')} | {g(mem.get('peak_allocated'))} | "
-                    f"{g(mem.get('peak_reserved'))} | {g(mem.get('device_used'))} | {g(planned)} | {f3(ratio)} |"
+                    f"| {rk['rank']} | {mem.get('device')} | {g(peak)} | {g(alloc_plan)} | {f3(ratio)} | "
+                    f"{g(mem.get('peak_reserved'))} | {g(mem.get('device_used'))} | {g(planned)} |"
+                )
+            terms = _planned_terms(plan)
+            if terms:
+                lines.append(
+                    "\nplanned per GPU: " + ", ".join(f"{k} {g(v)}" for k, v in terms.items() if k != "total")
                 )
             if plan.get("error"):
                 lines.append(f"\nplan failed: `{plan['error']}`")
@@ -968,9 +1048,20 @@ def render_markdown(r: dict[str, Any]) -> str:
                 if not isinstance(v, dict):
                     lines.append(f"\n{k}: {f3(v)}x")
             lines.append("")
+            ll = res.get("plan_single_process", {}).get("lower_latency", {})
+            tpt = {}
+            for c in (ll.get("parallelism") or {}).get("candidates", []):
+                if c.get("name") == "tp" and c.get("per_gpu_terms"):
+                    tpt = c["per_gpu_terms"]
+            planned_w = (tpt.get("sharded_weights", 0) + tpt.get("replicated_weights", 0)) or None
+            lines.append(
+                f"plan: {(res.get('plan_single_process', {}).get('parallelism') or {}).get('choice')} by default, "
+                f"{(ll.get('parallelism') or {}).get('choice')} with lower_latency=True"
+            )
             for rk in res.get("ranks", []):
                 lines.append(
-                    f"rank {rk['rank']}: TP model allocated {g(rk['memory_after_load'].get('allocated'))} GiB after load"
+                    f"rank {rk['rank']}: TP model allocated {g(rk['memory_after_load'].get('allocated'))} GiB after "
+                    f"load; the plan's TP weights per GPU {g(planned_w)} GiB"
                 )
             lines.append("")
         elif p == "e":

@@ -430,8 +430,13 @@ def test_torchrun_never_splits() -> None:
         hw("2xH100-SXM", missing=("bitsandbytes",)),
         distributed=Distributed(local_rank=0, rank=0, world_size=2, local_world_size=2),
     )
+    # 70B does not fit one H100: under torchrun that is tensor parallelism (each rank's shard on its own GPU),
+    # never a device_map split across GPUs from every rank
+    p = plan(full_config("Llama-3.1-70B"), hardware=caps)
+    assert p.parallelism is not None and p.parallelism.choice == "tp"
+    assert p.placement.device_map == "cuda:0" and p.placement.devices == ("cuda:0",)
     with pytest.raises(DoesNotFitError):
-        plan(full_config("Llama-3.1-70B"), hardware=caps)
+        plan(full_config("Llama-3.1-70B"), hardware=caps, parallelism="single")
 
 
 def test_picks_the_gpu_with_room_and_names_it_under_cvd() -> None:

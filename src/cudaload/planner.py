@@ -15,13 +15,14 @@ from typing import Any
 
 from . import _env
 from .capabilities import Capabilities
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DoesNotFitError
 from .model_info import ModelInfo, model_info
 from .plans import INTENTS, MemoryEstimate, Plan
 from .policies.attention import choose_attention
 from .policies.dtype import choose_dtype
 from .policies.load_path import choose_load_path
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
+from .policies.parallelism import decide as decide_parallelism
 from .policies.quantization import fit
 from .policies.serving import ServingPlan, plan_serving
 from .tuning import Timings, Work
@@ -211,6 +212,8 @@ def plan(
     from_pretrained_kwargs: Mapping[str, Any] | None = None,
     optimizer: str = "auto",
     gradient_checkpointing: bool | None = None,
+    parallelism: str = "auto",
+    lower_latency: bool = False,
 ) -> Plan:
     """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
 
@@ -220,7 +223,10 @@ def plan(
     are asked (:func:`cudaload.tuning.lookup`).
 
     Training intents also decide ``optimizer`` (``"auto"`` or a TrainingArguments optim name) and
-    ``gradient_checkpointing`` (None: off when everything fits without it)."""
+    ``gradient_checkpointing`` (None: off when everything fits without it).
+
+    ``parallelism`` ("auto", "ddp", "fsdp2", "deepspeed", "tp", "layer_split", "single") and
+    ``lower_latency`` (prefer tensor parallelism for inference) steer the several-GPU decision."""
     if intent not in INTENTS:
         raise ConfigurationError(f"unknown intent {intent!r}", fix=f"use one of {', '.join(INTENTS)}")
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -269,9 +275,7 @@ def plan(
         first_use=_first_use_here(caps),
     )
     assert at.choice is not None
-    fr = fit(
-        info,
-        caps,
+    fit_kw: dict[str, Any] = dict(
         dtype=dt.choice,
         intent=base_intent,
         seq_len=seq_len,
@@ -286,18 +290,36 @@ def plan(
         optimizer=optimizer,
         gradient_checkpointing=gradient_checkpointing,
     )
-    placement = fr.fit.placement
+    fr = None
+    try:
+        fr = fit(info, caps, **fit_kw)
+    except DoesNotFitError as e:
+        nofit: DoesNotFitError | None = e
+    else:
+        nofit = None
+    # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a
+    # model that no single process fits, or replace a quantization chosen only to fit one rank's GPU
+    pd = decide_parallelism(
+        info, caps, fr, nofit, strategy=parallelism, lower_latency=lower_latency, **fit_kw
+    )
+    if pd.fit is not None:
+        fr = pd.fit
+    assert fr is not None
+    placement = pd.placement or fr.fit.placement
     assert placement is not None
     gpu_devs = [d for d in fr.fit.per_device if d.startswith("cuda")]
-    terms = gpu_terms(fr.breakdown, len(gpu_devs))
-    per_device = dict(fr.fit.per_device)
-    memory = MemoryEstimate(
-        terms=terms,
-        total=sum(per_device.values()),
-        per_device=per_device,
-        budget=dict(fr.fit.budget),
-        notes=fr.breakdown.notes,
-    )
+    if pd.memory is not None:
+        memory = pd.memory
+    else:
+        terms = gpu_terms(fr.breakdown, len(gpu_devs))
+        per_device = dict(fr.fit.per_device)
+        memory = MemoryEstimate(
+            terms=terms,
+            total=sum(per_device.values()),
+            per_device=per_device,
+            budget=dict(fr.fit.budget),
+            notes=fr.breakdown.notes,
+        )
     lp = choose_load_path(
         info,
         quantization=fr.decision.choice,
@@ -345,6 +367,7 @@ def plan(
         else None,
         optimizer=fr.optimizer,
         gradient_checkpointing=fr.gradient_checkpointing,
+        parallelism=pd.parallelism,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",

@@ -116,6 +116,60 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True)
+class Parallelism:
+    """How several GPUs share the work (cudaload.policies.parallelism): the decision, how many processes
+    (``world_size``), each candidate's per-GPU bytes term by term (``per_gpu[name]["total"]``), the launch
+    command, and the settings the choice needs (FSDP2 / DDP / DeepSpeed / tensor-parallel keywords)."""
+
+    decision: Decision
+    world_size: int
+    per_gpu: dict[str, dict[str, int]] = field(default_factory=dict)
+    budget_per_gpu: int | None = None
+    launched: bool = False  # this process already runs under torchrun with world_size ranks
+    launch: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def choice(self) -> str | None:
+        return self.decision.choice
+
+    def per_gpu_bytes(self, name: str | None = None) -> int | None:
+        """Planned bytes on each GPU for ``name`` (default: the choice)."""
+        terms = self.per_gpu.get(name or self.choice or "")
+        return None if terms is None else terms.get("total")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.decision.to_dict()
+        for c in d["candidates"]:
+            terms = self.per_gpu.get(c["name"])
+            c["per_gpu_bytes"] = None if terms is None else terms.get("total")
+            c["per_gpu_terms"] = None if terms is None else dict(terms)
+        return {
+            **d,
+            "world_size": self.world_size,
+            "budget_per_gpu": self.budget_per_gpu,
+            "launched": self.launched,
+            "launch": self.launch,
+            "config": self.config,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Parallelism:
+        per_gpu = {
+            c["name"]: dict(c["per_gpu_terms"]) for c in d.get("candidates", ()) if c.get("per_gpu_terms")
+        }
+        return cls(
+            decision=Decision.from_dict(d),
+            world_size=int(d["world_size"]),
+            per_gpu=per_gpu,
+            budget_per_gpu=d.get("budget_per_gpu"),
+            launched=bool(d.get("launched", False)),
+            launch=d.get("launch"),
+            config=dict(d.get("config") or {}),
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """One model on one machine: every decision with its candidates and reasons."""
 
@@ -140,6 +194,7 @@ class Plan:
     # training intents: the optimizer (TrainingArguments optim name) and gradient checkpointing ("on"/"off")
     optimizer: Decision | None = None
     gradient_checkpointing: Decision | None = None
+    parallelism: Parallelism | None = None  # several GPUs: DDP / FSDP2 / TP / layer split (None: one GPU)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -168,6 +223,7 @@ class Plan:
             "gradient_checkpointing": (
                 self.gradient_checkpointing.to_dict() if self.gradient_checkpointing else None
             ),
+            "parallelism": self.parallelism.to_dict() if self.parallelism is not None else None,
         }
 
     @classmethod
@@ -197,6 +253,7 @@ class Plan:
             gradient_checkpointing=(
                 Decision.from_dict(d["gradient_checkpointing"]) if d.get("gradient_checkpointing") else None
             ),
+            parallelism=Parallelism.from_dict(d["parallelism"]) if d.get("parallelism") else None,
         )
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -215,6 +272,10 @@ class Plan:
         text = explain(self)
         if self.serving is not None:
             text = text.rstrip("\n") + "\n" + "\n".join(self.serving.explain_lines()) + "\n"
+        if self.parallelism is not None:
+            from .policies.parallelism import explain_lines
+
+            text += "\n" + "\n".join(explain_lines(self.parallelism))
         return text
 
 
