@@ -209,8 +209,13 @@ def choose_parallelism(
     nccl: bool | None = None,
     single_fits: bool | None = None,
     split_per_gpu: int | None = None,
+    optimizer: str | None = None,
+    gradient_checkpointing: bool | None = None,
 ) -> Parallelism | None:
     """The parallelism decision, or None when there is one GPU and nothing was asked for.
+
+    ``optimizer`` / ``gradient_checkpointing``: the training settings the fit ladder chose (None: the memory
+    model's defaults), so a shard holds the optimizer states the plan will really create.
 
     ``quantization`` is the fit ladder's method (None, "int8", "nf4"); ``single_fits`` / ``split_per_gpu``
     what the fit ladder found for one GPU and for a one-process layer split (None: not known, computed
@@ -237,6 +242,8 @@ def choose_parallelism(
         seq_len=seq_len,
         batch_size=batch_size,
         attn=attn,
+        optimizer=optimizer,
+        gradient_checkpointing=gradient_checkpointing,
     )
     t = bd.terms
     rank_gpus = rank_gpus_of(caps)
@@ -905,8 +912,13 @@ def decide(
     device_map: Any,
     max_memory: Any,
     allow_offload: bool,
+    optimizer: str = "auto",
+    gradient_checkpointing: bool | None = None,
 ) -> Outcome:
-    """Run :func:`choose_parallelism` with what the fit ladder found (``fr``, or the error ``nofit``)."""
+    """Run :func:`choose_parallelism` with what the fit ladder found (``fr``, or the error ``nofit``).
+
+    ``optimizer`` / ``gradient_checkpointing`` are plan()'s requests; where the fit ladder decided them
+    (``fr.optimizer``, ``fr.gradient_checkpointing``), its choices are what the shards are sized for."""
     from ..plans import MemoryEstimate, Placement
     from .placement import Fit
     from .quantization import FitResult, bnb_problems, quantization_config
@@ -932,12 +944,20 @@ def decide(
         single_fits = one
         if not one and not pl.offload and all(d.startswith("cuda") for d in pl.devices):
             split_per_gpu = max(fr.fit.per_device.values())
+    opt: str | None = None if optimizer == "auto" else optimizer
+    gc = gradient_checkpointing
+    if fr is not None and getattr(fr, "optimizer", None) is not None and fr.optimizer.choice:
+        opt = fr.optimizer.choice
+    if fr is not None and getattr(fr, "gradient_checkpointing", None) is not None:
+        gc = fr.gradient_checkpointing.choice == "on"
     kw: dict[str, Any] = dict(
         intent=intent,
         dtype=dtype,
         seq_len=seq_len,
         batch_size=batch_size,
         attn=attn,
+        optimizer=opt,
+        gradient_checkpointing=gc,
         allow_offload=allow_offload,
         facts=model_facts(info),
         strategy=strategy,
@@ -984,7 +1004,15 @@ def decide(
 
     # this process's part of a multi-process plan, in place of the fit ladder's one-process answer
     bd = breakdown(
-        info, dtype=dtype, quantization=q, intent=intent, seq_len=seq_len, batch_size=batch_size, attn=attn
+        info,
+        dtype=dtype,
+        quantization=q,
+        intent=intent,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        attn=attn,
+        optimizer=opt,
+        gradient_checkpointing=gc,
     )
     r = (caps.distributed.local_rank or 0) if launched else 0
     rank_gpus = rank_gpus_of(caps)
