@@ -116,7 +116,11 @@ def test_same_as_from_pretrained(tiny_model: Callable[..., Path], kind: str, met
     path = tiny_model(kind)
     ref = _reference(path, _auto(kind), torch.bfloat16, bnb_config(method))
     got = quantized.load_quantized(
-        path, quantization_config=bnb_config(method), auto_class=_auto(kind), device="cpu", dtype=torch.bfloat16
+        path,
+        quantization_config=bnb_config(method),
+        auto_class=_auto(kind),
+        device="cpu",
+        dtype=torch.bfloat16,
     )
     assert_same_quantized(ref, got)
     info = got.cudaload_fastload
@@ -128,10 +132,20 @@ def test_same_as_from_pretrained(tiny_model: Callable[..., Path], kind: str, met
     ("method", "ckpt_dtype", "dtype", "extra"),
     [
         ("fp4", "float32", "float32", {}),  # fp4 without double quant, float32 weights
-        ("nf4", "bfloat16", "bfloat16", {"bnb_4bit_quant_storage": "bfloat16"}),  # quant_storage other than uint8
+        (
+            "nf4",
+            "bfloat16",
+            "bfloat16",
+            {"bnb_4bit_quant_storage": "bfloat16"},
+        ),  # quant_storage other than uint8
         ("int8", "bfloat16", "float16", {}),
         ("int8", "bfloat16", "bfloat16", {"llm_int8_skip_modules": ["down_proj", "lm_head"]}),
-        ("nf4", "bfloat16", "bfloat16", {"llm_int8_skip_modules": []}),  # no skips at all: lm_head quantized too
+        (
+            "nf4",
+            "bfloat16",
+            "bfloat16",
+            {"llm_int8_skip_modules": []},
+        ),  # no skips at all: lm_head quantized too
     ],
 )
 def test_options_same_as_from_pretrained(
@@ -140,7 +154,9 @@ def test_options_same_as_from_pretrained(
     path = tiny_model("llama", ckpt_dtype)
     dt = getattr(torch, dtype)
     ref = _reference(path, "AutoModelForCausalLM", dt, bnb_config(method, **extra))
-    got = quantized.load_quantized(path, quantization_config=bnb_config(method, **extra), device="cpu", dtype=dt)
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config(method, **extra), device="cpu", dtype=dt
+    )
     assert_same_quantized(ref, got)
 
 
@@ -159,7 +175,9 @@ def test_dict_config_same_as_object(tiny_model: Callable[..., Path]) -> None:
     path = tiny_model("qwen3", "bfloat16")
     as_dict = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
     ref = _reference(path, "AutoModelForCausalLM", torch.bfloat16, dict(as_dict))
-    got = quantized.load_quantized(path, quantization_config=dict(as_dict), device="cpu", dtype=torch.bfloat16)
+    got = quantized.load_quantized(
+        path, quantization_config=dict(as_dict), device="cpu", dtype=torch.bfloat16
+    )
     assert_same_quantized(ref, got)
 
 
@@ -167,13 +185,17 @@ def test_sharded_checkpoint(tiny_model: Callable[..., Path]) -> None:
     path = tiny_model("qwen3", "bfloat16", max_shard_size="60KB")
     assert (path / "model.safetensors.index.json").exists()
     ref = _reference(path, "AutoModelForCausalLM", torch.bfloat16, bnb_config("int8"))
-    got = quantized.load_quantized(path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16)
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+    )
     assert_same_quantized(ref, got)
 
 
 def test_scratch_is_one_layer(tiny_model: Callable[..., Path]) -> None:
     path = tiny_model("llama", "bfloat16")
-    got = quantized.load_quantized(path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16)
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16
+    )
     info = got.cudaload_fastload
     cfg = got.config
     h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * cfg.head_dim
@@ -189,7 +211,9 @@ def test_supports_says_yes_with_detail(tiny_model: Callable[..., Path]) -> None:
 
 
 def _saved_quantized(tmp_path: Path, tiny_model: Callable[..., Path]) -> Path:
-    model = _reference(tiny_model("qwen3", "bfloat16"), "AutoModelForCausalLM", torch.bfloat16, bnb_config("nf4"))
+    model = _reference(
+        tiny_model("qwen3", "bfloat16"), "AutoModelForCausalLM", torch.bfloat16, bnb_config("nf4")
+    )
     out = tmp_path / "prequant"
     model.save_pretrained(out)
     return out
@@ -200,7 +224,9 @@ def test_prequantized_checkpoint_steps_aside(tmp_path: Path, tiny_model: Callabl
     ok, why = quantized.supports_quantized(path, bnb_config("nf4"), device="cpu")
     assert not ok and "pre-quantized" in why
     with pytest.raises(InvalidChoiceError, match="pre-quantized") as e:
-        quantized.load_quantized(path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16)
+        quantized.load_quantized(
+            path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16
+        )
     assert "from_pretrained" in str(e.value)
 
 
@@ -209,7 +235,11 @@ def test_prequantized_checkpoint_steps_aside(tmp_path: Path, tiny_model: Callabl
     [
         (lambda: bnb_config("int8", llm_int8_enable_fp32_cpu_offload=True), {}, "fp32_cpu_offload"),
         (lambda: bnb_config("int8", llm_int8_has_fp16_weight=True), {}, "has_fp16_weight"),
-        (lambda: bnb_config("nf4"), {"device_map": {"model.embed_tokens": 0, "model.layers": 1}}, "2 devices"),
+        (
+            lambda: bnb_config("nf4"),
+            {"device_map": {"model.embed_tokens": 0, "model.layers": 1}},
+            "2 devices",
+        ),
         (lambda: bnb_config("nf4"), {"device_map": "auto"}, "split"),
         (lambda: {"quant_method": "awq", "bits": 4}, {}, "not bitsandbytes"),
         (lambda: object(), {}, "not a BitsAndBytesConfig"),
@@ -227,12 +257,16 @@ def test_fused_moe_experts_step_aside(tiny_model: Callable[..., Path]) -> None:
     ok, why = quantized.supports_quantized(path, bnb_config("int8"), device="cpu")
     if ok:  # a transformers that keeps experts as separate Linear modules: then it must load exactly
         ref = _reference(path, "AutoModelForCausalLM", torch.bfloat16, bnb_config("int8"))
-        got = quantized.load_quantized(path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16)
+        got = quantized.load_quantized(
+            path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+        )
         assert_same_quantized(ref, got)
     else:
         assert "conversion" in why or "quantiz" in why, why
         with pytest.raises(InvalidChoiceError):
-            quantized.load_quantized(path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16)
+            quantized.load_quantized(
+                path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+            )
 
 
 def test_unsupported_device_steps_aside(tiny_model: Callable[..., Path]) -> None:

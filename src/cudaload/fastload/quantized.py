@@ -59,6 +59,7 @@ import logging
 import os
 import re
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -109,7 +110,8 @@ class _Prepared:
     keys: KeyPlan
     hf_quantizer: Any
     dtype: Any
-    quantized: dict[str, str] = field(default_factory=dict)  # model key -> checkpoint key, weights to quantize
+    #: the weights to quantize: model key -> checkpoint key
+    quantized: dict[str, str] = field(default_factory=dict)
     method: str = ""  # "int8" | "nf4" | "fp4"
 
 
@@ -149,12 +151,11 @@ def _check_quant_options(cfg: Any, device_map: Any) -> None:
 
 def _device_map_for(dev: Any) -> Any:
     """The device map ``from_pretrained(device_map=str(dev))`` works with."""
-    try:
-        from transformers.modeling_utils import check_and_set_device_map
+    import transformers.modeling_utils as mu
 
-        return check_and_set_device_map(str(dev))
-    except ImportError:  # older layout: the quantizer only looks at dict values
-        return {"": str(dev)}
+    check = getattr(mu, "check_and_set_device_map", None)
+    # without it (older layout) the quantizer only looks at the values of a dict
+    return check(str(dev)) if check is not None else {"": str(dev)}
 
 
 def _prepare(
@@ -175,9 +176,11 @@ def _prepare(
         from transformers.quantizers.auto import get_hf_quantizer
         from transformers.utils.generic import ContextManagers
     except ImportError as e:
-        raise StepAside(f"this transformers lacks the quantizer entry point from_pretrained uses ({e})") from None
+        raise StepAside(
+            f"this transformers lacks the quantizer entry point from_pretrained uses ({e})"
+        ) from None
 
-    cfg = _bnb_config(quantization_config)
+    _bnb_config(quantization_config)
     header = read_header(path)
     config, model_kwargs = read_config(header.root, **from_config_kwargs)
     if getattr(config, "quantization_config", None) or getattr(
@@ -201,9 +204,10 @@ def _prepare(
     if hf_quantizer is None or hf_quantizer.pre_quantized:
         raise StepAside("transformers treats this checkpoint as pre-quantized")
     qcfg = hf_quantizer.quantization_config
-    if getattr(qcfg, "quant_method", None) != "bitsandbytes" and str(
-        getattr(qcfg.quant_method, "value", "")
-    ) != "bitsandbytes":
+    if (
+        getattr(qcfg, "quant_method", None) != "bitsandbytes"
+        and str(getattr(qcfg.quant_method, "value", "")) != "bitsandbytes"
+    ):
         raise StepAside(f"quant_method {qcfg.quant_method!r} is not bitsandbytes")
     method = _method(qcfg)
     _check_quant_options(qcfg, device_map)
@@ -242,7 +246,9 @@ def _prepare(
         if hf_quantizer.param_needs_quantization(model, n) and n not in quantized
     ]
     if unloaded:
-        raise StepAside(f"{len(unloaded)} weights to quantize are not in the checkpoint (e.g. {unloaded[0]!r})")
+        raise StepAside(
+            f"{len(unloaded)} weights to quantize are not in the checkpoint (e.g. {unloaded[0]!r})"
+        )
     tied = getattr(model, "all_tied_weights_keys", {}) or {}
     tied_names = set(tied) | {str(v) for v in tied.values()}
     shared = sorted(set(quantized) & tied_names)
@@ -341,7 +347,9 @@ class _KeepOpen:
         pass
 
 
-def _fill(targets: list[Any], infos: list[TensorInfo], dev: Any, threads: int, buffer_bytes: int, pool: Any) -> None:
+def _fill(
+    targets: list[Any], infos: list[TensorInfo], dev: Any, threads: int, buffer_bytes: int, pool: Any
+) -> None:
     from . import staging
 
     if dev.type == "cuda":
@@ -352,9 +360,11 @@ def _fill(targets: list[Any], infos: list[TensorInfo], dev: Any, threads: int, b
 
 def _quantize_one(prep: _Prepared, name: str, value: torch.Tensor, dev: torch.device) -> Any:
     """The quantized parameter transformers' quantize op makes from ``value`` (already on ``dev``)."""
-    import bitsandbytes as bnb
+    import bitsandbytes
     from transformers.pytorch_utils import Conv1D
 
+    bnb: Any = bitsandbytes  # partial annotations: its parameter classes' to() overloads confuse mypy
+    param: Any
     parent, _, leaf = name.rpartition(".")
     module = prep.model.get_submodule(parent)
     meta = getattr(module, leaf)
@@ -407,20 +417,65 @@ def load_quantized(
             f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
             fix="use threads >= 1 and buffer_bytes >= 64 KiB",
         )
-    prep = _prepare(path, quantization_config, auto_class, dev, dtype, attn_implementation, from_config_kwargs)
+    prep: Any = _prepare(
+        path, quantization_config, auto_class, dev, dtype, attn_implementation, from_config_kwargs
+    )
+    model, header, keys = prep.model, prep.header, prep.keys
+    t_build = time.perf_counter()
+    try:
+        times = _fill_and_quantize(prep, dev, threads, buffer_bytes)
+        t_quant = time.perf_counter()
+        finish(model, keys, header.root)
+        # from_pretrained's last steps (transformers 5.17 modeling_utils.py:4335-4339)
+        model.hf_quantizer = prep.hf_quantizer
+        prep.hf_quantizer.postprocess_model(model)
+    except BaseException as e:
+        # Leave nothing behind: the traceback's frames hold the half-built model and its tensors; this frame
+        # is still running, so its own references are dropped by hand.
+        model = prep = None
+        _clear_tracebacks(e)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        raise
+    t_end = time.perf_counter()
+    model.cudaload_fastload = {
+        "seconds": round(t_end - t0, 4),
+        "build_s": round(t_build - t0, 4),
+        **times,
+        "finish_s": round(t_end - t_quant, 4),
+        "quantization": prep.method,
+        "quantized_weights": len(prep.quantized),
+        "bytes": sum(header.tensors[src].nbytes for src in keys.load.values()),
+        "threads": threads,
+        "buffer_bytes": buffer_bytes,
+        "device": str(dev),
+        "missing_keys": sorted(keys.missing - set(getattr(model, "all_tied_weights_keys", {}) or {})),
+        "unexpected_keys": sorted(keys.unexpected),
+    }
+    logger.info("fast-loaded %s with %s quantization in %.2f s", header.root, prep.method, t_end - t0)
+    return model
+
+
+def _fill_and_quantize(prep: _Prepared, dev: torch.device, threads: int, buffer_bytes: int) -> dict[str, Any]:
+    """Give the skeleton its storage: non-quantized tensors as they are, quantized weights layer by layer."""
+    import torch
+
+    from . import staging
+
     model, header, keys = prep.model, prep.header, prep.keys
     groups = _layer_groups(prep)
+    layout = [_scratch_layout(prep, g) for g in groups]
+    scratch_bytes = max(size for _, size in layout)
+    t0 = time.perf_counter()
     pool: Any = None
-    scratch: Any = None
-    t_build = time.perf_counter()
-    times: dict[str, float] = {}
+    if dev.type == "cuda":
+        # started now, the pool pins while the non-quantized tensors are allocated
+        pool = staging.PinnedPool(
+            staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes, device=dev
+        )
     try:
-        if dev.type == "cuda":
-            pool = staging.PinnedPool(
-                staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes, device=dev
-            )
         lent = _KeepOpen(pool) if pool is not None else None
-        # 1. everything that is not quantized: straight into its storage (allocate sees the quantized weights
+        # 1. everything that is not quantized, straight into its storage (allocate sees the quantized weights
         #    hidden, so it gives them no full-size storage)
         hidden = _hide(model, prep.quantized)
         try:
@@ -435,24 +490,27 @@ def load_quantized(
             buffer_bytes,
             lent,
         )
+        del fills
         t_plain = time.perf_counter()
         # 2. quantized weights, one layer at a time through one reused scratch
-        layout = [_scratch_layout(prep, g) for g in groups]
-        scratch = torch.empty(max(size for _, size in layout), dtype=torch.uint8, device=dev)
+        scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device=dev)
         done = torch.cuda.Event() if dev.type == "cuda" else None  # type: ignore[no-untyped-call]
         with torch.no_grad():
             for group, (offsets, _) in zip(groups, layout, strict=True):
                 if done is not None:
                     done.synchronize()  # the previous layer's quantization has finished reading the scratch
-                views = []
-                for name, off in zip(group, offsets, strict=True):
-                    meta = model.get_parameter(name)
-                    n = meta.numel() * meta.element_size()
-                    src = header.tensors[prep.quantized[name]]
-                    views.append(scratch[off : off + n].view(meta.dtype).view(src.shape))
                 infos = [header.tensors[prep.quantized[n]] for n in group]
+                views = [
+                    scratch[off : off + info.numel * _itemsize(model.get_parameter(n))]
+                    .view(model.get_parameter(n).dtype)
+                    .view(info.shape)
+                    for n, off, info in zip(group, offsets, infos, strict=True)
+                ]
                 _fill(
-                    [staging.Target(n, v, torch_dtype(i.dtype)) for n, v, i in zip(group, views, infos, strict=True)],
+                    [
+                        staging.Target(n, v, torch_dtype(i.dtype))
+                        for n, v, i in zip(group, views, infos, strict=True)
+                    ],
                     infos,
                     dev,
                     threads,
@@ -466,45 +524,29 @@ def load_quantized(
                     done.record()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        scratch = None
-        t_quant = time.perf_counter()
+        del scratch
+    finally:
         if pool is not None:
-            pool.close()
-            pool = None
-        finish(model, keys, header.root)
-        # from_pretrained's last steps (transformers 5.17 modeling_utils.py:4335-4339)
-        model.hf_quantizer = prep.hf_quantizer
-        prep.hf_quantizer.postprocess_model(model)
-        times = {
-            "build_s": round(t_build - t0, 4),
-            "plain_s": round(t_plain - t_build, 4),
-            "quantize_s": round(t_quant - t_plain, 4),
-        }
-    except BaseException:
-        if pool is not None:
-            pool.close()
-        model = scratch = prep = None  # type: ignore[assignment]
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        raise
-    t_end = time.perf_counter()
-    model.cudaload_fastload = {
-        "seconds": round(t_end - t0, 4),
-        **times,
-        "finish_s": round(t_end - t0 - sum(times.values()), 4),
-        "quantization": prep.method,
-        "quantized_weights": len(prep.quantized),
+            pool.close()  # every copy out of it has finished: fill_cuda synchronises its stream
+    t_quant = time.perf_counter()
+    return {
+        "plain_s": round(t_plain - t0, 4),
+        "quantize_s": round(t_quant - t_plain, 4),
         "layers": len(groups),
-        "scratch_bytes": max(size for _, size in layout),
-        "bytes": sum(header.tensors[src].nbytes for src in keys.load.values()),
-        "threads": threads,
-        "buffer_bytes": buffer_bytes,
-        "device": str(dev),
-        "missing_keys": sorted(keys.missing - set(getattr(model, "all_tied_weights_keys", {}) or {})),
-        "unexpected_keys": sorted(keys.unexpected),
+        "scratch_bytes": scratch_bytes,
     }
-    logger.info("fast-loaded %s with %s quantization in %.2f s", header.root, prep.method, t_end - t0)
-    return model
+
+
+def _itemsize(t: Any) -> int:
+    return int(t.element_size())
+
+
+def _clear_tracebacks(e: BaseException | None) -> None:
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _scratch_layout(prep: _Prepared, group: list[str]) -> tuple[list[int], int]:
