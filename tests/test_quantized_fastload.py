@@ -284,3 +284,42 @@ def test_import_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_compare_benchmark_smoke(tmp_path: Path) -> None:
+    """benchmarks/profile_quant_load.py --smoke: both sides load, are compared bit for bit, JSON is written."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "profile_quant_load.py"),
+            "--smoke",
+            "--reps",
+            "2",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]),
+        },
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((out / "compare.json").read_text())
+    assert {q: v["identical"] for q, v in result["identical"].items()} == {"int8": True, "nf4": True}
+    assert {(x["quant"], x["side"]) for x in result["runs"]} == {
+        (q, s) for q in ("int8", "nf4") for s in ("from_pretrained", "fast")
+    }
+    assert result["summary"]["int8"]["fast"]["n"] == 2
+    assert (out / "compare.md").read_text().startswith("# Quantized loads")

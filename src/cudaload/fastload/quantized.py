@@ -495,7 +495,9 @@ def _fill_and_quantize(prep: _Prepared, dev: torch.device, threads: int, buffer_
         # 2. quantized weights, one layer at a time through one reused scratch
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device=dev)
         done = torch.cuda.Event() if dev.type == "cuda" else None  # type: ignore[no-untyped-call]
-        with torch.no_grad():
+        # bitsandbytes launches on the current device and the event records on its current stream
+        on_dev = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+        with torch.no_grad(), on_dev:
             for group, (offsets, _) in zip(groups, layout, strict=True):
                 if done is not None:
                     done.synchronize()  # the previous layer's quantization has finished reading the scratch
