@@ -252,6 +252,33 @@ def test_step_aside_reasons(
     assert not ok and needle in why, why
 
 
+def test_tied_weight_to_quantize_steps_aside(tiny_model: Callable[..., Path]) -> None:
+    # no skips at all on a tied model: lm_head would be quantized but it is the embedding
+    cfg = bnb_config("nf4", llm_int8_skip_modules=[])
+    ok, why = quantized.supports_quantized(tiny_model("qwen3"), cfg, device="cpu")
+    assert not ok and "'lm_head.weight' is tied" in why, why
+
+
+def test_attn_implementation_passes_through(tiny_model: Callable[..., Path]) -> None:
+    path = tiny_model("llama", "bfloat16")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.bfloat16,
+        device_map="cpu",
+        quantization_config=bnb_config("int8"),
+        attn_implementation="eager",
+    )
+    got = quantized.load_quantized(
+        path,
+        quantization_config=bnb_config("int8"),
+        device="cpu",
+        dtype=torch.bfloat16,
+        attn_implementation="eager",
+    )
+    assert got.config._attn_implementation == ref.config._attn_implementation == "eager"
+    assert_same_quantized(ref, got)
+
+
 def test_fused_moe_experts_step_aside(tiny_model: Callable[..., Path]) -> None:
     path = tiny_model("qwen3_moe")
     ok, why = quantized.supports_quantized(path, bnb_config("int8"), device="cpu")

@@ -189,9 +189,6 @@ def _prepare(
         raise StepAside("config.json has a quantization_config (a pre-quantized checkpoint)")
     if getattr(config, "auto_map", None):
         raise StepAside("config.json has an auto_map (remote code)")
-    bad = {k: v for k, v in header.dtypes().items() if not k.startswith(("F", "BF"))}
-    if bad:
-        raise StepAside(f"the checkpoint holds non-float tensors ({', '.join(sorted(bad))}): pre-quantized?")
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation  # before the quantizer sees the config, as in 5.24
     device_map = _device_map_for(dev)
@@ -239,21 +236,31 @@ def _prepare(
             checkpoint_files=list(header.files),
             use_kernels=False,
         )
-    quantized = {k: src for k, src in keys.load.items() if hf_quantizer.param_needs_quantization(model, k)}
-    unloaded = [
+    want = [
         n
         for n, _ in model.named_parameters(remove_duplicate=False)
-        if hf_quantizer.param_needs_quantization(model, n) and n not in quantized
+        if hf_quantizer.param_needs_quantization(model, n)
     ]
+    tied = getattr(model, "all_tied_weights_keys", {}) or {}
+    tied_names = set(tied) | {str(v) for v in tied.values()}
+    shared = [n for n in want if n in tied_names]
+    if shared:
+        # from_pretrained leaves such a module a bnb Linear around an unquantized tied tensor
+        raise StepAside(f"weight to quantize {shared[0]!r} is tied to another tensor")
+    quantized = {n: keys.load[n] for n in want if n in keys.load}
+    unloaded = [n for n in want if n not in quantized]
     if unloaded:
         raise StepAside(
             f"{len(unloaded)} weights to quantize are not in the checkpoint (e.g. {unloaded[0]!r})"
         )
-    tied = getattr(model, "all_tied_weights_keys", {}) or {}
-    tied_names = set(tied) | {str(v) for v in tied.values()}
-    shared = sorted(set(quantized) & tied_names)
-    if shared:
-        raise StepAside(f"quantized weight {shared[0]!r} is tied to another tensor")
+    packed = sorted(
+        k for k, src in quantized.items() if not header.tensors[src].dtype.startswith(("F", "BF"))
+    )
+    if packed:
+        raise StepAside(
+            f"{packed[0]!r} is stored as {header.tensors[quantized[packed[0]]].dtype}, not as floats "
+            "(a pre-quantized checkpoint without its quantization_config?)"
+        )
     plan = model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {}
     if plan:
         pattern = re.compile("|".join(f"({k.replace('*', '.*')})" for k in plan))
