@@ -296,6 +296,29 @@ def test_fused_moe_experts_step_aside(tiny_model: Callable[..., Path]) -> None:
             )
 
 
+@pytest.mark.parametrize("device_map", ["cpu", {"": "cpu"}])
+def test_single_device_map_is_the_device(tiny_model: Callable[..., Path], device_map: Any) -> None:
+    path = tiny_model("qwen3", "bfloat16")
+    ok, why = quantized.supports_quantized(path, bnb_config("int8"), device_map=device_map)
+    assert ok, why
+    ref = _reference(path, "AutoModelForCausalLM", torch.bfloat16, bnb_config("int8"))
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config("int8"), device_map=device_map, dtype=torch.bfloat16
+    )
+    assert_same_quantized(ref, got)
+
+
+def test_split_device_map_raises_step_aside(tiny_model: Callable[..., Path]) -> None:
+    with pytest.raises(quantized.StepAside, match="2 devices") as e:
+        quantized.load_quantized(
+            tiny_model("qwen3"),
+            quantization_config=bnb_config("nf4"),
+            device_map={"model": "cpu", "lm_head": "disk"},
+            dtype=torch.bfloat16,
+        )
+    assert isinstance(e.value, InvalidChoiceError) and "from_pretrained" in str(e.value)
+
+
 def test_unsupported_device_steps_aside(tiny_model: Callable[..., Path]) -> None:
     ok, why = quantized.supports_quantized(tiny_model("qwen3"), bnb_config("int8"), device="meta")
     assert not ok and "meta" in why

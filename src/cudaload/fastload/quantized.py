@@ -143,10 +143,36 @@ def _check_quant_options(cfg: Any, device_map: Any) -> None:
         raise StepAside("llm_int8_enable_fp32_cpu_offload splits the model between devices")
     if cfg.load_in_8bit and cfg.llm_int8_has_fp16_weight:
         raise StepAside("llm_int8_has_fp16_weight keeps fp16 weights (a training set-up)")
-    if isinstance(device_map, Mapping) and len({str(v) for v in device_map.values()}) > 1:
-        raise StepAside(f"device_map places modules on {len(set(map(str, device_map.values())))} devices")
+    _device_of_map(device_map)
+
+
+def _device_of_map(device_map: Any) -> str | None:
+    """The one device a from_pretrained ``device_map`` names, or StepAside when it may split the model."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, Mapping):
+        values = {str(v) for v in device_map.values()}
+        if len(values) > 1:
+            raise StepAside(f"device_map places modules on {len(values)} devices")
+        if not values:
+            return None
+        device_map = next(iter(device_map.values()))
     if isinstance(device_map, str) and device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
         raise StepAside(f"device_map={device_map!r} may split the model; pass one device")
+    one = f"cuda:{device_map}" if isinstance(device_map, int) else str(device_map)
+    if one in ("disk", "meta"):
+        raise StepAside(f"device_map puts the model on {one!r}")
+    return one
+
+
+def _pick_device(device: Any, device_map: Any) -> Any:
+    """``device``, or the single device of ``device_map``; StepAside when they disagree."""
+    from_map = _device_of_map(device_map)
+    if from_map is None:
+        return device
+    if device is not None and resolve_device(device) != resolve_device(from_map):
+        raise StepAside(f"device {str(device)!r} and device_map {from_map!r} disagree")
+    return from_map
 
 
 def _device_map_for(dev: Any) -> Any:
@@ -290,9 +316,11 @@ def supports_quantized(
     try:
         if device_map is not None:
             _check_quant_options(_bnb_config_or_none(quantization_config), device_map)
+        device = _pick_device(device, device_map)
         dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if dev.type not in ("cuda", "cpu"):
             raise StepAside(f"device type {dev.type!r} (the fast path loads onto cuda or cpu)")
+        dev = resolve_device(dev)
         prep = _prepare(path, quantization_config, auto_class, dev, torch.bfloat16, None, {})
     except StepAside as e:
         return False, e.reason
@@ -305,7 +333,7 @@ def supports_quantized(
     largest = max(sum(prep.header.tensors[prep.quantized[k]].nbytes for k in g) for g in groups)
     return True, (
         f"{prep.method}: {len(prep.quantized)} weights ({q_bytes / 1e9:.2f} GB) quantized on the device in "
-        f"{len(groups)} layers (largest {largest / 2**20:.0f} MiB of scratch); "
+        f"{len(groups)} layers (the largest {largest / 2**20:.0f} MiB in the checkpoint); "
         f"{len(prep.keys.load) - len(prep.quantized)} other tensors loaded as they are"
     )
 
@@ -400,7 +428,8 @@ def load_quantized(
     *,
     quantization_config: Any,
     auto_class: str = "AutoModelForCausalLM",
-    device: str | torch.device = "cuda:0",
+    device: str | torch.device | None = None,
+    device_map: Any = None,
     dtype: torch.dtype,
     attn_implementation: str | None = None,
     threads: int | None = None,
@@ -410,13 +439,16 @@ def load_quantized(
     """Load an unquantized safetensors checkpoint and quantize it with bitsandbytes on ``device``, layer by
     layer; the result equals ``from_pretrained(path, dtype=dtype, device_map=device,
     quantization_config=quantization_config)``. Raises :class:`StepAside` (an InvalidChoiceError) for what
-    the fast path does not cover."""
+    the fast path does not cover.
+
+    ``device`` (default ``cuda:0``) or a ``device_map`` naming one device (``"cuda:1"``, ``{"": 0}``) says
+    where; a device_map over several devices steps aside."""
     import torch
 
     from . import staging
 
     t0 = time.perf_counter()
-    dev = resolve_device(device)
+    dev = resolve_device(_pick_device(device, device_map) or "cuda:0")
     threads = threads or staging.default_threads()
     buffer_bytes = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
     if threads < 1 or buffer_bytes < 1 << 16:
