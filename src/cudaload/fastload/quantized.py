@@ -8,10 +8,10 @@ The result equals ``from_pretrained(path, dtype=..., device_map=device, quantiza
 modules, the same packed weights and quant state bit for bit, the same ``config.quantization_config``,
 ``hf_quantizer``, ``is_loaded_in_8bit``/``is_loaded_in_4bit`` flags, and so the same logits.
 
-Why it is faster: transformers 5.17 ``integrations/bitsandbytes.py:121`` (``Bnb8bitQuantize.convert``) builds
+Why it is faster: transformers 5.17 ``integrations/bitsandbytes.py:123`` (``Bnb8bitQuantize.convert``) builds
 ``Int8Params(value.to("cpu"), ...).to(value_device)``: every weight already on the GPU goes back to the CPU and
 up again, because ``Int8Params.to()`` quantizes only when moving *from* the CPU (bitsandbytes 0.50.2
-``nn/modules.py:789-792``); on the H200 that round trip is 14.0 s of a 15.6 s 8B int8 load, the quantization
+``nn/modules.py:790-793``); on the H200 that round trip is 14.0 s of a 15.6 s 8B int8 load, the quantization
 itself 0.07 s. And an on-the-fly quantized load reads tensor by tensor on one thread (transformers 5.17
 ``core_model_loading.py:1626-1633`` turns its reader pool off to bound memory).
 
@@ -26,13 +26,13 @@ re-derived:
   ``llm_int8_skip_modules``, tied and output embeddings, ``_keep_in_fp32_modules``), and
   ``replace_with_bnb_linear`` makes the bnb modules;
 - which weights are quantized: ``hf_quantizer.param_needs_quantization``;
-- how: bitsandbytes' own parameter classes. int8: ``Int8Params._quantize`` (``nn/modules.py:737-751``:
+- how: bitsandbytes' own parameter classes. int8: ``Int8Params._quantize`` (``nn/modules.py:737-748``:
   ``int8_vectorwise_quant`` on the fp16 weight, CB/SCB), called on the device directly instead of through
   ``.to()``; 4-bit: ``Params4bit(value, requires_grad=False, **meta.__dict__).to(device)`` exactly as
-  transformers ``integrations/bitsandbytes.py:55-56`` does, which runs ``Params4bit._quantize``
+  transformers ``integrations/bitsandbytes.py:58-59`` does, which runs ``Params4bit._quantize``
   (``nn/modules.py:381-395``: ``quantize_4bit`` with the module's blocksize, ``compress_statistics`` = double
   quant, ``quant_type``, ``quant_storage``). GPT-2's ``Conv1D`` weights are transposed first, as
-  ``integrations/bitsandbytes.py:51-52`` and ``:116-117`` do;
+  ``integrations/bitsandbytes.py:54-55`` and ``:118-119`` do;
 - finishing: ``materialize.finish`` (initialise missing, tie, eval, generation config), then
   ``model.hf_quantizer = hf_quantizer`` and ``hf_quantizer.postprocess_model(model)`` as
   ``from_pretrained`` ends (transformers 5.17 ``modeling_utils.py:4335-4339``).
@@ -405,17 +405,17 @@ def _quantize_one(prep: _Prepared, name: str, value: torch.Tensor, dev: torch.de
     meta = getattr(module, leaf)
     source_cls = getattr(module, "source_cls", None)
     if source_cls is not None and issubclass(source_cls, Conv1D):
-        value = value.T  # integrations/bitsandbytes.py:51-52 and :116-117 (Conv1D stores weights transposed)
+        value = value.T  # integrations/bitsandbytes.py:54-55 and :118-119 (Conv1D stores weights transposed)
     if prep.method == "int8":
         kwargs = dict(meta.__dict__)
-        kwargs.pop("SCB", None)  # integrations/bitsandbytes.py:119-120
+        kwargs.pop("SCB", None)  # integrations/bitsandbytes.py:121-122
         param = bnb.nn.Int8Params(value, requires_grad=False, **kwargs)
-        # Int8Params._quantize (nn/modules.py:737-751): B = data.contiguous().to(device, float16);
+        # Int8Params._quantize (nn/modules.py:737-748): B = data.contiguous().to(device, float16);
         # CB, SCB = int8_vectorwise_quant(B). Called directly because .to() quantizes only from the CPU
-        # (nn/modules.py:789-792), which is why transformers moves every weight to the CPU first.
+        # (nn/modules.py:790-793), which is why transformers moves every weight to the CPU first.
         param = param._quantize(dev)
     else:
-        # integrations/bitsandbytes.py:55-57, verbatim: .to() runs Params4bit._quantize (nn/modules.py:381-395)
+        # integrations/bitsandbytes.py:58-59, verbatim: .to() runs Params4bit._quantize (nn/modules.py:381-395)
         param = bnb.nn.Params4bit(value, requires_grad=False, **meta.__dict__).to(value.device)
         module._is_hf_initialized = True
     param._is_hf_initialized = True  # core_model_loading.set_param_for_module marks it so init skips it
