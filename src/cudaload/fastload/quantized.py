@@ -381,6 +381,9 @@ class _KeepOpen:
     def close(self) -> None:
         pass
 
+    def __getattr__(self, name: str) -> Any:  # anything else fill_cuda may come to use: the real pool's
+        return getattr(self._pool, name)
+
 
 def _fill(
     targets: list[Any], infos: list[TensorInfo], dev: Any, threads: int, buffer_bytes: int, pool: Any
