@@ -204,6 +204,28 @@ def test_scratch_is_one_layer(tiny_model: Callable[..., Path]) -> None:
     assert one_layer <= info["scratch_bytes"] < one_layer + 7 * 256
 
 
+def test_layer_chunk_spreads_a_layer_over_the_readers() -> None:
+    mib = 1 << 20
+    assert quantized._layer_chunk(31 * mib, 8, 16 * mib) == 1984 << 10  # 0.6B layer: ~16 chunks, not 2
+    assert quantized._layer_chunk(386 * mib, 8, 16 * mib) == 16 * mib  # 8B layer: full staging buffers
+    assert quantized._layer_chunk(mib, 8, 16 * mib) == mib  # never below 1 MiB
+    assert quantized._layer_chunk(386 * mib, 8, 256 << 10) == 256 << 10  # never above the buffers
+
+
+def test_small_buffers_same_as_from_pretrained(tiny_model: Callable[..., Path]) -> None:
+    path = tiny_model("llama", "bfloat16")
+    ref = _reference(path, "AutoModelForCausalLM", torch.bfloat16, bnb_config("nf4"))
+    got = quantized.load_quantized(
+        path,
+        quantization_config=bnb_config("nf4"),
+        device="cpu",
+        dtype=torch.bfloat16,
+        threads=3,
+        buffer_bytes=64 << 10,
+    )
+    assert_same_quantized(ref, got)
+
+
 def test_supports_says_yes_with_detail(tiny_model: Callable[..., Path]) -> None:
     ok, why = quantized.supports_quantized(tiny_model("qwen3"), bnb_config("int8"), device="cpu")
     assert ok, why

@@ -540,7 +540,7 @@ def _fill_and_quantize(prep: _Prepared, dev: torch.device, threads: int, buffer_
         # bitsandbytes launches on the current device and the event records on its current stream
         on_dev = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
         with torch.no_grad(), on_dev:
-            for group, (offsets, _) in zip(groups, layout, strict=True):
+            for group, (offsets, size) in zip(groups, layout, strict=True):
                 if done is not None:
                     done.synchronize()  # the previous layer's quantization has finished reading the scratch
                 infos = [header.tensors[prep.quantized[n]] for n in group]
@@ -558,7 +558,7 @@ def _fill_and_quantize(prep: _Prepared, dev: torch.device, threads: int, buffer_
                     infos,
                     dev,
                     threads,
-                    buffer_bytes,
+                    _layer_chunk(size, threads, buffer_bytes),
                     lent,
                 )
                 for name, value in zip(group, views, strict=True):
@@ -579,6 +579,13 @@ def _fill_and_quantize(prep: _Prepared, dev: torch.device, threads: int, buffer_
         "layers": len(groups),
         "scratch_bytes": scratch_bytes,
     }
+
+
+def _layer_chunk(layer_bytes: int, threads: int, buffer_bytes: int) -> int:
+    """Read size for one layer's fill: small enough that every reader gets about two chunks (a 0.6B layer is
+    31 MB, two 16 MiB chunks, which would leave six of eight readers idle), never above the staging buffer."""
+    want = layer_bytes // (2 * threads) // (64 << 10) * (64 << 10)
+    return min(buffer_bytes, max(1 << 20, want))
 
 
 def _itemsize(t: Any) -> int:
