@@ -1,0 +1,125 @@
+"""cudaload.fastload.quantized on a GPU: bitsandbytes int8 / nf4 through the fast path equals
+``from_pretrained(..., device_map="cuda:0", quantization_config=...)`` bit for bit, and its GPU peak is not above
+from_pretrained's by more than one layer of unquantized weights.
+
+Needs bitsandbytes with its CUDA library (the H200 machine: ``source .whl/env.sh`` after ``wheels.sh quant``)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("bitsandbytes")
+
+from cudaload.fastload import quantized  # noqa: E402
+from test_quantized_fastload import assert_same_quantized, bnb_config  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda:0"
+
+
+def _auto(kind: str) -> str:
+    return "AutoModel" if kind == "bert" else "AutoModelForCausalLM"
+
+
+@pytest.mark.parametrize("method", ["int8", "nf4"])
+@pytest.mark.parametrize(
+    ("kind", "saved", "shard"),
+    [
+        ("qwen3", "bfloat16", None),
+        ("llama", "float32", "40KB"),
+        ("gpt2", "float32", None),
+        ("bert", "float32", None),
+    ],
+)
+def test_tiny_same_as_from_pretrained_on_gpu(
+    tiny_model: Callable[..., Path], kind: str, saved: str, shard: str | None, method: str
+) -> None:
+    path = tiny_model(kind, dtype=saved, max_shard_size=shard)
+    ref = getattr(transformers, _auto(kind)).from_pretrained(
+        path, dtype=torch.bfloat16, device_map=DEV, quantization_config=bnb_config(method)
+    )
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config(method), auto_class=_auto(kind), device=DEV, dtype=torch.bfloat16
+    )
+    assert_same_quantized(ref, got)
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random bf16 checkpoint of the Qwen3-0.6B shape (1.2 GB), written once for this module."""
+    from cudaload.testing import full_config
+
+    path = tmp_path_factory.mktemp("qwen3-0.6b")
+    torch.manual_seed(0)
+    with torch.device(DEV):
+        model = transformers.AutoModelForCausalLM.from_config(full_config("Qwen3-0.6B"), dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return path
+
+
+def _peak_of(load: Callable[[], Any]) -> tuple[Any, int]:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(DEV)
+    torch.cuda.reset_peak_memory_stats(DEV)
+    model = load()
+    torch.cuda.synchronize()
+    return model, torch.cuda.max_memory_allocated(DEV) - base
+
+
+@pytest.mark.parametrize("method", ["int8", "nf4"])
+def test_06b_same_and_peak_within_one_layer(qwen3_06b: Path, method: str) -> None:
+    ref, ref_peak = _peak_of(
+        lambda: transformers.AutoModelForCausalLM.from_pretrained(
+            qwen3_06b, dtype=torch.bfloat16, device_map=DEV, quantization_config=bnb_config(method)
+        )
+    )
+    got, got_peak = _peak_of(
+        lambda: quantized.load_quantized(
+            qwen3_06b, quantization_config=bnb_config(method), device=DEV, dtype=torch.bfloat16
+        )
+    )
+    info = got.cudaload_fastload
+    one_layer = info["scratch_bytes"]
+    assert info["layers"] == got.config.num_hidden_layers
+    print(
+        f"{method}: peak from_pretrained {ref_peak / 2**30:.3f} GiB, fast path {got_peak / 2**30:.3f} GiB, "
+        f"one layer {one_layer / 2**20:.0f} MiB; fast path {info['seconds']:.2f} s"
+    )
+    assert got_peak <= ref_peak + one_layer, (got_peak, ref_peak, one_layer)
+    assert_same_quantized(ref, got)
+
+
+def test_failed_quantized_load_gives_memory_back(qwen3_06b: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(DEV)
+    calls = {"n": 0}
+    real = quantized._quantize_one
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise RuntimeError("injected failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quantized, "_quantize_one", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        quantized.load_quantized(
+            qwen3_06b, quantization_config=bnb_config("int8"), device=DEV, dtype=torch.bfloat16
+        )
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated(DEV) == base
