@@ -235,19 +235,34 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
 
         try:
             with _BUILD_LOCK:
-                model = fastload.load(
-                    path,
-                    auto_class=auto_class,
-                    device=plan.placement.devices[0],
-                    dtype=_torch_dtype(plan.dtype.choice or "float32"),
-                    attn_implementation=plan.attention.choice,
-                    **passthrough,
-                )
+                if plan.quantization.choice:
+                    from .fastload.quantized import load_quantized
+
+                    model = load_quantized(
+                        path,
+                        quantization_config=_load_kwargs(plan, {})["quantization_config"],
+                        auto_class=auto_class,
+                        device=plan.placement.devices[0],
+                        dtype=_torch_dtype(plan.dtype.choice or "float32"),
+                        attn_implementation=plan.attention.choice,
+                    )
+                else:
+                    model = fastload.load(
+                        path,
+                        auto_class=auto_class,
+                        device=plan.placement.devices[0],
+                        dtype=_torch_dtype(plan.dtype.choice or "float32"),
+                        attn_implementation=plan.attention.choice,
+                        **passthrough,
+                    )
             return model, "fast", notes
         except (CheckpointError, LoadError):
             raise  # from_pretrained fails on these too (the fast path only raises them when it would)
         except Exception as e:  # the fast path is an optimisation: never the reason a load fails
-            what = "stepped aside" if isinstance(e, fastload.StepAside) else "failed"
+            from .fastload.quantized import StepAside as QuantizedStepAside
+
+            stepped = isinstance(e, (fastload.StepAside, QuantizedStepAside))
+            what = "stepped aside" if stepped else "failed"
             notes.append(f"fast path {what} ({type(e).__name__}: {e}); loaded with from_pretrained instead")
             # the load still succeeds, but slower than planned: say so where it is seen, not only in the plan
             logger.warning("%s", notes[-1])

@@ -69,6 +69,7 @@ from .materialize import (
     allocate,
     build_skeleton,
     finish,
+    load_options,
     model_class,
     plan_keys,
     read_config,
@@ -113,6 +114,7 @@ class _Prepared:
     #: the weights to quantize: model key -> checkpoint key
     quantized: dict[str, str] = field(default_factory=dict)
     method: str = ""  # "int8" | "nf4" | "fp4"
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # what the config left for the model
 
 
 def _bnb_config(quantization_config: Any) -> Any:
@@ -295,7 +297,7 @@ def _prepare(
             raise StepAside(f"{forced[0]!r} is both quantized and kept in float32 by the model")
     if not quantized:
         raise StepAside("no weight of this model is quantized by bitsandbytes")
-    return _Prepared(model, header, keys, hf_quantizer, dtype, quantized, method)
+    return _Prepared(model, header, keys, hf_quantizer, dtype, quantized, method, dict(model_kwargs))
 
 
 def supports_quantized(
@@ -467,7 +469,7 @@ def load_quantized(
     try:
         times = _fill_and_quantize(prep, dev, threads, buffer_bytes)
         t_quant = time.perf_counter()
-        finish(model, keys, header.root)
+        finish(model, keys, load_options(header.root, {}), prep.model_kwargs, dev, prep.dtype)
         # from_pretrained's last steps (transformers 5.17 modeling_utils.py:4335-4339)
         model.hf_quantizer = prep.hf_quantizer
         prep.hf_quantizer.postprocess_model(model)

@@ -94,6 +94,11 @@ def fast_kwargs_blockers(kwargs: Mapping[str, Any]) -> list[str]:
 FAST_MIN_BYTES = 1 * 10**9
 
 
+#: bitsandbytes methods cudaload.fastload.quantized loads exactly as from_pretrained does (it steps aside at
+#: load time where it cannot: pre-quantized checkpoints, fused MoE experts, bitsandbytes not importable...)
+QUANTIZED_FAST = frozenset({"int8", "nf4"})
+
+
 def choose_load_path(
     info: Any,
     *,
@@ -119,8 +124,14 @@ def choose_load_path(
         bad.append("the checkpoint is not a local directory (config-only or Hub plan)")
     elif not s.safetensors:
         bad.append("no safetensors files (.bin checkpoints go through from_pretrained)")
-    if quantization:
-        bad.append(f"{quantization} quantization is done by bitsandbytes inside from_pretrained")
+    if quantization and quantization not in QUANTIZED_FAST:
+        bad.append(f"{quantization} quantization is done inside from_pretrained")
+    elif quantization and from_pretrained_kwargs:
+        # cudaload.fastload.quantized takes no from_pretrained keywords: it cannot honour them exactly
+        bad.append(
+            f"a {quantization} load with from_pretrained keywords "
+            f"({', '.join(sorted(from_pretrained_kwargs))}) goes through from_pretrained"
+        )
     if info.remote_code:
         bad.append("the model needs remote code (auto_map)")
     if placement.offload:
@@ -139,9 +150,17 @@ def choose_load_path(
         not bad,
         tuple(bad)
         or (
-            "unquantized local safetensors on GPU: parallel reads into pinned buffers, "
-            "copied straight into the "
-            "parameters (no second copy)",
+            (
+                f"local safetensors quantized to {quantization} on the GPU one layer at a time with "
+                "bitsandbytes' own functions (from_pretrained in transformers 5.17 copies each weight to the "
+                "CPU and back: 15.6 s vs 2.8 s for int8 vs nf4 on the H200, "
+                "benchmarks/results/2026-12-01-h200/run1-qprof); same packed weights",
+            )
+            if quantization
+            else (
+                "unquantized local safetensors on GPU: parallel reads into pinned buffers, "
+                "copied straight into the parameters (no second copy)",
+            )
         ),
     )
     fp = Candidate("from_pretrained", True, ("transformers' loader: handles every case",))
