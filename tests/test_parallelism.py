@@ -92,7 +92,11 @@ def test_8b_full_finetune_on_2xh200_under_torchrun_is_fsdp2() -> None:
     assert ta["fsdp"] is True
     cfg = ta["fsdp_config"]
     assert cfg["version"] == 2 and cfg["transformer_layer_cls_to_wrap"] == ["Qwen3DecoderLayer"]
-    assert cfg["activation_checkpointing"] is True and cfg["cpu_offload"] is False
+    # FSDP checkpoints activations exactly when the per-GPU activation term assumed it (seq_len 512 fits
+    # without): the plan's own checkpointing decision is the one each rank runs with
+    assert p.gradient_checkpointing is not None and p.gradient_checkpointing.choice == "off"
+    assert cfg["activation_checkpointing"] is False and cfg["cpu_offload"] is False
+    assert p.optimizer is not None and p.optimizer.choice == par.config["optimizer"] == "adamw_torch_fused"
     assert "torchrun --nproc_per_node 2" in p.explain()
 
 
@@ -110,13 +114,27 @@ def test_small_lora_under_torchrun_is_ddp() -> None:
 
 def test_70b_full_finetune_on_8xh100_needs_offload_or_more_gpus() -> None:
     """Sharded 8 ways, 70B's fp32 AdamW state alone (16 B/param / 8 = 131 GiB) exceeds an 80 GB GPU: the
-    plan says so and names what fits, before anything loads."""
+    plan says so and names what fits, before anything loads. Left to choose, the optimizer ladder fits it
+    without offload (a memory-saving optimizer comes before offload, as on one process)."""
     h = hardware("8xH100-80GB")
+    adamw = "adamw_torch_fused"
     with pytest.raises(DoesNotFitError) as e:
-        plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048)
+        plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048, optimizer=adamw)
     msg = str(e.value)
     assert "fsdp2:" in msg and "allow_offload=True" in msg and "GPUs like NVIDIA H100" in msg
-    p = plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048, allow_offload=True)
+    auto = plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048)
+    assert auto.parallelism is not None and auto.parallelism.choice == "fsdp2"
+    assert auto.optimizer is not None and auto.optimizer.choice not in (adamw, "adamw_torch")
+    assert auto.parallelism.config["optimizer"] == auto.optimizer.choice
+    assert per_gpu(auto) * GiB < (auto.parallelism.budget_per_gpu or 0)
+    p = plan(
+        full_config("Llama-3.1-70B"),
+        hardware=h,
+        intent="training",
+        seq_len=2048,
+        allow_offload=True,
+        optimizer=adamw,
+    )
     par = p.parallelism
     assert par is not None and par.choice == "fsdp2_offload" and not par.launched
     assert per_gpu(p) * GiB < (par.budget_per_gpu or 0)
@@ -200,6 +218,7 @@ def test_deepspeed_is_planned_when_assumed_and_explained() -> None:
         allow_offload=True,
         assume_installed=["deepspeed"],
         parallelism="deepspeed",
+        optimizer="adamw_torch_fused",  # fp32 AdamW states: only offloaded do they fit (auto picks Adafactor)
     )
     assert off.parallelism is not None and off.parallelism.choice == "deepspeed_zero3_offload"
     z = off.parallelism.config["deepspeed_config"]["zero_optimization"]
@@ -486,13 +505,16 @@ def test_one_process_on_several_gpus_training_is_told_how_to_launch() -> None:
     assert len(p.placement.devices) == 4 and p.placement.device_map == "balanced"
     assert par.launch == "torchrun --nproc_per_node 4 your_script.py"
     assert any("launch one process per GPU" in r for r in par.decision.reasons)
-    # two such GPUs cannot hold it even sharded: the error says how many would
+    two = dataclasses.replace(four, gpus=four.gpus[:2])
+    # two such GPUs hold it split in this one process at seq_len 4096 but not sharded over 2 ranks: the
+    # layer split stands (no error), and the parallelism says why no multi-process strategy is chosen
+    split = plan(full_config("Llama-3.1-70B"), hardware=two, intent="lora", seq_len=4096)
+    assert split.parallelism is not None and split.parallelism.choice is None
+    assert split.placement.devices == ("cuda:0", "cuda:1")
+    assert any("no multi-process strategy fits" in r for r in split.parallelism.decision.reasons)
+    # longer, neither fits: the error says how many GPUs would
     with pytest.raises(DoesNotFitError, match="3 GPUs like NVIDIA H200 with FSDP2"):
-        plan(
-            full_config("Llama-3.1-70B"),
-            hardware=dataclasses.replace(four, gpus=four.gpus[:2]),
-            intent="lora",
-        )
+        plan(full_config("Llama-3.1-70B"), hardware=two, intent="lora", seq_len=8192)
 
 
 def test_torchrun_on_cpus_has_no_gpu_parallelism() -> None:
