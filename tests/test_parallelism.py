@@ -431,6 +431,7 @@ def test_fsdp_training_arguments_build_without_deprecations(
         full_config("Qwen3-8B"), hardware=torchrun(hardware("2xH200"), 2), intent="training", seq_len=512
     )
     merged = merge_training_arguments(training_arguments(p), p)
+    assert merged == training_arguments(p)  # training_arguments() merges them already (under torchrun)
     assert "gradient_checkpointing" not in merged and "gradient_checkpointing_kwargs" not in merged
     assert merged["fsdp"] is True and not isinstance(merged["fsdp"], str)
     for k in ("bf16", "tf32", "optim"):  # the rest of training_arguments is kept
@@ -589,3 +590,37 @@ def test_bench_parallel_smoke_runs_on_this_cpu(tmp_path: Path) -> None:
     assert "error" not in d and d["logits"]["within_bf16_tolerance"]
     assert "skipped" in res["parts"]["e"]
     assert (out / "results.md").read_text().startswith("# Several GPUs")
+
+
+def test_training_arguments_merge_the_parallel_settings() -> None:
+    """training_arguments(plan) carries the parallelism's settings for the ranks (torchrun, or a profile),
+    with the checkpointing and optimizer each rank was planned with; a process on this machine outside
+    torchrun gets its own placement's arguments."""
+    from cudaload import training_arguments
+
+    p = plan(full_config("Llama-3.1-70B"), hardware=hardware("8xH100-80GB"), intent="lora", seq_len=2048)
+    par = p.parallelism
+    assert par is not None and par.choice == "fsdp2"
+    # one process splitting the layers keeps its activations spread; a rank holds all of its batch's
+    assert p.gradient_checkpointing is not None and p.gradient_checkpointing.choice == "off"
+    assert par.config["gradient_checkpointing"] is True
+    args = training_arguments(p)
+    assert args["fsdp"] is True and args["fsdp_config"]["activation_checkpointing"] is True
+    assert not any(k.endswith("checkpointing") for k in args)
+    assert args["optim"] == par.config["optimizer"]
+    # DDP: model-level checkpointing as the ranks were planned
+    small = plan(full_config("Qwen3-0.6B"), hardware=torchrun(hardware("2xH200"), 2), intent="lora")
+    assert small.parallelism is not None and small.parallelism.choice == "ddp"
+    a = training_arguments(small)
+    name = "activation_checkpointing" if "activation_checkpointing" in a else "gradient_checkpointing"
+    assert a[name] is small.parallelism.config["gradient_checkpointing"]
+    assert a["ddp_find_unused_parameters"] is False
+    # outside torchrun on this machine: the layer split runs, nothing distributed is passed
+    caps = Capabilities.from_json((FIXTURES / "h200.json").read_text())
+    g = dataclasses.replace(caps.gpus[0], total_memory=80 * GiB, free_memory=78 * GiB)
+    four = dataclasses.replace(
+        caps, gpus=tuple(dataclasses.replace(g, index=i, nvml_index=i) for i in range(4))
+    )
+    here = plan(full_config("Llama-3.1-70B"), hardware=four, intent="lora", seq_len=1024)
+    assert here.parallelism is not None and here.parallelism.choice == "fsdp2"
+    assert "fsdp" not in training_arguments(here)

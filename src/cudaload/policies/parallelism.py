@@ -867,9 +867,25 @@ def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, A
     backward (training_args.py:2753-2759), so those keys are dropped."""
     extra = parallel_training_arguments(plan)
     out = dict(base)
+    par = plan.parallelism
+    cfg = par.config if par is not None and par.choice is not None else {}
+    if cfg.get("optimizer") and "optim" in out:
+        # the per-GPU numbers were planned with this optimizer on every rank
+        out["optim"] = cfg["optimizer"]
     if extra.get("fsdp"):
         for k in _CHECKPOINTING_KEYS:
             out.pop(k, None)
+    elif "gradient_checkpointing" in cfg:
+        # DDP / DeepSpeed: model-level checkpointing as each rank's activation term assumed, under the name
+        # the base arguments use (gradient_ or activation_checkpointing, by transformers version)
+        name = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if k in out), None)
+        if name is not None:
+            on = bool(cfg["gradient_checkpointing"])
+            out[name] = on
+            if on:
+                out[f"{name}_kwargs"] = {"use_reentrant": False}
+            else:
+                out.pop(f"{name}_kwargs", None)
     out.update(extra)
     return out
 
