@@ -1181,7 +1181,13 @@ def decide(
     opt_dec = gc_dec = None
     if intent != "inference":
         opt_dec, gc_dec = _rank_training_decisions(
-            par, opts, gcs, opt, gc, explicit_opt=optimizer != "auto", explicit_gc=gradient_checkpointing is not None
+            par,
+            opts,
+            gcs,
+            opt,
+            gc,
+            explicit_opt=optimizer != "auto",
+            explicit_gc=gradient_checkpointing is not None,
         )
     fit_result = FitResult(
         dec,
