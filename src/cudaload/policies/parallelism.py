@@ -893,7 +893,7 @@ def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, A
 # -- explain -----------------------------------------------------------------------------------------------
 def explain_lines(par: Parallelism) -> list[str]:
     d = par.decision
-    head = f"parallelism: {d.choice or 'none fits'} ({par.world_size} GPUs"
+    head = f"parallelism: {d.choice or 'none (no multi-process strategy fits)'} ({par.world_size} GPUs"
     head += ", launched under torchrun)" if par.launched else ")"
     lines = [head + ("  (explicit)" if d.explicit else "")]
     lines.extend(f"    because {r}" for r in d.reasons)
