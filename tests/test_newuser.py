@@ -4,6 +4,7 @@ extras, profiles' kernels section, and the module layout. Each test fails on the
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,17 @@ def test_every_plan_flag_has_its_keyword_and_back() -> None:
 def test_cli_error_names_flags_not_keywords(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from cudaload.testing import full_config
 
-    full_config("Llama-3.1-70B").save_pretrained(tmp_path)
-    assert main(["plan", str(tmp_path), "--hardware", "H100"]) == 2  # 70B in bf16 does not fit 80 GB
+    model = tmp_path / "m"
+    full_config("Llama-3.1-70B").save_pretrained(model)
+    # offload is suggested only where the host's memory is known (a named profile states none), so plan for
+    # a snapshot: the H200 machine with 78 GiB free
+    caps = json.loads((Path(__file__).parent / "fixtures" / "h200.json").read_text())
+    for g in caps["gpus"]:
+        g["free_memory"] = 78 << 30
+    snap = tmp_path / "h.json"
+    snap.write_text(json.dumps(caps))
+    # 70B in bf16 does not fit 78 GiB (and without bitsandbytes nothing quantizes it)
+    assert main(["plan", str(model), "--hardware", str(snap), "--assume-missing", "bitsandbytes"]) == 2
     err = capsys.readouterr().err
     assert "--allow-offload" in err and "allow_offload=True" not in err
 
@@ -349,3 +359,17 @@ def test_doctor_on_a_profile_does_not_call_packages_uninstalled() -> None:
     assert "flash-attn-4 is not assumed on a profile" in text and "bitsandbytes is not assumed" in text
     assumed = diagnose(hardware("H100").with_packages(["bitsandbytes"], ["kernels"])).render()
     assert "kernels is not installed" in assumed  # assumed missing: said plainly
+
+
+def test_training_and_parallel_flags_reach_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cudaload.testing import full_config
+
+    full_config("Qwen3-0.6B").save_pretrained(tmp_path)
+    argv = ["plan", str(tmp_path), "--hardware", "2xH100-80GB", "--intent", "training", "--seq-len", "512"]
+    extra = ["--optimizer", "adafactor", "--gradient-checkpointing", "on", "--parallelism", "fsdp2", "--json"]
+    assert main([*argv, *extra]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["optimizer"]["choice"] == "adafactor" and p["gradient_checkpointing"]["choice"] == "on"
+    assert p["parallelism"]["choice"] == "fsdp2"
+    assert as_flags("gradient_checkpointing=True") == "--gradient-checkpointing on"
+    assert as_flags("parallelism='auto'") == "--parallelism auto"

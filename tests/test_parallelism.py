@@ -92,7 +92,11 @@ def test_8b_full_finetune_on_2xh200_under_torchrun_is_fsdp2() -> None:
     assert ta["fsdp"] is True
     cfg = ta["fsdp_config"]
     assert cfg["version"] == 2 and cfg["transformer_layer_cls_to_wrap"] == ["Qwen3DecoderLayer"]
-    assert cfg["activation_checkpointing"] is True and cfg["cpu_offload"] is False
+    # FSDP checkpoints activations exactly when the per-GPU activation term assumed it (seq_len 512 fits
+    # without): the plan's own checkpointing decision is the one each rank runs with
+    assert p.gradient_checkpointing is not None and p.gradient_checkpointing.choice == "off"
+    assert cfg["activation_checkpointing"] is False and cfg["cpu_offload"] is False
+    assert p.optimizer is not None and p.optimizer.choice == par.config["optimizer"] == "adamw_torch_fused"
     assert "torchrun --nproc_per_node 2" in p.explain()
 
 
@@ -110,13 +114,27 @@ def test_small_lora_under_torchrun_is_ddp() -> None:
 
 def test_70b_full_finetune_on_8xh100_needs_offload_or_more_gpus() -> None:
     """Sharded 8 ways, 70B's fp32 AdamW state alone (16 B/param / 8 = 131 GiB) exceeds an 80 GB GPU: the
-    plan says so and names what fits, before anything loads."""
+    plan says so and names what fits, before anything loads. Left to choose, the optimizer ladder fits it
+    without offload (a memory-saving optimizer comes before offload, as on one process)."""
     h = hardware("8xH100-80GB")
+    adamw = "adamw_torch_fused"
     with pytest.raises(DoesNotFitError) as e:
-        plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048)
+        plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048, optimizer=adamw)
     msg = str(e.value)
     assert "fsdp2:" in msg and "allow_offload=True" in msg and "GPUs like NVIDIA H100" in msg
-    p = plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048, allow_offload=True)
+    auto = plan(full_config("Llama-3.1-70B"), hardware=h, intent="training", seq_len=2048)
+    assert auto.parallelism is not None and auto.parallelism.choice == "fsdp2"
+    assert auto.optimizer is not None and auto.optimizer.choice not in (adamw, "adamw_torch")
+    assert auto.parallelism.config["optimizer"] == auto.optimizer.choice
+    assert per_gpu(auto) * GiB < (auto.parallelism.budget_per_gpu or 0)
+    p = plan(
+        full_config("Llama-3.1-70B"),
+        hardware=h,
+        intent="training",
+        seq_len=2048,
+        allow_offload=True,
+        optimizer=adamw,
+    )
     par = p.parallelism
     assert par is not None and par.choice == "fsdp2_offload" and not par.launched
     assert per_gpu(p) * GiB < (par.budget_per_gpu or 0)
@@ -200,6 +218,7 @@ def test_deepspeed_is_planned_when_assumed_and_explained() -> None:
         allow_offload=True,
         assume_installed=["deepspeed"],
         parallelism="deepspeed",
+        optimizer="adamw_torch_fused",  # fp32 AdamW states: only offloaded do they fit (auto picks Adafactor)
     )
     assert off.parallelism is not None and off.parallelism.choice == "deepspeed_zero3_offload"
     z = off.parallelism.config["deepspeed_config"]["zero_optimization"]
@@ -412,6 +431,7 @@ def test_fsdp_training_arguments_build_without_deprecations(
         full_config("Qwen3-8B"), hardware=torchrun(hardware("2xH200"), 2), intent="training", seq_len=512
     )
     merged = merge_training_arguments(training_arguments(p), p)
+    assert merged == training_arguments(p)  # training_arguments() merges them already (under torchrun)
     assert "gradient_checkpointing" not in merged and "gradient_checkpointing_kwargs" not in merged
     assert merged["fsdp"] is True and not isinstance(merged["fsdp"], str)
     for k in ("bf16", "tf32", "optim"):  # the rest of training_arguments is kept
@@ -486,13 +506,16 @@ def test_one_process_on_several_gpus_training_is_told_how_to_launch() -> None:
     assert len(p.placement.devices) == 4 and p.placement.device_map == "balanced"
     assert par.launch == "torchrun --nproc_per_node 4 your_script.py"
     assert any("launch one process per GPU" in r for r in par.decision.reasons)
-    # two such GPUs cannot hold it even sharded: the error says how many would
+    two = dataclasses.replace(four, gpus=four.gpus[:2])
+    # two such GPUs hold it split in this one process at seq_len 4096 but not sharded over 2 ranks: the
+    # layer split stands (no error), and the parallelism says why no multi-process strategy is chosen
+    split = plan(full_config("Llama-3.1-70B"), hardware=two, intent="lora", seq_len=4096)
+    assert split.parallelism is not None and split.parallelism.choice is None
+    assert split.placement.devices == ("cuda:0", "cuda:1")
+    assert any("no multi-process strategy fits" in r for r in split.parallelism.decision.reasons)
+    # longer, neither fits: the error says how many GPUs would
     with pytest.raises(DoesNotFitError, match="3 GPUs like NVIDIA H200 with FSDP2"):
-        plan(
-            full_config("Llama-3.1-70B"),
-            hardware=dataclasses.replace(four, gpus=four.gpus[:2]),
-            intent="lora",
-        )
+        plan(full_config("Llama-3.1-70B"), hardware=two, intent="lora", seq_len=8192)
 
 
 def test_torchrun_on_cpus_has_no_gpu_parallelism() -> None:
@@ -567,3 +590,37 @@ def test_bench_parallel_smoke_runs_on_this_cpu(tmp_path: Path) -> None:
     assert "error" not in d and d["logits"]["within_bf16_tolerance"]
     assert "skipped" in res["parts"]["e"]
     assert (out / "results.md").read_text().startswith("# Several GPUs")
+
+
+def test_training_arguments_merge_the_parallel_settings() -> None:
+    """training_arguments(plan) carries the parallelism's settings for the ranks (torchrun, or a profile),
+    with the checkpointing and optimizer each rank was planned with; a process on this machine outside
+    torchrun gets its own placement's arguments."""
+    from cudaload import training_arguments
+
+    p = plan(full_config("Llama-3.1-70B"), hardware=hardware("8xH100-80GB"), intent="lora", seq_len=2048)
+    par = p.parallelism
+    assert par is not None and par.choice == "fsdp2"
+    # one process splitting the layers keeps its activations spread; a rank holds all of its batch's
+    assert p.gradient_checkpointing is not None and p.gradient_checkpointing.choice == "off"
+    assert par.config["gradient_checkpointing"] is True
+    args = training_arguments(p)
+    assert args["fsdp"] is True and args["fsdp_config"]["activation_checkpointing"] is True
+    assert not any(k.endswith("checkpointing") for k in args)
+    assert args["optim"] == par.config["optimizer"]
+    # DDP: model-level checkpointing as the ranks were planned
+    small = plan(full_config("Qwen3-0.6B"), hardware=torchrun(hardware("2xH200"), 2), intent="lora")
+    assert small.parallelism is not None and small.parallelism.choice == "ddp"
+    a = training_arguments(small)
+    name = "activation_checkpointing" if "activation_checkpointing" in a else "gradient_checkpointing"
+    assert a[name] is small.parallelism.config["gradient_checkpointing"]
+    assert a["ddp_find_unused_parameters"] is False
+    # outside torchrun on this machine: the layer split runs, nothing distributed is passed
+    caps = Capabilities.from_json((FIXTURES / "h200.json").read_text())
+    g = dataclasses.replace(caps.gpus[0], total_memory=80 * GiB, free_memory=78 * GiB)
+    four = dataclasses.replace(
+        caps, gpus=tuple(dataclasses.replace(g, index=i, nvml_index=i) for i in range(4))
+    )
+    here = plan(full_config("Llama-3.1-70B"), hardware=four, intent="lora", seq_len=1024)
+    assert here.parallelism is not None and here.parallelism.choice == "fsdp2"
+    assert "fsdp" not in training_arguments(here)

@@ -31,9 +31,15 @@ FLAGS: dict[str, str] = {
     "kernels": "--kernels",
     "trust_kernels": "--trust-kernels",
     "fast": "--fast",
+    "new_tokens": "--new-tokens",
+    "padded": "--padded",
+    "optimizer": "--optimizer",
+    "gradient_checkpointing": "--gradient-checkpointing",
+    "parallelism": "--parallelism",
+    "lower_latency": "--lower-latency",
 }
 #: keywords whose True/False/None the CLI spells on/off/auto
-_TRISTATE = ("kernels", "fast")
+_TRISTATE = ("kernels", "fast", "gradient_checkpointing")
 _KEYWORD = re.compile(
     r"(?<![\w.-])("
     + "|".join(sorted(FLAGS, key=len, reverse=True))
@@ -135,6 +141,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         kernels={"auto": None, "on": True, "off": False}[args.kernels],
         trust_kernels=args.trust_kernels or (),
         fast={"auto": None, "on": True, "off": False}[args.fast],
+        optimizer=args.optimizer,
+        gradient_checkpointing={"auto": None, "on": True, "off": False}[args.gradient_checkpointing],
+        parallelism=args.parallelism,
+        lower_latency=args.lower_latency,
     )
     print(p.to_json() if args.json else as_flags(p.explain()))
     return 0
@@ -267,6 +277,34 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         choices=["auto", "on", "off"],
         help="cudaload's fast safetensors loader: auto uses it where it is known to beat from_pretrained",
+    )
+    from .policies.memory import OPTIMIZERS
+    from .policies.parallelism import REQUESTS
+
+    pl.add_argument(
+        "--optimizer",
+        default="auto",
+        choices=["auto", *OPTIMIZERS],
+        help="training: the TrainingArguments optim; auto tries fp32 AdamW, then 8-bit AdamW (bitsandbytes), "
+        "then Adafactor until one fits",
+    )
+    pl.add_argument(
+        "--gradient-checkpointing",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="training: recompute activations in backward; auto turns it on only when they do not fit without",
+    )
+    pl.add_argument(
+        "--parallelism",
+        default="auto",
+        choices=list(REQUESTS),
+        help="several GPUs: training ddp, fsdp2 or deepspeed; inference tp, layer_split or single; "
+        "auto chooses (see the plan's parallelism section)",
+    )
+    pl.add_argument(
+        "--lower-latency",
+        action="store_true",
+        help="inference on several GPUs: prefer tensor parallelism (every GPU on every token)",
     )
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-schema.md)")
     pl.set_defaults(func=_cmd_plan)

@@ -73,9 +73,20 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
     """Keywords for ``transformers.TrainingArguments`` matching the plan's dtype, hardware and intent.
 
     >>> args = TrainingArguments(output_dir="out", **cudaload.training_arguments(model.cudaload_plan))
+
+    Several GPUs: the parallelism's settings (FSDP2 / DDP / DeepSpeed, and the optimizer and checkpointing
+    each rank was planned with) are merged in when the plan is for the ranks -- made under torchrun, or for a
+    profile. A process planned on this machine outside torchrun runs the plan's own placement (one GPU or a
+    layer split); its parallelism only says how to launch N processes, whose own plans then carry them.
     """
-    if plan.intent == "inference":
+    if plan.intent in ("inference", "serving"):
         raise ConfigurationError(
-            "this plan is for inference", fix="plan or load with intent='training', 'lora' or 'qlora'"
+            f"this plan is for {plan.intent}", fix="plan or load with intent='training', 'lora' or 'qlora'"
         )
-    return {**precision_arguments(plan), **optimizer_arguments(plan), **memory_arguments(plan)}
+    args = {**precision_arguments(plan), **optimizer_arguments(plan), **memory_arguments(plan)}
+    par = plan.parallelism
+    if par is not None and (par.launched or str(plan.hardware.get("source", "")).startswith("profile:")):
+        from .policies.parallelism import merge_training_arguments
+
+        args = merge_training_arguments(args, plan)
+    return args

@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..plans import Parallelism, Plan
 from .dtype import dtype_bytes
-from .memory import CUDA_CONTEXT_BYTES, Breakdown, GiB, MiB, breakdown
+from .memory import CUDA_CONTEXT_BYTES, Breakdown, GiB, MiB, breakdown, default_optimizer
 
 STRATEGIES = (
     "single",
@@ -188,6 +188,16 @@ class _Eval:
     reasons: tuple[str, ...]
 
 
+def gc_on(gradient_checkpointing: bool | None) -> bool:
+    """The memory model's reading of ``gradient_checkpointing`` (None: on; policies/memory.py breakdown)."""
+    return True if gradient_checkpointing is None else gradient_checkpointing
+
+
+def bd_optimizer(intent: str, optimizer: str | None, dtype: str) -> str | None:
+    """The optimizer the memory model plans with (None: the intent's default, as breakdown picks it)."""
+    return optimizer if optimizer is not None else default_optimizer(intent, on_gpu=dtype_bytes(dtype) < 4)
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
@@ -211,11 +221,14 @@ def choose_parallelism(
     split_per_gpu: int | None = None,
     optimizer: str | None = None,
     gradient_checkpointing: bool | None = None,
+    offload: bool | None = None,
 ) -> Parallelism | None:
     """The parallelism decision, or None when there is one GPU and nothing was asked for.
 
-    ``optimizer`` / ``gradient_checkpointing``: the training settings the fit ladder chose (None: the memory
-    model's defaults), so a shard holds the optimizer states the plan will really create.
+    ``optimizer`` / ``gradient_checkpointing``: the training settings each rank runs with (None: the memory
+    model's defaults); :func:`decide` tries them in the fit ladder's order for this layout, since N processes
+    hold different bytes per GPU than the fit ladder's one process. ``offload``: whether an offloading strategy
+    may be chosen in this call (None: ``allow_offload``); its candidates still say what allow_offload allows.
 
     ``quantization`` is the fit ladder's method (None, "int8", "nf4"); ``single_fits`` / ``split_per_gpu``
     what the fit ladder found for one GPU and for a one-process layer split (None: not known, computed
@@ -415,7 +428,14 @@ def choose_parallelism(
                 fix="use parallelism='auto'",
             )
 
-    chosen = next((x for x in wanted if x in evals and evals[x].ok), None)
+    may_offload = allow_offload if offload is None else offload
+    chosen = next(
+        (x for x in wanted if x in evals and evals[x].ok and (may_offload or not x.endswith("_offload"))),
+        None,
+    )
+    # this one process already fits (one GPU, or a layer split over the GPUs): a training job that N ranks
+    # cannot share still runs here, so that is no error (the N GPUs a suggestion names are for this split)
+    one_process = not launched and (bool(single_fits) or split_per_gpu is not None)
     if launched and not training and chosen is None and (s.num_heads % n or s.num_kv_heads % n):
         # under torchrun with a model that fits no single GPU, TP is the only way; name why it cannot run
         _raise_heads(s, n, caps)
@@ -440,6 +460,11 @@ def choose_parallelism(
             reasons=[f"{k}: {'; '.join(evals[k].reasons)}" for k in wanted if k in evals],
             fix="use parallelism='auto' to let cudaload choose"
             + ("" if allow_offload or not training else ", or allow_offload=True"),
+        )
+    elif training and one_process:
+        reasons.append(
+            f"no multi-process strategy fits {n} GPUs of {_gib(budget)}: this one process runs the fit "
+            "ladder's placement (a layer split: one GPU busy at a time)"
         )
     elif training:
         need = evals["fsdp2"].terms["total"]
@@ -467,8 +492,24 @@ def choose_parallelism(
     cands = tuple(Candidate(k, e.ok, e.reasons) for k, e in evals.items())
     if chosen is not None:
         config = _settings(
-            chosen, info, facts, n, intent=intent, dtype=dtype, quantization=quantization, seq_len=seq_len
+            chosen,
+            info,
+            facts,
+            n,
+            intent=intent,
+            dtype=dtype,
+            quantization=quantization,
+            seq_len=seq_len,
+            gradient_checkpointing=gradient_checkpointing,
         )
+        if training:
+            # what the per-GPU numbers assume each rank runs with (may differ from a one-process plan's)
+            config["optimizer"] = bd_optimizer(intent, optimizer, dtype)
+            config["gradient_checkpointing"] = gc_on(gradient_checkpointing)
+            reasons.append(
+                f"each rank runs optimizer {config['optimizer']}, gradient checkpointing "
+                f"{'on' if config['gradient_checkpointing'] else 'off'} (what these per-GPU numbers assume)"
+            )
         if chosen in ("fsdp2", "fsdp2_offload") and t.get("weights", 0) + ctx > budget:
             config["weights_on_cpu"] = True
             config["training_arguments"]["fsdp_config"]["cpu_ram_efficient_loading"] = True
@@ -476,7 +517,15 @@ def choose_parallelism(
         if training and alt is not None and not chosen.startswith("deepspeed"):
             # installed or assumed: the DeepSpeed way to run the same job, ready to use (not run by cudaload)
             ds_cfg = _settings(
-                alt, info, facts, n, intent=intent, dtype=dtype, quantization=quantization, seq_len=seq_len
+                alt,
+                info,
+                facts,
+                n,
+                intent=intent,
+                dtype=dtype,
+                quantization=quantization,
+                seq_len=seq_len,
+                gradient_checkpointing=gradient_checkpointing,
             )
             config["deepspeed_alternative"] = {"strategy": alt, "config": ds_cfg["deepspeed_config"]}
     explicit = strategy != "auto"
@@ -720,11 +769,11 @@ def _settings(
     dtype: str,
     quantization: str | None,
     seq_len: int,
+    gradient_checkpointing: bool | None = None,
 ) -> dict[str, Any]:
     """What the chosen strategy needs: TrainingArguments keywords, from_pretrained keywords, DeepSpeed config."""
-    # activation checkpointing, done the FSDP way: the plan's activation term assumes it for every training
-    # intent (policies/memory.py breakdown: "gradient checkpointing assumed")
-    ckpt = True
+    # activation checkpointing, done the FSDP way, exactly when the per-GPU activation term assumed it
+    ckpt = gc_on(gradient_checkpointing)
     if chosen == "ddp":
         return {
             "training_arguments": {
@@ -818,9 +867,25 @@ def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, A
     backward (training_args.py:2753-2759), so those keys are dropped."""
     extra = parallel_training_arguments(plan)
     out = dict(base)
+    par = plan.parallelism
+    cfg = par.config if par is not None and par.choice is not None else {}
+    if cfg.get("optimizer") and "optim" in out:
+        # the per-GPU numbers were planned with this optimizer on every rank
+        out["optim"] = cfg["optimizer"]
     if extra.get("fsdp"):
         for k in _CHECKPOINTING_KEYS:
             out.pop(k, None)
+    elif "gradient_checkpointing" in cfg:
+        # DDP / DeepSpeed: model-level checkpointing as each rank's activation term assumed, under the name
+        # the base arguments use (gradient_ or activation_checkpointing, by transformers version)
+        name = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if k in out), None)
+        if name is not None:
+            on = bool(cfg["gradient_checkpointing"])
+            out[name] = on
+            if on:
+                out[f"{name}_kwargs"] = {"use_reentrant": False}
+            else:
+                out.pop(f"{name}_kwargs", None)
     out.update(extra)
     return out
 
@@ -828,7 +893,7 @@ def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, A
 # -- explain -----------------------------------------------------------------------------------------------
 def explain_lines(par: Parallelism) -> list[str]:
     d = par.decision
-    head = f"parallelism: {d.choice or 'none fits'} ({par.world_size} GPUs"
+    head = f"parallelism: {d.choice or 'none (no multi-process strategy fits)'} ({par.world_size} GPUs"
     head += ", launched under torchrun)" if par.launched else ")"
     lines = [head + ("  (explicit)" if d.explicit else "")]
     lines.extend(f"    because {r}" for r in d.reasons)
@@ -921,7 +986,7 @@ def decide(
     (``fr.optimizer``, ``fr.gradient_checkpointing``), its choices are what the shards are sized for."""
     from ..plans import MemoryEstimate, Placement
     from .placement import Fit
-    from .quantization import FitResult, bnb_problems, quantization_config
+    from .quantization import FitResult, bnb_problems, quantization_config, training_ladder
 
     n, _, launched = world(caps)
     if (n <= 1 or not caps.gpus) and strategy in ("auto", "single"):
@@ -944,20 +1009,18 @@ def decide(
         single_fits = one
         if not one and not pl.offload and all(d.startswith("cuda") for d in pl.devices):
             split_per_gpu = max(fr.fit.per_device.values())
-    opt: str | None = None if optimizer == "auto" else optimizer
-    gc = gradient_checkpointing
-    if fr is not None and getattr(fr, "optimizer", None) is not None and fr.optimizer.choice:
-        opt = fr.optimizer.choice
-    if fr is not None and getattr(fr, "gradient_checkpointing", None) is not None:
-        gc = fr.gradient_checkpointing.choice == "on"
+    # the optimizer and checkpointing rungs, tried again for N processes: the fit ladder chose them for one
+    # process (a layer split spreads the activations over the GPUs, a rank holds its batch's on its own GPU),
+    # so its choices may not fit a rank (checkpointing off) or may cost more than needed there
+    opts, gcs, _ = training_ladder(
+        intent, caps, optimizer=optimizer, gradient_checkpointing=gradient_checkpointing
+    )
     kw: dict[str, Any] = dict(
         intent=intent,
         dtype=dtype,
         seq_len=seq_len,
         batch_size=batch_size,
         attn=attn,
-        optimizer=opt,
-        gradient_checkpointing=gc,
         allow_offload=allow_offload,
         facts=model_facts(info),
         strategy=strategy,
@@ -977,10 +1040,35 @@ def decide(
         trial = choose_parallelism(info, caps, quantization=None, single_fits=False, **kw)
         if trial is not None and trial.choice in ("tp", "tp_fp8"):
             par, override_q, q = trial, True, None
+    opt: str | None = opts[-1]
+    gc: bool | None = gcs[-1]
     if par is None:
-        par = choose_parallelism(
-            info, caps, quantization=q, single_fits=single_fits, split_per_gpu=split_per_gpu, **kw
-        )
+        # the fit ladder's order: each optimizer with checkpointing off then on, offloading strategies only
+        # after every rung (and only when allowed); the last rung's answer (or error) stands when none fits
+        rungs = [(o, g, False) for o in opts for g in gcs]
+        if allow_offload:
+            rungs.append((opts[-1], gcs[-1], True))
+        for i, (o, g, off) in enumerate(rungs):
+            last = i == len(rungs) - 1
+            try:
+                par = choose_parallelism(
+                    info,
+                    caps,
+                    quantization=q,
+                    single_fits=single_fits,
+                    split_per_gpu=split_per_gpu,
+                    optimizer=o,
+                    gradient_checkpointing=g,
+                    offload=off,
+                    **kw,
+                )
+            except DoesNotFitError:
+                if last:
+                    raise
+                continue
+            opt, gc = o, g
+            if par is None or par.choice is not None:
+                break
     if par is None or par.choice is None:
         if nofit is not None:
             raise nofit
@@ -1090,5 +1178,70 @@ def decide(
         qcfg = fr.quantization_config
     if qcfg is not None and dec.choice == "nf4" and par.config.get("quantization_config"):
         qcfg = {**qcfg, **par.config["quantization_config"]}
-    fit_result = FitResult(dec, Fit(True, placement, dict(memory.per_device), dict(memory.budget)), bd, qcfg)
+    opt_dec = gc_dec = None
+    if intent != "inference":
+        opt_dec, gc_dec = _rank_training_decisions(
+            par,
+            opts,
+            gcs,
+            opt,
+            gc,
+            explicit_opt=optimizer != "auto",
+            explicit_gc=gradient_checkpointing is not None,
+        )
+    fit_result = FitResult(
+        dec,
+        Fit(True, placement, dict(memory.per_device), dict(memory.budget)),
+        bd,
+        qcfg,
+        opt_dec,
+        gc_dec,
+    )
     return Outcome(parallelism=par, fit=fit_result, placement=placement, memory=memory)
+
+
+def _rank_training_decisions(
+    par: Parallelism,
+    opts: list[str | None],
+    gcs: list[bool | None],
+    opt: str | None,
+    gc: bool | None,
+    *,
+    explicit_opt: bool,
+    explicit_gc: bool,
+) -> tuple[Decision, Decision]:
+    """The optimizer and checkpointing decisions of a multi-process plan: the first rung of the ladder with
+    which a strategy fits each rank (:func:`decide` tries them in order)."""
+    from .memory import OPTIMIZERS
+
+    where = f"{par.choice} over {par.world_size} GPUs"
+    chosen_opt = par.config.get("optimizer", opt)
+    on = bool(par.config.get("gradient_checkpointing", gc_on(gc)))
+    opt_c: list[Candidate] = []
+    for o in OPTIMIZERS:
+        if o == chosen_opt:
+            why = f"fits each rank under {where}" + (" (requested)" if explicit_opt else "")
+        elif o in opts and opts.index(o) < opts.index(opt):
+            why = f"does not fit a rank under {where} or any other strategy"
+        elif o in opts:
+            why = f"not needed: {chosen_opt} fits"
+        else:
+            why = "not requested" if explicit_opt else "not on this intent's ladder"
+        opt_c.append(Candidate(o, o == chosen_opt, (why,)))
+    gc_c: list[Candidate] = []
+    for name, val in (("off", False), ("on", True)):
+        if val == on:
+            why = f"{'requested; ' if explicit_gc else ''}fits each rank under {where}"
+            if val and not explicit_gc and len(gcs) > 1:
+                why += ": without it a rank's activations do not fit (~1/3 more compute)"
+        elif val in gcs:
+            why = "does not fit a rank" if not val else "not needed: fits without"
+        else:
+            why = "not requested" if explicit_gc else "k-bit training runs with it on"
+        gc_c.append(Candidate(name, val == on, (why,)))
+    return (
+        Decision(chosen_opt, next(c.reasons for c in opt_c if c.ok), tuple(opt_c), explicit=explicit_opt),
+        Decision(
+            "on" if on else "off", next(c.reasons for c in gc_c if c.ok), tuple(gc_c), explicit=explicit_gc
+        ),
+    )
