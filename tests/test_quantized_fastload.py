@@ -252,10 +252,66 @@ def test_legacy_gamma_renaming_is_remembered(tiny_model: Callable[..., Path], tm
     _save(t, path / "model.safetensors")
     ref = _reference(path, "AutoModel", torch.bfloat16, bnb_config("int8"))
     got = quantized.load_quantized(
-        path, quantization_config=bnb_config("int8"), auto_class="AutoModel", device="cpu", dtype=torch.bfloat16
+        path,
+        quantization_config=bnb_config("int8"),
+        auto_class="AutoModel",
+        device="cpu",
+        dtype=torch.bfloat16,
     )
     assert _conversions(got)  # the legacy gamma/beta renaming was used, and is kept for save_pretrained
     assert_same_quantized(ref, got)
+
+
+def test_missing_key_initialised_and_reported_as_from_pretrained(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    # finish hands the quantizer to _finalize_model_loading, as from_pretrained does: a missing (unquantized)
+    # tensor leaves meta, is initialised (norms: ones, deterministic) and reported the same way
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model("qwen3", "bfloat16"), path)
+    t = _tensors(path / "model.safetensors")
+    del t["model.norm.weight"]
+    _save(t, path / "model.safetensors")
+    ref, ref_info = transformers.AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.bfloat16,
+        device_map="cpu",
+        quantization_config=bnb_config("nf4"),
+        output_loading_info=True,
+    )
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16
+    )
+    assert got.cudaload_fastload["missing_keys"] == sorted(ref_info["missing_keys"]) == ["model.norm.weight"]
+    assert got.cudaload_fastload["unexpected_keys"] == sorted(ref_info["unexpected_keys"])
+    assert_same_quantized(ref, got)
+
+
+def test_mismatched_shapes_fail_as_from_pretrained_fails(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    from cudaload import fastload
+    from cudaload.errors import LoadError
+
+    path = tmp_path / "mm"
+    shutil.copytree(tiny_model("qwen3", "bfloat16"), path)
+    t = _tensors(path / "model.safetensors")
+    t["model.norm.weight"] = torch.ones(5, dtype=torch.bfloat16)
+    _save(t, path / "model.safetensors")
+    with pytest.raises(RuntimeError, match=r"mismatched|size"):
+        _reference(path, "AutoModelForCausalLM", torch.bfloat16, bnb_config("int8"))
+    with pytest.raises(LoadError, match="another shape"):
+        quantized.load_quantized(
+            path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+        )
+    with pytest.raises(fastload.StepAside, match="ignore_mismatched_sizes"):
+        quantized.load_quantized(
+            path,
+            quantization_config=bnb_config("int8"),
+            device="cpu",
+            dtype=torch.bfloat16,
+            ignore_mismatched_sizes=True,
+        )
 
 
 def test_bin_checkpoint_steps_aside(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
@@ -268,7 +324,9 @@ def test_bin_checkpoint_steps_aside(tiny_model: Callable[..., Path], tmp_path: P
     ok, why = quantized.supports_quantized(path, bnb_config("int8"), device="cpu")
     assert not ok and "not safetensors" in why, why
     with pytest.raises(fastload.StepAside, match="not safetensors"):
-        quantized.load_quantized(path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16)
+        quantized.load_quantized(
+            path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+        )
 
 
 def test_quantized_step_aside_is_the_fast_paths_step_aside() -> None:

@@ -33,21 +33,31 @@ re-derived:
   (``nn/modules.py:381-395``: ``quantize_4bit`` with the module's blocksize, ``compress_statistics`` = double
   quant, ``quant_type``, ``quant_storage``). GPT-2's ``Conv1D`` weights are transposed first, as
   ``integrations/bitsandbytes.py:54-55`` and ``:118-119`` do;
-- finishing: ``materialize.finish`` (initialise missing, tie, eval, generation config), then
-  ``model.hf_quantizer = hf_quantizer`` and ``hf_quantizer.postprocess_model(model)`` as
-  ``from_pretrained`` ends (transformers 5.17 ``modeling_utils.py:4335-4339``).
+- keywords, config, checkpoint files and headers: ``materialize.prepare``, shared with the unquantized fast
+  path (files from transformers' ``_get_resolved_checkpoint_files``: ``variant``, ``subfolder``, single file
+  before index; the same step-asides for keywords only from_pretrained honours, ``.bin`` files, adapters);
+  key renames and their checks: ``materialize.plan_keys`` / ``check_keys``;
+- finishing: ``materialize.finish`` with the quantizer, i.e. transformers' ``_finalize_model_loading`` with
+  ``hf_quantizer`` in its ``LoadStateDictConfig`` as from_pretrained passes it (initialise missing, tie, the
+  load report), eval, ``set_use_kernels(False)``, generation config; ``_weight_conversions`` as
+  ``convert_and_load_state_dict_in_model`` leaves it; then ``model.hf_quantizer = hf_quantizer`` and
+  ``hf_quantizer.postprocess_model(model)`` as ``from_pretrained`` ends (transformers 5.17
+  ``modeling_utils.py:4335-4339``).
 
 Memory: non-quantized tensors (embeddings, norms, an unconverted ``lm_head``) are read straight into their
-storage; quantized weights are read layer by layer (grouped by the first numbered module in their name,
-e.g. ``model.layers.7``) into one reused device scratch, quantized there and the scratch refilled, so the
-device peak is the quantized model plus one layer's unquantized weights (and bitsandbytes' temporaries for one
-weight), never the whole bf16 model. Host memory is the staging pool.
+storage (``materialize.allocate(..., skip=quantized)``); quantized weights are read layer by layer (grouped by
+the first numbered module in their name, e.g. ``model.layers.7``) into one reused device scratch, quantized
+there and the scratch refilled, so the device peak is the quantized model plus one layer's unquantized weights
+(and bitsandbytes' temporaries for one weight), never the whole bf16 model. Host memory is the staging pool.
 
 What is not covered steps aside with a reason (``supports_quantized`` says it, ``load_quantized`` raises
-:class:`~cudaload.errors.InvalidChoiceError`), and the caller uses ``from_pretrained``: pre-quantized
-checkpoints, non-bitsandbytes configs, ``llm_int8_enable_fp32_cpu_offload``, ``llm_int8_has_fp16_weight``,
-device maps over several devices, checkpoints that need transformers' weight conversions (MoE experts fused
-into one tensor), quantized weights that are tied or missing from the checkpoint.
+:class:`StepAside`, a :class:`cudaload.fastload.StepAside`), and the caller uses ``from_pretrained``:
+pre-quantized checkpoints, non-bitsandbytes configs, ``llm_int8_enable_fp32_cpu_offload``,
+``llm_int8_has_fp16_weight``, device maps over several devices, checkpoints that need transformers' weight
+conversions (MoE experts fused into one tensor), quantized weights that are tied or missing from the
+checkpoint, ``ignore_mismatched_sizes`` with mismatched tensors, and whatever the unquantized fast path steps
+aside for (keywords, files, remote code). Mismatched shapes without ``ignore_mismatched_sizes`` fail with
+:class:`~cudaload.errors.LoadError`, as from_pretrained fails.
 
 Importing this module does not import torch, transformers or bitsandbytes.
 """
