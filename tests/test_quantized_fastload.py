@@ -7,6 +7,7 @@ here with ``device_map="cpu"``; the GPU twin is tests/test_quantized_fastload_gp
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,9 @@ def assert_same_quantized(ref: Any, got: Any, *, logits: bool = True) -> None:
     assert getattr(got.config, "_is_quantized", None) == getattr(ref.config, "_is_quantized", None)
     assert got.config.dtype == ref.config.dtype
     assert got.training is False and ref.training is False
+    # what save_pretrained undoes, and the kernels switch, as from_pretrained leaves them
+    assert _conversions(got) == _conversions(ref)
+    assert getattr(got, "_use_kernels", None) == getattr(ref, "_use_kernels", None)
     if ref.can_generate():
         assert got.generation_config.to_dict() == ref.generation_config.to_dict()
     if logits:
@@ -107,6 +111,13 @@ def assert_same_quantized(ref: Any, got: Any, *, logits: bool = True) -> None:
             oa, ob = ref(ids.to(dev)), got(ids.to(dev))
         key = "logits" if hasattr(oa, "logits") else "last_hidden_state"
         assert torch.equal(getattr(oa, key), getattr(ob, key))
+
+
+def _conversions(model: Any) -> list[tuple[str, list[str], list[str]]]:
+    return [
+        (type(c).__name__, list(c.source_patterns), list(c.target_patterns))
+        for c in getattr(model, "_weight_conversions", None) or []
+    ]
 
 
 @pytest.mark.parametrize("method", ["int8", "nf4"])
@@ -189,6 +200,141 @@ def test_sharded_checkpoint(tiny_model: Callable[..., Path]) -> None:
         path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
     )
     assert_same_quantized(ref, got)
+
+
+def _tensors(file: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return dict(load_file(str(file)))
+
+
+def _save(tensors: dict[str, Any], file: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+def test_variant_file_is_resolved_as_from_pretrained(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    # files come from transformers' _get_resolved_checkpoint_files, as in the unquantized fast path
+    path = tmp_path / "v"
+    shutil.copytree(tiny_model("llama", "bfloat16"), path)
+    t = _tensors(path / "model.safetensors")
+    _save({k: v * 2 for k, v in t.items()}, path / "model.v1.safetensors")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, device_map="cpu", quantization_config=bnb_config("int8"), variant="v1"
+    )
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16, variant="v1"
+    )
+    assert got.cudaload_fastload["files"] == ["model.v1.safetensors"]
+    assert torch.equal(got.model.norm.weight, t["model.norm.weight"] * 2)
+    assert_same_quantized(ref, got)
+
+
+def test_subfolder(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(tiny_model("qwen3", "bfloat16"), root / "sub")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        root, dtype=torch.bfloat16, device_map="cpu", quantization_config=bnb_config("nf4"), subfolder="sub"
+    )
+    got = quantized.load_quantized(
+        root, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16, subfolder="sub"
+    )
+    assert_same_quantized(ref, got)
+
+
+def test_legacy_gamma_renaming_is_remembered(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    path = tmp_path / "g"
+    shutil.copytree(tiny_model("bert"), path)
+    t = _tensors(path / "model.safetensors")
+    key = next(k for k in t if k.endswith("LayerNorm.weight"))
+    t[key.replace(".weight", ".gamma")] = t.pop(key) * 9
+    _save(t, path / "model.safetensors")
+    ref = _reference(path, "AutoModel", torch.bfloat16, bnb_config("int8"))
+    got = quantized.load_quantized(
+        path,
+        quantization_config=bnb_config("int8"),
+        auto_class="AutoModel",
+        device="cpu",
+        dtype=torch.bfloat16,
+    )
+    assert _conversions(got)  # the legacy gamma/beta renaming was used, and is kept for save_pretrained
+    assert_same_quantized(ref, got)
+
+
+def test_missing_key_initialised_and_reported_as_from_pretrained(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    # finish hands the quantizer to _finalize_model_loading, as from_pretrained does: a missing (unquantized)
+    # tensor leaves meta, is initialised (norms: ones, deterministic) and reported the same way
+    path = tmp_path / "m"
+    shutil.copytree(tiny_model("qwen3", "bfloat16"), path)
+    t = _tensors(path / "model.safetensors")
+    del t["model.norm.weight"]
+    _save(t, path / "model.safetensors")
+    ref, ref_info = transformers.AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.bfloat16,
+        device_map="cpu",
+        quantization_config=bnb_config("nf4"),
+        output_loading_info=True,
+    )
+    got = quantized.load_quantized(
+        path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16
+    )
+    assert got.cudaload_fastload["missing_keys"] == sorted(ref_info["missing_keys"]) == ["model.norm.weight"]
+    assert got.cudaload_fastload["unexpected_keys"] == sorted(ref_info["unexpected_keys"])
+    assert_same_quantized(ref, got)
+
+
+def test_mismatched_shapes_fail_as_from_pretrained_fails(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    from cudaload import fastload
+    from cudaload.errors import LoadError
+
+    path = tmp_path / "mm"
+    shutil.copytree(tiny_model("qwen3", "bfloat16"), path)
+    t = _tensors(path / "model.safetensors")
+    t["model.norm.weight"] = torch.ones(5, dtype=torch.bfloat16)
+    _save(t, path / "model.safetensors")
+    with pytest.raises(RuntimeError, match=r"mismatched|size"):
+        _reference(path, "AutoModelForCausalLM", torch.bfloat16, bnb_config("int8"))
+    with pytest.raises(LoadError, match="another shape"):
+        quantized.load_quantized(
+            path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+        )
+    with pytest.raises(fastload.StepAside, match="ignore_mismatched_sizes"):
+        quantized.load_quantized(
+            path,
+            quantization_config=bnb_config("int8"),
+            device="cpu",
+            dtype=torch.bfloat16,
+            ignore_mismatched_sizes=True,
+        )
+
+
+def test_bin_checkpoint_steps_aside(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    from cudaload import fastload
+
+    path = tmp_path / "bin"
+    shutil.copytree(tiny_model("qwen3", "bfloat16"), path)
+    torch.save(_tensors(path / "model.safetensors"), path / "pytorch_model.bin")
+    (path / "model.safetensors").unlink()
+    ok, why = quantized.supports_quantized(path, bnb_config("int8"), device="cpu")
+    assert not ok and "not safetensors" in why, why
+    with pytest.raises(fastload.StepAside, match="not safetensors"):
+        quantized.load_quantized(
+            path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16
+        )
+
+
+def test_quantized_step_aside_is_the_fast_paths_step_aside() -> None:
+    from cudaload import fastload
+
+    assert issubclass(quantized.StepAside, fastload.StepAside)
+    assert fastload.load_quantized is quantized.load_quantized
+    assert fastload.supports_quantized is quantized.supports_quantized
 
 
 def test_scratch_is_one_layer(tiny_model: Callable[..., Path]) -> None:
@@ -351,7 +497,7 @@ def test_import_is_cheap() -> None:
     import sys
 
     code = (
-        "import sys, cudaload.fastload.quantized as q; "
+        "import sys, cudaload.fastload, cudaload.fastload.quantized as q; "
         "print(','.join(m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -31,7 +31,7 @@ import os
 import re
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -327,12 +327,21 @@ def _set_tensor(model: Any, name: str, value: Any) -> None:
 
 
 def allocate(
-    model: Any, keys: KeyPlan, header: CheckpointHeader, device: torch.device, dtype: torch.dtype
+    model: Any,
+    keys: KeyPlan,
+    header: CheckpointHeader,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    skip: Collection[str] = (),
 ) -> list[tuple[str, Any, TensorInfo]]:
     """Give every tensor the checkpoint fills uninitialised storage on ``device``, set on its module as
     transformers' ``set_param_for_module`` sets it (a new ``Parameter``, ``requires_grad`` for floating
     point, flagged ``_is_hf_initialized``). Everything else stays on meta: ``finish`` hands it to
     transformers' own finishing steps, which move, initialise and tie it as from_pretrained does.
+
+    ``skip``: model keys of ``keys.load`` the caller gives storage itself (the quantized path quantizes those
+    weights layer by layer; full-size storage for them here would double its peak).
 
     Returns (model key, tensor, source) for every tensor to fill."""
     import torch
@@ -341,7 +350,10 @@ def allocate(
     meta_sd = model.state_dict(keep_vars=True)
     buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
     fills: list[tuple[str, Any, TensorInfo]] = []
+    skipped = frozenset(skip)
     for name, src in keys.load.items():
+        if name in skipped:
+            continue
         meta = meta_sd[name]
         target_dtype = meta.dtype
         if fp32_re is not None:
@@ -365,10 +377,16 @@ def finish(
     model_kwargs: Mapping[str, Any],
     device: torch.device,
     dtype: torch.dtype,
+    *,
+    hf_quantizer: Any = None,
 ) -> Any:
     """Finish as from_pretrained finishes, by calling its own ``_finalize_model_loading``: flag tied weights,
     move what is missing (and mismatched) off meta, initialise it, recompute non-persistent buffers, tie,
     drop the keys the model ignores, log transformers' load report; then eval and the generation config.
+
+    ``hf_quantizer``: the quantizer of a quantized load, handed to ``_finalize_model_loading`` as
+    from_pretrained hands it (it decides how missing keys leave meta and that initialisation knows the model
+    is quantized).
 
     Returns transformers' ``LoadStateDictInfo`` (missing, unexpected, mismatched keys after adjustment)."""
     import dataclasses
@@ -391,6 +409,7 @@ def finish(
         device_map={"": device},
         dtype=dtype,
         dtype_plan=model._get_dtype_plan(dtype) if hasattr(model, "_get_dtype_plan") else {},
+        hf_quantizer=hf_quantizer,
     )
     info = type(model)._finalize_model_loading(model, load_config, info)
     leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]

@@ -33,21 +33,31 @@ re-derived:
   (``nn/modules.py:381-395``: ``quantize_4bit`` with the module's blocksize, ``compress_statistics`` = double
   quant, ``quant_type``, ``quant_storage``). GPT-2's ``Conv1D`` weights are transposed first, as
   ``integrations/bitsandbytes.py:54-55`` and ``:118-119`` do;
-- finishing: ``materialize.finish`` (initialise missing, tie, eval, generation config), then
-  ``model.hf_quantizer = hf_quantizer`` and ``hf_quantizer.postprocess_model(model)`` as
-  ``from_pretrained`` ends (transformers 5.17 ``modeling_utils.py:4335-4339``).
+- keywords, config, checkpoint files and headers: ``materialize.prepare``, shared with the unquantized fast
+  path (files from transformers' ``_get_resolved_checkpoint_files``: ``variant``, ``subfolder``, single file
+  before index; the same step-asides for keywords only from_pretrained honours, ``.bin`` files, adapters);
+  key renames and their checks: ``materialize.plan_keys`` / ``check_keys``;
+- finishing: ``materialize.finish`` with the quantizer, i.e. transformers' ``_finalize_model_loading`` with
+  ``hf_quantizer`` in its ``LoadStateDictConfig`` as from_pretrained passes it (initialise missing, tie, the
+  load report), eval, ``set_use_kernels(False)``, generation config; ``_weight_conversions`` as
+  ``convert_and_load_state_dict_in_model`` leaves it; then ``model.hf_quantizer = hf_quantizer`` and
+  ``hf_quantizer.postprocess_model(model)`` as ``from_pretrained`` ends (transformers 5.17
+  ``modeling_utils.py:4335-4339``).
 
 Memory: non-quantized tensors (embeddings, norms, an unconverted ``lm_head``) are read straight into their
-storage; quantized weights are read layer by layer (grouped by the first numbered module in their name,
-e.g. ``model.layers.7``) into one reused device scratch, quantized there and the scratch refilled, so the
-device peak is the quantized model plus one layer's unquantized weights (and bitsandbytes' temporaries for one
-weight), never the whole bf16 model. Host memory is the staging pool.
+storage (``materialize.allocate(..., skip=quantized)``); quantized weights are read layer by layer (grouped by
+the first numbered module in their name, e.g. ``model.layers.7``) into one reused device scratch, quantized
+there and the scratch refilled, so the device peak is the quantized model plus one layer's unquantized weights
+(and bitsandbytes' temporaries for one weight), never the whole bf16 model. Host memory is the staging pool.
 
 What is not covered steps aside with a reason (``supports_quantized`` says it, ``load_quantized`` raises
-:class:`~cudaload.errors.InvalidChoiceError`), and the caller uses ``from_pretrained``: pre-quantized
-checkpoints, non-bitsandbytes configs, ``llm_int8_enable_fp32_cpu_offload``, ``llm_int8_has_fp16_weight``,
-device maps over several devices, checkpoints that need transformers' weight conversions (MoE experts fused
-into one tensor), quantized weights that are tied or missing from the checkpoint.
+:class:`StepAside`, a :class:`cudaload.fastload.StepAside`), and the caller uses ``from_pretrained``:
+pre-quantized checkpoints, non-bitsandbytes configs, ``llm_int8_enable_fp32_cpu_offload``,
+``llm_int8_has_fp16_weight``, device maps over several devices, checkpoints that need transformers' weight
+conversions (MoE experts fused into one tensor), quantized weights that are tied or missing from the
+checkpoint, ``ignore_mismatched_sizes`` with mismatched tensors, and whatever the unquantized fast path steps
+aside for (keywords, files, remote code). Mismatched shapes without ``ignore_mismatched_sizes`` fail with
+:class:`~cudaload.errors.LoadError`, as from_pretrained fails.
 
 Importing this module does not import torch, transformers or bitsandbytes.
 """
@@ -64,24 +74,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError, ConfigurationError, CudaloadError, InvalidChoiceError
+from ..errors import ConfigurationError, CudaloadError
+from . import materialize
 from .materialize import (
     allocate,
     build_skeleton,
+    check_keys,
     finish,
-    load_options,
     model_class,
     plan_keys,
-    read_config,
+    prepare,
     resolve_device,
     torch_dtype,
 )
-from .reader import CheckpointHeader, TensorInfo, read_header
+from .reader import CheckpointHeader, TensorInfo
 
 if TYPE_CHECKING:
     import torch
 
-    from .materialize import KeyPlan
+    from .materialize import KeyPlan, Prepared
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +102,11 @@ _SCRATCH_ALIGN = 256
 _LAYER_RE = re.compile(r"^(.*?\.\d+)\.")
 
 
-class StepAside(InvalidChoiceError):
-    """This quantized load is outside the fast path; ``from_pretrained`` does it (``reason`` says why)."""
+class StepAside(materialize.StepAside):
+    """This quantized load is outside the fast path; ``from_pretrained`` does it (``reason`` says why).
+
+    A :class:`cudaload.fastload.StepAside`, so one ``except`` takes both paths' step-asides; the checks the
+    quantized path shares with the bf16 path (keywords, files, config, keys) raise that class directly."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -109,6 +123,7 @@ class _Prepared:
     model: Any
     header: CheckpointHeader
     keys: KeyPlan
+    base: Prepared  # what materialize.prepare decided: keywords, config, files, headers
     hf_quantizer: Any
     dtype: Any
     #: the weights to quantize: model key -> checkpoint key
@@ -209,14 +224,14 @@ def _prepare(
         ) from None
 
     _bnb_config(quantization_config)
-    header = read_header(path)
-    config, model_kwargs = read_config(header.root, **from_config_kwargs)
-    if getattr(config, "quantization_config", None) or getattr(
-        config.get_text_config(decoder=True), "quantization_config", None
-    ):
-        raise StepAside("config.json has a quantization_config (a pre-quantized checkpoint)")
-    if getattr(config, "auto_map", None):
-        raise StepAside("config.json has an auto_map (remote code)")
+    # keywords, config (with overrides), checkpoint files found by transformers' _get_resolved_checkpoint_files,
+    # validated headers: exactly what the unquantized fast path reads (it steps aside for a quantization_config
+    # or an auto_map in config.json, .bin checkpoints, adapters, keywords only from_pretrained honours)
+    base = prepare(path, from_config_kwargs)
+    header, config, model_kwargs = base.header, base.config, base.model_kwargs
+    if getattr(config.get_text_config(decoder=True), "quantization_config", None):
+        raise StepAside("the text config has a quantization_config (a pre-quantized checkpoint)")
+    config.name_or_path = base.options.path  # as from_pretrained sets it
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation  # before the quantizer sees the config, as in 5.24
     device_map = _device_map_for(dev)
@@ -248,11 +263,13 @@ def _prepare(
             f"{len(keys.needs_conversion)} tensors need transformers' weight conversion "
             f"(e.g. {keys.needs_conversion[0]!r}: fused MoE experts or similar)"
         )
+    # the bf16 path's checks: step aside for extra state and dtypes it does not copy, fail (LoadError) on
+    # mismatched shapes as from_pretrained fails unless ignore_mismatched_sizes
+    check_keys(keys, base)
     if keys.mismatched:
-        raise CheckpointError(
-            f"{header.root}: {len(keys.mismatched)} tensors have another shape than the model expects",
-            reasons=keys.mismatched[:8],
-            fix="check that config.json belongs to these weights",
+        raise StepAside(
+            f"ignore_mismatched_sizes with {len(keys.mismatched)} mismatched tensors "
+            f"(e.g. {keys.mismatched[0]})"
         )
     # from_pretrained converts the skeleton inside its init context (modeling_utils.py:4266-4278): the bnb
     # modules are then made in the load dtype, which is the dtype their weights are cast to before quantizing
@@ -297,7 +314,7 @@ def _prepare(
             raise StepAside(f"{forced[0]!r} is both quantized and kept in float32 by the model")
     if not quantized:
         raise StepAside("no weight of this model is quantized by bitsandbytes")
-    return _Prepared(model, header, keys, hf_quantizer, dtype, quantized, method, dict(model_kwargs))
+    return _Prepared(model, header, keys, base, hf_quantizer, dtype, quantized, method, dict(model_kwargs))
 
 
 def supports_quantized(
@@ -467,9 +484,21 @@ def load_quantized(
     model, header, keys = prep.model, prep.header, prep.keys
     t_build = time.perf_counter()
     try:
+        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # convert_and_load_state_dict_in_model): the renamings that matched a checkpoint key. The quantizer's
+        # update_weight_conversions only changes WeightConverters (quantizers/base.py), which step aside here.
+        model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         times = _fill_and_quantize(prep, dev, threads, buffer_bytes)
         t_quant = time.perf_counter()
-        finish(model, keys, load_options(header.root, {}), prep.model_kwargs, dev, prep.dtype)
+        info = finish(
+            model,
+            keys,
+            prep.base.options,
+            prep.model_kwargs,
+            dev,
+            prep.dtype,
+            hf_quantizer=prep.hf_quantizer,
+        )
         # from_pretrained's last steps (transformers 5.17 modeling_utils.py:4335-4339)
         model.hf_quantizer = prep.hf_quantizer
         prep.hf_quantizer.postprocess_model(model)
@@ -493,8 +522,11 @@ def load_quantized(
         "threads": threads,
         "buffer_bytes": buffer_bytes,
         "device": str(dev),
-        "missing_keys": sorted(keys.missing - set(getattr(model, "all_tied_weights_keys", {}) or {})),
-        "unexpected_keys": sorted(keys.unexpected),
+        "files": [os.path.basename(f) for f in header.files],
+        # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
+        "missing_keys": sorted(info.missing_keys),
+        "unexpected_keys": sorted(info.unexpected_keys),
+        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
     }
     logger.info("fast-loaded %s with %s quantization in %.2f s", header.root, prep.method, t_end - t0)
     return model
@@ -519,13 +551,9 @@ def _fill_and_quantize(prep: _Prepared, dev: torch.device, threads: int, buffer_
         )
     try:
         lent = _KeepOpen(pool) if pool is not None else None
-        # 1. everything that is not quantized, straight into its storage (allocate sees the quantized weights
-        #    hidden, so it gives them no full-size storage)
-        hidden = _hide(model, prep.quantized)
-        try:
-            fills = allocate(model, keys, header, dev, prep.dtype)
-        finally:
-            _restore(hidden)
+        # 1. everything that is not quantized, straight into its storage (the quantized weights are skipped:
+        #    they get no full-size storage)
+        fills = allocate(model, keys, header, dev, prep.dtype, skip=prep.quantized)
         _fill(
             [staging.Target(n, t.detach(), torch_dtype(i.dtype)) for n, t, i in fills],
             [i for _, _, i in fills],
@@ -610,21 +638,3 @@ def _scratch_layout(prep: _Prepared, group: list[str]) -> tuple[list[int], int]:
         offsets.append(at)
         at += -(-meta.numel() * meta.element_size() // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
     return offsets, max(at, 1)
-
-
-def _hide(model: Any, names: Mapping[str, str]) -> list[tuple[Any, str, Any]]:
-    """Take the quantized weights out of their modules' parameter tables for a moment (so ``allocate`` skips
-    them); :func:`_restore` puts them back."""
-    hidden = []
-    for name in names:
-        parent, _, leaf = name.rpartition(".")
-        module = model.get_submodule(parent)
-        hidden.append((module, leaf, module._parameters[leaf]))
-        module._parameters[leaf] = None
-    return hidden
-
-
-def _restore(hidden: list[tuple[Any, str, Any]]) -> None:
-    for module, leaf, param in hidden:
-        with contextlib.suppress(KeyError):
-            module._parameters[leaf] = param
