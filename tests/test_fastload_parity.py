@@ -317,11 +317,12 @@ def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]
     kwargs = {"rms_norm_eps": 0.5, "use_cache": False}
     model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", kwargs)
     assert taken == "fast" and notes == []
+    # on a GPU machine the plan places the model on cuda:0: compare there
     ref = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=model.dtype, device_map="cpu", **kwargs
+        path, dtype=model.dtype, device_map=str(model.device), **kwargs
     )
     assert model.config.rms_norm_eps == 0.5 and model.config.use_cache is False
-    ids = torch.arange(12).reshape(2, 6)
+    ids = torch.arange(12).reshape(2, 6).to(model.device)
     with torch.no_grad():
         assert torch.equal(ref(ids).logits, model(ids).logits)
     # a keyword the fast path cannot honour: from_pretrained, and the plan's notes say why
