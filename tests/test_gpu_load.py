@@ -178,7 +178,15 @@ def test_flash_package_that_imports_but_fails_falls_back(small_model: Path, tmp_
         import json, cudaload
         caps = cudaload.detect()
         assert caps.usable("flash-attn"), caps.package("flash-attn")
-        m = cudaload.load_model({str(small_model)!r}, hardware=caps)
+        # without measurements auto takes sdpa: a tune-cache entry (what `cudaload tune` would have stored on
+        # a machine where this FA2 build once worked) makes FA2 the measured choice for the declared work
+        from cudaload.model_info import model_info
+        from cudaload.tuning import Entry, TimingCache, Work, bucket, gpu_id, package_versions, signature
+        assert TimingCache().put(Entry(
+            gpu=gpu_id(caps), versions=package_versions(caps),
+            signature=signature(model_info({str(small_model)!r}), "bfloat16"), work=bucket(Work(1, 32, 8)),
+            seconds={{"flash_attention_2": 0.1, "sdpa": 1.0, "eager": 1.0}}, date="2026-12-01T00:00:00"))
+        m = cudaload.load_model({str(small_model)!r}, hardware=caps, batch_size=1, seq_len=40, new_tokens=8)
         p = m.cudaload_plan
         result = {{"choice": p.attention.choice, "fallbacks": p.verified["attention_fallbacks"],
                   "impl": m.config._attn_implementation}}
