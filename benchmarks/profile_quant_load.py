@@ -124,8 +124,11 @@ def _identical(ref: Any, got: Any, device: str) -> dict[str, Any]:
         "tensors_differing": differ[:8],
         "module_types_equal": types,
         "logits_equal": bool(torch.equal(la, lb)),
-        "quantization_config_equal": ref.config.quantization_config.to_dict()
-        == got.config.quantization_config.to_dict(),
+        "quantization_config_equal": (
+            ref.config.quantization_config.to_dict() == got.config.quantization_config.to_dict()
+            if hasattr(ref.config, "quantization_config")
+            else not hasattr(got.config, "quantization_config")
+        ),
         "identical": list(a) == list(b) and not differ and types and bool(torch.equal(la, lb)),
     }
 
@@ -192,10 +195,16 @@ def compare(args: argparse.Namespace, out: Path) -> int:
             torch.cuda.synchronize()
 
     def load(side: str, q: str, p: Path) -> Any:
+        # q "bf16": the unquantized fast path against from_pretrained, in the same run (issue 12's <= 0.30x)
         if side == "from_pretrained":
+            kw = {} if q == "bf16" else {"quantization_config": _bnb_config(q)}
             return transformers.AutoModelForCausalLM.from_pretrained(
-                p, dtype=torch.bfloat16, device_map=dev, quantization_config=_bnb_config(q)
+                p, dtype=torch.bfloat16, device_map=dev, **kw
             )
+        if q == "bf16":
+            from cudaload.fastload import load as fast_load
+
+            return fast_load(p, device=dev, dtype=torch.bfloat16)
         return load_quantized(p, quantization_config=_bnb_config(q), device=dev, dtype=torch.bfloat16)
 
     def free() -> None:
