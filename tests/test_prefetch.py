@@ -84,3 +84,11 @@ def test_load_model_records_phases_and_prefetch(tiny_model) -> None:  # type: ig
     assert v["prefetch"]["files"] >= 1 and v["prefetch"]["error"] is None
     off = cudaload.load_model(str(tiny_qwen3), prefetch=False)
     assert off.cudaload_plan.verified["prefetch"] is None
+
+
+def test_explain_shows_where_the_seconds_went(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import cudaload
+
+    text = cudaload.load_model(str(tiny_model("qwen3"))).cudaload_plan.explain()
+    assert "seconds: detect " in text and "import_transformers" in text and "; total " in text
+    assert "prefetch (willneed):" in text

@@ -124,4 +124,20 @@ def explain(plan: Plan) -> str:
             out.append(f"    note: {note}")
         if "trainable_parameters" in ver:
             out.append(f"    trainable parameters {ver['trainable_parameters']:,} (adapters)")
+        phases = ver.get("phases") or {}
+        if phases:
+            out.append(
+                "    seconds: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in phases.items() if k != "total")
+                + f"; total {phases.get('total', 0):.3f}"
+            )
+        pre = ver.get("prefetch")
+        if pre:
+            done = f"in {pre['seconds']:.3f} s" if pre.get("seconds") is not None else "still running"
+            out.append(
+                f"    prefetch ({pre.get('mode')}): {pre.get('bytes', 0) / 1e9:.2f} GB of {pre.get('files')} "
+                f"files asked into the page cache {done}" + (f"; {pre['error']}" if pre.get("error") else "")
+            )
+        if ver.get("fa4_compile_cache"):
+            out.append(f"    {ver['fa4_compile_cache']}")
     return "\n".join(out)
