@@ -365,3 +365,28 @@ def test_hardware_as_a_profile_name_is_a_clear_error(tiny_model) -> None:  # typ
     with pytest.raises(ConfigurationError, match=r"profile:H100") as ei:
         cudaload.load_model(str(tiny_model("qwen3")), hardware="H100")
     assert "cudaload.plan" in (ei.value.fix or "")
+
+
+def test_translated_unknown_model_type_is_one_short_line() -> None:
+    """Issue 16.9: from_pretrained's 'Unrecognized model' error lists every model type (~10 KB)."""
+    from cudaload.errors import CheckpointError
+    from cudaload.execute import _translate
+
+    listing = ", ".join(f"type{i}" for i in range(2000))
+    exc = ValueError(
+        "Unrecognized model in /x. Should have a `model_type` key in its config.json. "
+        f"The model_type 'lama' is not known; known: {listing}"
+    )
+    err = _translate(exc, "loading /x")
+    assert isinstance(err, CheckpointError)
+    assert len(str(err)) < 700 and "'lama'" in str(err) and "llama" in str(err)
+
+
+def test_bare_config_says_config_only(tmp_path: Path) -> None:
+    """Issue 16.8: a plan from a bare config.json said 'no safetensors files (.bin ...)'."""
+    from cudaload.testing import full_config
+
+    full_config("Qwen3-0.6B").save_pretrained(tmp_path)
+    lp = cudaload.plan(str(tmp_path), hardware="H100-SXM").load_path
+    fast = next(c for c in lp.candidates if c.name == "fast")
+    assert any("config only" in r for r in fast.reasons) and not any(".bin" in r for r in fast.reasons)

@@ -162,9 +162,25 @@ def _translate(exc: BaseException, where: str) -> CudaloadError:
             fix="re-download or re-save the checkpoint (a partial download leaves truncated .safetensors files)",
         )
     if "unrecognized model" in low or ("model_type" in low and "key" in low):
+        # transformers' message lists every model type it knows (~10 KB): keep the line that names this one
+        import re
+
+        m = re.search(r"model_type[\"']?\s*[:=]?\s*['\"]?([\w.-]+)|identifier:?\s*['\"]?([\w.-]+)", text)
+        name = next((g for g in (m.groups() if m else ()) if g), None)
+        if name:
+            import transformers
+            from transformers.models.auto.configuration_auto import (
+                CONFIG_MAPPING_NAMES,  # type: ignore[attr-defined]
+            )
+
+            from .errors import unknown_model_type
+
+            err = unknown_model_type(name, CONFIG_MAPPING_NAMES, transformers.__version__)
+            err.message = f"{where}: {err.message}"
+            return err
         return CheckpointError(
             f"{where}: unknown model type",
-            reasons=[text],
+            reasons=[text[:300]],
             fix="upgrade transformers, or check config.json's model_type",
         )
     if isinstance(exc, (FileNotFoundError, OSError)) and (

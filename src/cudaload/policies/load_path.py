@@ -122,8 +122,11 @@ def choose_load_path(
     bad: list[str] = fast_kwargs_blockers(from_pretrained_kwargs or {})
     if not s.local_path:
         bad.append("the checkpoint is not a local directory (config-only or Hub plan)")
+    elif not s.safetensors and s.weights_source == "config":
+        # a bare config.json: nothing to load yet; the path is decided again when weights are there
+        bad.append("config only: no weights next to config.json yet")
     elif not s.safetensors:
-        bad.append("no safetensors files (.bin checkpoints go through from_pretrained)")
+        bad.append("no .safetensors files (.bin weights go through from_pretrained)")
     if quantization and quantization not in QUANTIZED_FAST:
         bad.append(f"{quantization} quantization is done inside from_pretrained")
     elif quantization and from_pretrained_kwargs:
