@@ -166,12 +166,12 @@ def _translate(exc: BaseException, where: str) -> CudaloadError:
         import re
 
         m = re.search(r"model_type[\"']?\s*[:=]?\s*['\"]?([\w.-]+)|identifier:?\s*['\"]?([\w.-]+)", text)
-        name = next((g for g in (m.groups() if m else ()) if g), None)
+        name: str | None = next((str(g) for g in (m.groups() if m else ()) if g), None)
         if name:
             import transformers
-            from transformers.models.auto.configuration_auto import (
-                CONFIG_MAPPING_NAMES,  # type: ignore[attr-defined]
-            )
+            from transformers.models.auto import configuration_auto
+
+            CONFIG_MAPPING_NAMES = configuration_auto.CONFIG_MAPPING_NAMES
 
             from .errors import unknown_model_type
 
