@@ -166,16 +166,16 @@ def _translate(exc: BaseException, where: str) -> CudaloadError:
         import re
 
         m = re.search(r"model_type[\"']?\s*[:=]?\s*['\"]?([\w.-]+)|identifier:?\s*['\"]?([\w.-]+)", text)
-        name: str | None = next((str(g) for g in (m.groups() if m else ()) if g), None)
-        if name:
+        mtype = next((str(g) for g in (m.groups() if m else ()) if g), None)
+        if mtype:
             import transformers
             from transformers.models.auto import configuration_auto
 
-            CONFIG_MAPPING_NAMES = configuration_auto.CONFIG_MAPPING_NAMES
+            known = configuration_auto.CONFIG_MAPPING_NAMES  # type: ignore[attr-defined]
 
             from .errors import unknown_model_type
 
-            err = unknown_model_type(name, CONFIG_MAPPING_NAMES, transformers.__version__)
+            err = unknown_model_type(mtype, known, transformers.__version__)
             err.message = f"{where}: {err.message}"
             return err
         return CheckpointError(
