@@ -462,7 +462,10 @@ def test_load_path(tiny_model: Any) -> None:
     with pytest.raises(InvalidChoiceError):
         plan(path, hardware=Capabilities(), fast=True)  # no GPU: the fast path cannot do it
     q = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4")
-    assert q.load_path.choice == "from_pretrained" and "bitsandbytes" in q.load_path.reasons[0]
+    assert q.load_path.choice == "from_pretrained" and "not known to beat" in q.load_path.reasons[0]
+    # int8/nf4 are quantized on the GPU by cudaload's quantized fast path (size permitting, or forced)
+    qf = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4", fast=True).load_path
+    assert qf.choice == "fast" and "bitsandbytes' own functions" in qf.reasons[0]
     assert (
         "not a local directory" in plan(full_config("Qwen3-0.6B"), hardware=hw("H200")).load_path.reasons[0]
     )
