@@ -30,6 +30,7 @@ from typing import Any
 from ..capabilities import GPU, Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import flash_support, hub_kernel_support, smem_per_block
+from ..detection.versions import version_tuple as _version
 from ..errors import InvalidChoiceError
 
 #: attn_implementation -> distribution that provides it
@@ -139,20 +140,6 @@ def priority(gpu: GPU | None) -> tuple[str, ...]:
         head = ()
     rest = tuple(n for n in ALL_NAMES if n not in head and n not in tail)
     return (*tail, *head, *rest)
-
-
-def _version(v: str | None) -> tuple[int, ...] | None:
-    if not v:
-        return None
-    out: list[int] = []
-    for part in v.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-        if not part.isdigit():
-            break
-    return tuple(out) or None
 
 
 # -- the rules ---------------------------------------------------------------------------------------------

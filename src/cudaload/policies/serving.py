@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..decision import Candidate, Decision
+from ..detection.versions import version_tuple as _version
 from ..errors import DoesNotFitError
 from .dtype import dtype_bytes
 from .memory import CUDA_CONTEXT_BYTES, GiB
@@ -99,18 +100,6 @@ _PAGED = {
 _MASKED = frozenset({"paged|sdpa", "paged|eager"})
 #: FA2/FA3 have transformers' decode fast path (block table + flash_attn_with_kvcache, initialization.py:122)
 _FAST_DECODE = frozenset({"paged|flash_attention_2", "paged|flash_attention_3"})
-
-
-def _version(v: str | None) -> tuple[int, ...] | None:
-    if not v:
-        return None
-    out: list[int] = []
-    for part in v.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out) or None
 
 
 def hbm_bandwidth(gpu_name: str | None) -> float:
