@@ -69,7 +69,6 @@ import logging
 import os
 import re
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,7 +79,9 @@ from .materialize import (
     allocate,
     build_skeleton,
     check_keys,
+    clear_tracebacks,
     finish,
+    load_report,
     model_class,
     plan_keys,
     prepare,
@@ -506,7 +507,7 @@ def load_quantized(
         # Leave nothing behind: the traceback's frames hold the half-built model and its tensors; this frame
         # is still running, so its own references are dropped by hand.
         model = prep = None
-        _clear_tracebacks(e)
+        clear_tracebacks(e)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         raise
@@ -519,14 +520,7 @@ def load_quantized(
         "quantization": prep.method,
         "quantized_weights": len(prep.quantized),
         "bytes": sum(header.tensors[src].nbytes for src in keys.load.values()),
-        "threads": threads,
-        "buffer_bytes": buffer_bytes,
-        "device": str(dev),
-        "files": [os.path.basename(f) for f in header.files],
-        # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
-        "missing_keys": sorted(info.missing_keys),
-        "unexpected_keys": sorted(info.unexpected_keys),
-        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
+        **load_report(header, info, threads, buffer_bytes, dev),
     }
     logger.info("fast-loaded %s with %s quantization in %.2f s", header.root, prep.method, t_end - t0)
     return model
@@ -620,14 +614,6 @@ def _layer_chunk(layer_bytes: int, threads: int, buffer_bytes: int) -> int:
 
 def _itemsize(t: Any) -> int:
     return int(t.element_size())
-
-
-def _clear_tracebacks(e: BaseException | None) -> None:
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        e = e.__cause__ or e.__context__
 
 
 def _scratch_layout(prep: _Prepared, group: list[str]) -> tuple[list[int], int]:
