@@ -461,8 +461,12 @@ def test_load_path(tiny_model: Any) -> None:
     assert plan(path, hardware=hw("H200"), fast=False).load_path.choice == "from_pretrained"
     with pytest.raises(InvalidChoiceError):
         plan(path, hardware=Capabilities(), fast=True)  # no GPU: the fast path cannot do it
-    q = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4")
-    assert q.load_path.choice == "from_pretrained" and "bitsandbytes" in q.load_path.reasons[0]
+    # nf4 / int8 of a local safetensors checkpoint have their own fast path (cudaload.fastload.quantized);
+    # a small one still goes through from_pretrained unless fast=True
+    q = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4").load_path
+    assert q.choice == "from_pretrained" and "not known to beat from_pretrained" in q.reasons[0]
+    qf = plan(path, hardware=hw("H200", ("bitsandbytes",)), quantization="nf4", fast=True).load_path
+    assert qf.choice == "fast" and "bitsandbytes" in qf.reasons[0]
     assert (
         "not a local directory" in plan(full_config("Qwen3-0.6B"), hardware=hw("H200")).load_path.reasons[0]
     )
