@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tuning import add_tune_parser
 
-    add_tune_parser(sub)
+    add_tune_parser(sub, parents=[common])
 
     pr = sub.add_parser("profiles", parents=[common], help="list the named hardware profiles")
     pr.set_defaults(func=_cmd_profiles)

@@ -286,10 +286,14 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``tune`` to ``cudaload``'s subcommands; ``args.func`` is :func:`run_tune`."""
+def add_tune_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """Add ``tune`` to ``cudaload``'s subcommands (``parents``: the options every subcommand shares);
+    ``args.func`` is :func:`run_tune`."""
     t: argparse.ArgumentParser = subparsers.add_parser(
         "tune",
+        parents=list(parents),
         help="time every usable attention backend for a model on this GPU and cache the result",
         description="Time generate() of the declared work with every usable attention backend on this GPU "
         "and store the medians in cudaload's cache, where plan() and load_model() find them.",
