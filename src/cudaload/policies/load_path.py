@@ -18,7 +18,7 @@ from ..plans import Placement
 #: ``_get_resolved_checkpoint_files``; ``ignore_mismatched_sizes`` reports and re-initialises mismatched tensors
 #: as transformers does; the Hub keywords (``revision``, ``token``, ``cache_dir``...) do nothing for a local
 #: directory; ``weights_only``/``disable_mmap`` only concern *how* transformers reads the same bytes; the rest
-#: are keywords transformers 5 accepts and drops (modeling_utils.py from_pretrained, "for name in ['mirror',
+#: are keywords transformers 5 accepts and drops (5.17 modeling_utils.py:4093 from_pretrained, "for name in ['mirror',
 #: '_fast_init', ...]: kwargs.pop(name)"). Every other keyword that is not in FROM_PRETRAINED_ONLY is what
 #: from_pretrained makes of it too: a config override when the config has that attribute
 #: (``AutoConfig.from_pretrained(path, **kwargs)``), else a keyword of the model's ``__init__``.

@@ -136,7 +136,8 @@ class CacheShape:
     fast_decode: bool  # FA2/FA3 block table
     sliding: bool = False  # a sliding-window group exists (a second mask)
     # transformers >= 5.22 also counts the K/V read back from the cache with masked kernels' repeated heads
-    # (5.22.2/5.24 cache.py PagedAttentionMemoryHandler: kv_heads_at_peak = 2 * heads + kv_heads, else 2 * kv_heads)
+    # (generation/continuous_batching/cache.py, 5.22.2 :575-578, 5.24 :582-586: kv_heads_at_peak =
+    # 2 * heads + kv_heads, else 2 * kv_heads)
     repeated_kv_peak: bool = False
 
     @property
