@@ -74,7 +74,8 @@ HEADROOM_MIN = 1 * GiB
 H200_LAUNCH_S_PER_LAYER = 2.0e-3
 #: graphs must make the step at least this much faster to be worth their padding
 GRAPH_SPEEDUP_MIN = 1.5
-#: a capture runs the forward twice (a warm run, then the capture: model_runner.py _capture_graph)
+#: a capture runs the forward twice (a warm run, then the capture: 5.17 continuous_batching/model_runner.py:145-155
+#: _capture_graph)
 CAPTURE_FORWARDS = 2
 #: query sizes a run meets in practice: decode-only batches, full prefill chunks, a couple of tails
 GRAPH_Q_SIZES = 4
