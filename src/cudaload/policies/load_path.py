@@ -127,7 +127,8 @@ def choose_load_path(
     if quantization and quantization not in QUANTIZED_FAST:
         bad.append(f"{quantization} quantization is done inside from_pretrained")
     elif quantization and from_pretrained_kwargs:
-        # cudaload.fastload.quantized takes no from_pretrained keywords: it cannot honour them exactly
+        # load_model does not pass from_pretrained keywords to cudaload.fastload.quantized (execute._load_once),
+        # although load_quantized resolves them as the unquantized fast path does: not yet measured on a GPU
         bad.append(
             f"a {quantization} load with from_pretrained keywords "
             f"({', '.join(sorted(from_pretrained_kwargs))}) goes through from_pretrained"
