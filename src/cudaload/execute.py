@@ -91,8 +91,10 @@ class _Phases:
 
     def as_dict(self, fastload: Mapping[str, Any] | None) -> dict[str, float]:
         out = dict(self._spent)
-        if fastload:  # the fast path's own split of "load": skeleton, GPU storage, read+copy, finish
-            for key in ("build_s", "alloc_s", "fill_s", "finish_s"):
+        # the fast path's own split of "load": skeleton, GPU storage, read+copy, finish; the quantized fast path
+        # reports its unquantized tensors (plain) and its layer-by-layer read+quantize instead of alloc/fill
+        if fastload:
+            for key in ("build_s", "alloc_s", "fill_s", "plain_s", "quantize_s", "finish_s"):
                 if key in fastload:
                     out[f"load.{key.removesuffix('_s')}"] = fastload[key]
         out["total"] = round(time.perf_counter() - self._start, 4)
