@@ -618,7 +618,7 @@ def load(
         model = build_skeleton(config, cls, dtype, prep.model_kwargs)
         keys = plan_keys(model, header)
         check_keys(keys, prep)
-        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # what from_pretrained keeps for save_pretrained to undo (5.17 core_model_loading.py:1795-1798, end of
         # convert_and_load_state_dict_in_model): the transforms that matched a checkpoint key
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         t_build = time.perf_counter()

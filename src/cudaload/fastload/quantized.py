@@ -485,9 +485,11 @@ def load_quantized(
     model, header, keys = prep.model, prep.header, prep.keys
     t_build = time.perf_counter()
     try:
-        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # what from_pretrained keeps for save_pretrained to undo (5.17 core_model_loading.py:1795-1798, end of
         # convert_and_load_state_dict_in_model): the renamings that matched a checkpoint key. The quantizer's
-        # update_weight_conversions only changes WeightConverters (quantizers/base.py), which step aside here.
+        # update_weight_conversions (quantizers/base.py:297-308) appends get_weight_conversions(), which for
+        # bitsandbytes is non-empty only for a pre-quantized checkpoint (quantizer_bnb_4bit.py:168-171,
+        # quantizer_bnb_8bit.py:167-170); those step aside here.
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         times = _fill_and_quantize(prep, dev, threads, buffer_bytes)
         t_quant = time.perf_counter()
