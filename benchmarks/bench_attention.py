@@ -175,22 +175,6 @@ def _has_module(name: str) -> bool:
 # ----------------------------------------------------------------------------------------------------
 # generate mode
 # ----------------------------------------------------------------------------------------------------
-def tiny_config() -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-
-
 def build_models(
     config: Any, backends: Sequence[str], device: str, dtype: Any
 ) -> tuple[dict[str, Any], dict[str, str], float]:
@@ -371,11 +355,11 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
 
     device = "cuda:0" if torch.cuda.is_available() and not args.smoke else "cpu"
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if args.smoke:
-        config, label = tiny_config(), "tiny-qwen3"
-    else:
-        from cudaload.testing import full_config
+    from cudaload.testing import full_config, tiny_config
 
+    if args.smoke:
+        config, label = tiny_config("qwen3"), "tiny-qwen3"
+    else:
         config, label = full_config(SHAPES[shape]), SHAPES[shape]
     backends, skipped = usable_backends(device)
     if args.backends:
@@ -529,11 +513,11 @@ def write_checkpoint(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cudaload.testing import full_config
+    from cudaload.testing import full_config, tiny_config
 
     t = time.perf_counter()
     cuda = torch.cuda.is_available() and not spec.get("smoke")
-    config = tiny_config() if spec.get("smoke") else full_config(spec["config"])
+    config = tiny_config("qwen3") if spec.get("smoke") else full_config(spec["config"])
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if cuda else torch.float32)

@@ -285,27 +285,14 @@ Meter = CudaMeter | FakeMeter
 # ----------------------------------------------------------------------------------------------------------
 # models
 # ----------------------------------------------------------------------------------------------------------
-def tiny_config() -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        architectures=["Qwen3ForCausalLM"],
-    )
-
-
 def config_for(shape: str, smoke: bool) -> Any:
+    from cudaload.testing import full_config, tiny_config
+
     if smoke:
-        return tiny_config()
-    from cudaload.testing import full_config
+        # the shared tiny Qwen3 with room for the smoke run's sequence lengths
+        return tiny_config(
+            "qwen3", vocab_size=512, max_position_embeddings=4096, architectures=["Qwen3ForCausalLM"]
+        )
 
     return full_config(SHAPES[shape])
 

@@ -241,6 +241,22 @@ def _input_batch(vocab: int, batch: int, seq: int, seed: int, device: Any) -> An
     return torch.randint(3, vocab, (batch, seq), generator=g).to(device)
 
 
+def _train_steps(model: Any, opt: Any, ids: Any, steps: int) -> tuple[list[float], list[float]]:
+    """``steps`` optimizer steps on one fixed batch (inputs as labels): each step's loss and seconds."""
+    losses: list[float] = []
+    step_s: list[float] = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss.detach()))  # .item() synchronises: step time includes the GPU work
+        step_s.append(time.perf_counter() - t)
+        del out
+    return losses, step_s
+
+
 def w_ddp(spec: dict[str, Any]) -> dict[str, Any]:
     """Parts a and b: cudaload.load_model on each rank, DDP, a short training run on a fixed batch."""
     import torch
@@ -288,17 +304,7 @@ def w_ddp(spec: dict[str, Any]) -> dict[str, Any]:
     vocab = model.config.vocab_size if hasattr(model, "config") else plan.model.vocab_size
     ids = _input_batch(vocab, batch, seq, 1000 + ctx.rank, ctx.device)
     ctx.reset_peak()
-    losses: list[float] = []
-    step_s: list[float] = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        out = ddp(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss.detach()))  # .item() synchronises: step time includes the GPU work
-        step_s.append(time.perf_counter() - t)
-        del out
+    losses, step_s = _train_steps(ddp, opt, ids, steps)
     mem = ctx.memory()
     ranks = ctx.gather({"rank": ctx.rank, "losses": losses, "memory": mem, "load_s": load_s})
     res = {
@@ -400,17 +406,7 @@ def w_fsdp(spec: dict[str, Any]) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], fused=ctx.cuda, foreach=not ctx.cuda)
     ids = _input_batch(config.vocab_size, batch, seq, 2000 + ctx.rank, ctx.device)
     ctx.reset_peak()
-    losses: list[float] = []
-    step_s: list[float] = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss.detach()))
-        step_s.append(time.perf_counter() - t)
-        del out
+    losses, step_s = _train_steps(model, opt, ids, steps)
     mem = ctx.memory()
     n_params = sum(p.numel() for p in model.parameters())
     local_params = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())

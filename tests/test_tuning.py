@@ -241,9 +241,7 @@ def test_cache_comes_before_priors(tmp_path: Path, h200: Capabilities, qwen8b: A
     c.put(_entry(h200, qwen8b, Work(8, 2048, 32), {"sdpa": 1.8, "flash_attention_4": 1.6}))
     t = lookup(h200, qwen8b, "bfloat16", Work(8, 2048, 32), cache=c)
     assert t is not None and t.kind == "measured" and t.fastest == "flash_attention_4"
-    assert t.source == (
-        "measured on this GPU on 2026-12-01 for batch 8 x 2048 + 32 new"
-    )
+    assert t.source == ("measured on this GPU on 2026-12-01 for batch 8 x 2048 + 32 new")
     near = lookup(h200, qwen8b, "bfloat16", Work(8, 1024, 64), cache=c)
     assert near is not None and near.kind == "measured"
     assert "(nearest to the declared batch 8 x 1024 + 64 new)" in near.source
@@ -376,22 +374,14 @@ def test_work_shapes_build_the_masks_they_name() -> None:
 
 def _tiny_models(*backends: str) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    cfg = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-    )
+    from cudaload.testing import tiny_config
+
     out = {}
     for b in backends:
         torch.manual_seed(0)
-        out[b] = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), attn_implementation=b).eval()
+        out[b] = AutoModelForCausalLM.from_config(tiny_config("qwen3"), attn_implementation=b).eval()
     return out
 
 

@@ -48,6 +48,8 @@ _KEYWORD = re.compile(
 
 
 _KERNELS_WORD = {"True": "on", "False": "off", "None": "auto"}
+#: the CLI's spelling of a keyword that takes True / False / None (auto)
+_ON_OFF: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 
 
 def as_flags(text: str) -> str:
@@ -138,11 +140,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         allow_offload=args.allow_offload,
         assume_installed=args.assume_installed or (),
         assume_missing=args.assume_missing or (),
-        kernels={"auto": None, "on": True, "off": False}[args.kernels],
+        kernels=_ON_OFF[args.kernels],
         trust_kernels=args.trust_kernels or (),
-        fast={"auto": None, "on": True, "off": False}[args.fast],
+        fast=_ON_OFF[args.fast],
         optimizer=args.optimizer,
-        gradient_checkpointing={"auto": None, "on": True, "off": False}[args.gradient_checkpointing],
+        gradient_checkpointing=_ON_OFF[args.gradient_checkpointing],
         parallelism=args.parallelism,
         lower_latency=args.lower_latency,
     )
@@ -172,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cudaload",
         description="Device-aware Hugging Face model loading: see what this machine can do (env, doctor), "
-        "plan a load for it or for a named GPU (plan, profiles), or watch the whole path on a tiny model (demo).",
+        "plan a load for it or for a named GPU (plan, profiles), measure attention backends on this GPU (tune), "
+        "or watch the whole path on a tiny model (demo).",
     )
     p.add_argument("--version", action="version", version=f"cudaload {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
@@ -180,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     # resetting one given before it
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{env,doctor,plan,profiles,demo}")
+    sub = p.add_subparsers(dest="command", required=True)
 
     def hw_help(verb: str) -> str:
         return (
@@ -311,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tuning import add_tune_parser
 
-    add_tune_parser(sub)
+    add_tune_parser(sub, parents=[common])
 
     pr = sub.add_parser("profiles", parents=[common], help="list the named hardware profiles")
     pr.set_defaults(func=_cmd_profiles)

@@ -91,8 +91,10 @@ class _Phases:
 
     def as_dict(self, fastload: Mapping[str, Any] | None) -> dict[str, float]:
         out = dict(self._spent)
-        if fastload:  # the fast path's own split of "load": skeleton, GPU storage, read+copy, finish
-            for key in ("build_s", "alloc_s", "fill_s", "finish_s"):
+        # the fast path's own split of "load": skeleton, GPU storage, read+copy, finish; the quantized fast path
+        # reports its unquantized tensors (plain) and its layer-by-layer read+quantize instead of alloc/fill
+        if fastload:
+            for key in ("build_s", "alloc_s", "fill_s", "plain_s", "quantize_s", "finish_s"):
                 if key in fastload:
                     out[f"load.{key.removesuffix('_s')}"] = fastload[key]
         out["total"] = round(time.perf_counter() - self._start, 4)
@@ -512,18 +514,6 @@ def load_model(
     generate(), within ``tune_budget_s``; needs ``batch_size`` and ``seq_len``), as ``cudaload tune`` does.
     """
     phases = _Phases()
-    pre = None
-    if prefetch:
-        from . import prefetch as _prefetch
-
-        pre = _prefetch.start(
-            model,
-            subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
-            variant=from_pretrained_kwargs.get("variant"),
-        )
-    from .planner import plan as make_plan
-    from .planner import resolve_hardware
-
     clash = sorted(_DECIDED & from_pretrained_kwargs.keys())
     if "torch_dtype" in from_pretrained_kwargs and dtype == "auto":
         dtype = str(from_pretrained_kwargs.pop("torch_dtype")).replace("torch.", "")
@@ -536,6 +526,19 @@ def load_model(
             f"{', '.join(clash)} are decided by cudaload",
             fix="use load_model's own options (dtype=, attn=, device_map=)",
         )
+    # after the argument checks (no reading for a call that is refused), before everything slow
+    pre = None
+    if prefetch:
+        from . import prefetch as _prefetch
+
+        pre = _prefetch.start(
+            model,
+            subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
+            variant=from_pretrained_kwargs.get("variant"),
+        )
+    from .planner import plan as make_plan
+    from .planner import resolve_hardware
+
     # a profile name or a recorded machine's JSON, as plan() takes: resolved the same way, then refused below
     # when it is not this machine
     caps = resolve_hardware(hardware)
@@ -618,6 +621,8 @@ def load_model(
         failure = _translate(e, f"loading {plan.model.name}")
         del e
     if failure is not None:
+        if pre is not None:
+            pre.stop()  # nothing will read those pages now
         loaded = None
         _release_memory()
         after = _gpu_memory_snapshot()

@@ -117,7 +117,7 @@ class ModelInfo:
     #: value head dim where it differs from the q/k one (DeepSeek-V3: ``v_head_dim`` 128). 0: the same.
     v_head_dim: int = 0
     #: learnable per-head attention sinks (gpt-oss): the modeling code passes ``s_aux=self.sinks`` to the
-    #: attention function (transformers integrations/flash_attention.py ``s_aux`` argument).
+    #: attention function (transformers 5.17 integrations/flash_attention.py:37 ``s_aux`` argument).
     sinks: bool = False
     #: ALiBi position bias instead of rotary (falcon with ``alibi=True``, bloom, mpt)
     alibi: bool = False
@@ -459,7 +459,7 @@ def _stored(files: list[Path]) -> tuple[int, int, str | None]:
 def _dtype_name(config: Any) -> str | None:
     # transformers 5 keeps the dtype in ``config.dtype``; ``config.torch_dtype`` is a deprecated property that
     # logs "`torch_dtype` is deprecated! Use `dtype` instead!" on every read (configuration_utils.py, 5.17
-    # line 462), so it is never touched. Older releases stored a plain ``torch_dtype`` attribute: read it
+    # lines 463 and 473), so it is never touched. Older releases stored a plain ``torch_dtype`` attribute: read it
     # from the instance dict, which bypasses any property.
     d = getattr(config, "dtype", None)
     if d is None:

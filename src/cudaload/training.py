@@ -6,20 +6,16 @@ of the plan alone, so other pieces (distributed settings) compose the same way.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from .detection.versions import version_tuple
 from .errors import ConfigurationError
 from .plans import Plan
 
 #: transformers renamed TrainingArguments.gradient_checkpointing to activation_checkpointing in 5.23 (the old
-#: name is a deprecated alias there: training_args.py "Deprecated alias of `activation_checkpointing`")
+#: name is a deprecated alias there: transformers 5.23.0 training_args.py:313 and :929 "Deprecated alias of
+#: `activation_checkpointing`"; in 5.22.2 activation_checkpointing is only an fsdp_config key)
 ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
-
-
-def _version(text: str | None) -> tuple[int, int]:
-    m = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def _on_gpu(plan: Plan) -> bool:
@@ -57,7 +53,7 @@ def memory_arguments(plan: Plan) -> dict[str, Any]:
         gc = plan.gradient_checkpointing.choice == "on"
     else:  # plans made before checkpointing was planned
         gc = plan.intent in ("training", "qlora") or plan.seq_len >= 4096
-    new = _version(plan.hardware.get("transformers")) >= ACTIVATION_CHECKPOINTING_SINCE
+    new = (version_tuple(plan.hardware.get("transformers")) or (0,)) >= ACTIVATION_CHECKPOINTING_SINCE
     name = "activation_checkpointing" if new else "gradient_checkpointing"
     args: dict[str, Any] = {"per_device_train_batch_size": plan.batch_size, name: gc}
     if gc:

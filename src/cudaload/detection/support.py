@@ -27,6 +27,8 @@ Sources (the released code, each rule cites its file and line):
 
 from __future__ import annotations
 
+from .versions import version_tuple as _version
+
 CC = tuple[int, int]
 
 #: distribution name -> (transformers ``attn_implementation``, importable module holding the kernels)
@@ -39,20 +41,6 @@ FLASH_PACKAGES: dict[str, tuple[str, str]] = {
 
 def _sm(cc: CC) -> str:
     return f"sm{cc[0]}{cc[1]}"
-
-
-def _version(v: str | None) -> tuple[int, ...] | None:
-    if not v:
-        return None
-    out: list[int] = []
-    for part in v.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-        if not part.isdigit():
-            break
-    return tuple(out) or None
 
 
 #: flash-attn 2 release that first compiles sm100 / sm120 kernels (setup.py of git tag v2.7.3, lines 186-191)

@@ -32,6 +32,21 @@ def dist_version(*names: str) -> str | None:
     return None
 
 
+def version_tuple(v: str | None) -> tuple[int, ...] | None:
+    """The release numbers of a version string: ``"2.8.3.post1"`` -> (2, 8, 3), ``"5.23.0rc1"`` -> (5, 23, 0),
+    ``"2.11.0+cu130"`` -> (2, 11, 0); None when it starts with no number. Pre-releases compare as their
+    release (good enough for the "at least" checks it serves)."""
+    out: list[int] = []
+    for part in (v or "").split("."):
+        m = re.match(r"\d+", part)
+        if m is None:
+            break
+        out.append(int(m.group()))
+        if m.end() != len(part):
+            break
+    return tuple(out) or None
+
+
 def _module_file(module: str, relative: str) -> Path | None:
     """``relative`` inside the installed package ``module``, located without importing it."""
     try:

@@ -618,7 +618,7 @@ def load(
         model = build_skeleton(config, cls, dtype, prep.model_kwargs)
         keys = plan_keys(model, header)
         check_keys(keys, prep)
-        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # what from_pretrained keeps for save_pretrained to undo (5.17 core_model_loading.py:1795-1798, end of
         # convert_and_load_state_dict_in_model): the transforms that matched a checkpoint key
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         t_build = time.perf_counter()
@@ -635,7 +635,7 @@ def load(
             pool.close()
         # this frame is still running, so clearing tracebacks cannot drop its locals: drop them here
         model = fills = None
-        _clear_tracebacks(e)
+        clear_tracebacks(e)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         raise
@@ -649,14 +649,7 @@ def load(
         "finish_s": round(t_end - t_fill, 4),
         **fill_times,
         "bytes": read_bytes,
-        "threads": threads,
-        "buffer_bytes": buffer_bytes,
-        "device": str(dev),
-        "files": [os.path.basename(f) for f in header.files],
-        # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
-        "missing_keys": sorted(info.missing_keys),
-        "unexpected_keys": sorted(info.unexpected_keys),
-        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
+        **load_report(header, info, threads, buffer_bytes, dev),
     }
     logger.info(
         "fast-loaded %s: %.2f GB in %.2f s (%.2f GB/s fill)",
@@ -687,7 +680,25 @@ def _fill(
     return {}
 
 
-def _clear_tracebacks(e: BaseException | None) -> None:
+def load_report(
+    header: CheckpointHeader, info: Any, threads: int, buffer_bytes: int, dev: torch.device
+) -> dict[str, Any]:
+    """The part of ``model.cudaload_fastload`` every fast path reports: how it read and what was left over."""
+    return {
+        "threads": threads,
+        "buffer_bytes": buffer_bytes,
+        "device": str(dev),
+        "files": [os.path.basename(f) for f in header.files],
+        # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
+        "missing_keys": sorted(info.missing_keys),
+        "unexpected_keys": sorted(info.unexpected_keys),
+        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
+    }
+
+
+def clear_tracebacks(e: BaseException | None) -> None:
+    """Clear the frames of ``e`` and of every exception it was raised from or during, so the tensors a
+    failed load allocated are not held by the traceback while the error goes up."""
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))

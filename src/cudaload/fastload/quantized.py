@@ -69,7 +69,6 @@ import logging
 import os
 import re
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,7 +79,9 @@ from .materialize import (
     allocate,
     build_skeleton,
     check_keys,
+    clear_tracebacks,
     finish,
+    load_report,
     model_class,
     plan_keys,
     prepare,
@@ -484,9 +485,11 @@ def load_quantized(
     model, header, keys = prep.model, prep.header, prep.keys
     t_build = time.perf_counter()
     try:
-        # what from_pretrained keeps for save_pretrained to undo (core_model_loading.py, end of
+        # what from_pretrained keeps for save_pretrained to undo (5.17 core_model_loading.py:1795-1798, end of
         # convert_and_load_state_dict_in_model): the renamings that matched a checkpoint key. The quantizer's
-        # update_weight_conversions only changes WeightConverters (quantizers/base.py), which step aside here.
+        # update_weight_conversions (quantizers/base.py:297-308) appends get_weight_conversions(), which for
+        # bitsandbytes is non-empty only for a pre-quantized checkpoint (quantizer_bnb_4bit.py:168-171,
+        # quantizer_bnb_8bit.py:167-170); those step aside here.
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         times = _fill_and_quantize(prep, dev, threads, buffer_bytes)
         t_quant = time.perf_counter()
@@ -506,7 +509,7 @@ def load_quantized(
         # Leave nothing behind: the traceback's frames hold the half-built model and its tensors; this frame
         # is still running, so its own references are dropped by hand.
         model = prep = None
-        _clear_tracebacks(e)
+        clear_tracebacks(e)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         raise
@@ -519,14 +522,7 @@ def load_quantized(
         "quantization": prep.method,
         "quantized_weights": len(prep.quantized),
         "bytes": sum(header.tensors[src].nbytes for src in keys.load.values()),
-        "threads": threads,
-        "buffer_bytes": buffer_bytes,
-        "device": str(dev),
-        "files": [os.path.basename(f) for f in header.files],
-        # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
-        "missing_keys": sorted(info.missing_keys),
-        "unexpected_keys": sorted(info.unexpected_keys),
-        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
+        **load_report(header, info, threads, buffer_bytes, dev),
     }
     logger.info("fast-loaded %s with %s quantization in %.2f s", header.root, prep.method, t_end - t0)
     return model
@@ -620,14 +616,6 @@ def _layer_chunk(layer_bytes: int, threads: int, buffer_bytes: int) -> int:
 
 def _itemsize(t: Any) -> int:
     return int(t.element_size())
-
-
-def _clear_tracebacks(e: BaseException | None) -> None:
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        e = e.__cause__ or e.__context__
 
 
 def _scratch_layout(prep: _Prepared, group: list[str]) -> tuple[list[int], int]:

@@ -232,7 +232,7 @@ def checkpoint_files(path: str | os.PathLike[str]) -> tuple[list[str], dict[str,
     index = p / INDEX_FILE
     if index.is_file():
         weight_map = read_weight_map(index)
-        # the shard order transformers reads in: utils/hub.py get_checkpoint_shard_files, sorted(set(...))
+        # the shard order transformers reads in: 5.17 utils/hub.py:890 get_checkpoint_shard_files, sorted(set(...))
         files = [str(p / f) for f in sorted(set(weight_map.values()))]
         return files, {k: str(p / v) for k, v in weight_map.items()}
     raise ModelNotFoundError(

@@ -30,6 +30,7 @@ from typing import Any
 from ..capabilities import GPU, Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import flash_support, hub_kernel_support, smem_per_block
+from ..detection.versions import version_tuple as _version
 from ..errors import InvalidChoiceError
 
 #: attn_implementation -> distribution that provides it
@@ -139,20 +140,6 @@ def priority(gpu: GPU | None) -> tuple[str, ...]:
         head = ()
     rest = tuple(n for n in ALL_NAMES if n not in head and n not in tail)
     return (*tail, *head, *rest)
-
-
-def _version(v: str | None) -> tuple[int, ...] | None:
-    if not v:
-        return None
-    out: list[int] = []
-    for part in v.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-        if not part.isdigit():
-            break
-    return tuple(out) or None
 
 
 # -- the rules ---------------------------------------------------------------------------------------------
@@ -441,7 +428,8 @@ def _sdpa(info: Any, caps: Capabilities) -> Candidate:
     if not info.supports_sdpa:
         bad.append(f"{info.class_name or info.summary.type} does not support SDPA (_supports_sdpa is False)")
     if info.attn_softcapping:
-        # integrations/sdpa_attention.py sdpa_attention_forward has no softcap parameter: it is dropped
+        # transformers 5.17 integrations/sdpa_attention.py:79 sdpa_attention_forward has no softcap parameter:
+        # it is dropped
         bad.append(
             f"the model soft-caps attention logits ({info.attn_softcapping}); SDPA ignores soft-capping"
         )
@@ -456,7 +444,7 @@ def _flex(info: Any, caps: Capabilities, intent: str) -> Candidate:
     if not info.supports_flex_attn:
         bad.append(f"{info.class_name or info.summary.type} does not support flex_attention")
     if not caps.gpus:
-        # torch nn/attention/flex_attention.py _validate_device: no backward on CPU; transformers
+        # torch 2.13 nn/attention/flex_attention.py:2075-2083 _validate_device: no backward on CPU; transformers
         # integrations/flex_attention.py:315-317 refuses sinks on CPU
         if intent in _TRAINING:
             bad.append("flex_attention has no backward on CPU (torch flex_attention._validate_device)")

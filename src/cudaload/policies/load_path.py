@@ -18,7 +18,7 @@ from ..plans import Placement
 #: ``_get_resolved_checkpoint_files``; ``ignore_mismatched_sizes`` reports and re-initialises mismatched tensors
 #: as transformers does; the Hub keywords (``revision``, ``token``, ``cache_dir``...) do nothing for a local
 #: directory; ``weights_only``/``disable_mmap`` only concern *how* transformers reads the same bytes; the rest
-#: are keywords transformers 5 accepts and drops (modeling_utils.py from_pretrained, "for name in ['mirror',
+#: are keywords transformers 5 accepts and drops (5.17 modeling_utils.py:4093 from_pretrained, "for name in ['mirror',
 #: '_fast_init', ...]: kwargs.pop(name)"). Every other keyword that is not in FROM_PRETRAINED_ONLY is what
 #: from_pretrained makes of it too: a config override when the config has that attribute
 #: (``AutoConfig.from_pretrained(path, **kwargs)``), else a keyword of the model's ``__init__``.
@@ -130,7 +130,8 @@ def choose_load_path(
     if quantization and quantization not in QUANTIZED_FAST:
         bad.append(f"{quantization} quantization is done inside from_pretrained")
     elif quantization and from_pretrained_kwargs:
-        # cudaload.fastload.quantized takes no from_pretrained keywords: it cannot honour them exactly
+        # load_model does not pass from_pretrained keywords to cudaload.fastload.quantized (execute._load_once),
+        # although load_quantized resolves them as the unquantized fast path does: not yet measured on a GPU
         bad.append(
             f"a {quantization} load with from_pretrained keywords "
             f"({', '.join(sorted(from_pretrained_kwargs))}) goes through from_pretrained"

@@ -948,16 +948,8 @@ class Outcome:
     memory: Any = None  # plans.MemoryEstimate
 
 
-MULTI_PROCESS = (
-    "ddp",
-    "fsdp2",
-    "fsdp2_offload",
-    "deepspeed_zero2",
-    "deepspeed_zero3",
-    "deepspeed_zero3_offload",
-    "tp",
-    "tp_fp8",
-)
+#: the strategies a launcher runs as one process per GPU (single and layer_split are one process)
+MULTI_PROCESS = tuple(s for s in STRATEGIES if s not in ("single", "layer_split"))
 
 
 def decide(

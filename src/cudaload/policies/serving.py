@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..decision import Candidate, Decision
+from ..detection.versions import version_tuple as _version
 from ..errors import DoesNotFitError
 from .dtype import dtype_bytes
 from .memory import CUDA_CONTEXT_BYTES, GiB
@@ -73,7 +74,8 @@ HEADROOM_MIN = 1 * GiB
 H200_LAUNCH_S_PER_LAYER = 2.0e-3
 #: graphs must make the step at least this much faster to be worth their padding
 GRAPH_SPEEDUP_MIN = 1.5
-#: a capture runs the forward twice (a warm run, then the capture: model_runner.py _capture_graph)
+#: a capture runs the forward twice (a warm run, then the capture: 5.17 continuous_batching/model_runner.py:145-155
+#: _capture_graph)
 CAPTURE_FORWARDS = 2
 #: query sizes a run meets in practice: decode-only batches, full prefill chunks, a couple of tails
 GRAPH_Q_SIZES = 4
@@ -99,18 +101,6 @@ _PAGED = {
 _MASKED = frozenset({"paged|sdpa", "paged|eager"})
 #: FA2/FA3 have transformers' decode fast path (block table + flash_attn_with_kvcache, initialization.py:122)
 _FAST_DECODE = frozenset({"paged|flash_attention_2", "paged|flash_attention_3"})
-
-
-def _version(v: str | None) -> tuple[int, ...] | None:
-    if not v:
-        return None
-    out: list[int] = []
-    for part in v.split(".")[:3]:
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out) or None
 
 
 def hbm_bandwidth(gpu_name: str | None) -> float:
@@ -147,7 +137,8 @@ class CacheShape:
     fast_decode: bool  # FA2/FA3 block table
     sliding: bool = False  # a sliding-window group exists (a second mask)
     # transformers >= 5.22 also counts the K/V read back from the cache with masked kernels' repeated heads
-    # (5.22.2/5.24 cache.py PagedAttentionMemoryHandler: kv_heads_at_peak = 2 * heads + kv_heads, else 2 * kv_heads)
+    # (generation/continuous_batching/cache.py, 5.22.2 :575-578, 5.24 :582-586: kv_heads_at_peak =
+    # 2 * heads + kv_heads, else 2 * kv_heads)
     repeated_kv_peak: bool = False
 
     @property

@@ -62,7 +62,8 @@ _BERT_KEYS = {
 }
 
 
-def tiny_config(kind: str) -> Any:
+def tiny_config(kind: str, **overrides: Any) -> Any:
+    """The tiny ``kind`` config; ``overrides`` replace its keys (a longer context, another vocabulary)."""
     import transformers
 
     if kind not in _TINY:
@@ -74,7 +75,7 @@ def tiny_config(kind: str) -> Any:
         kw = dict(_BERT_KEYS)
     else:
         kw = {**_COMMON, **overrides}
-    kw.update({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
+    kw.update({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, **overrides)
     return getattr(transformers, cls_name)(**kw)
 
 

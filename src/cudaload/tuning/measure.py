@@ -245,7 +245,8 @@ class Measurement:
         return out
 
 
-def _err(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message``, at most 300 characters: how a backend that failed is reported."""
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
@@ -286,7 +287,7 @@ def run_rounds(
         return inputs[w.name]
 
     def fail(m: Measurement, e: BaseException) -> None:
-        m.error = _err(e)
+        m.error = error_line(e)
         m.stopped = "error"
         log(f"  {m.backend} {m.work.name}: {m.error}")
         if any(str(model_device(x)).startswith("cuda") for x in models.values()):

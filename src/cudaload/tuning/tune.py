@@ -21,7 +21,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..errors import ConfigurationError, LoadError
-from .measure import COMPILED_BACKENDS, Measurement, WorkShape, measure_backends
+from .measure import COMPILED_BACKENDS, Measurement, WorkShape, error_line, measure_backends
 from .signature import Work, bucket, signature
 from .store import Entry, TimingCache, gpu_id, package_versions
 from .timings import Timings, measured_timings
@@ -191,7 +191,7 @@ def tune(
             models[b] = load(b)
             say(f"loaded {b} in {time.perf_counter() - before:.1f} s")
         except Exception as e:  # a backend that cannot load here is a result, not a failure of tune
-            not_usable[b] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            not_usable[b] = error_line(e)
             say(f"{b}: not usable: {not_usable[b]}")
     if models:
         first = next(iter(models.values()))
@@ -215,7 +215,7 @@ def tune(
             try:
                 m = models.pop(b) if b in models else load(b)
             except Exception as e:
-                not_usable[b] = f"{type(e).__name__}: {e}"[:300]
+                not_usable[b] = error_line(e)
                 continue
             rows += measure_backends(
                 {b: m},
@@ -286,10 +286,14 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def add_tune_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``tune`` to ``cudaload``'s subcommands; ``args.func`` is :func:`run_tune`."""
+def add_tune_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """Add ``tune`` to ``cudaload``'s subcommands (``parents``: the options every subcommand shares);
+    ``args.func`` is :func:`run_tune`."""
     t: argparse.ArgumentParser = subparsers.add_parser(
         "tune",
+        parents=list(parents),
         help="time every usable attention backend for a model on this GPU and cache the result",
         description="Time generate() of the declared work with every usable attention backend on this GPU "
         "and store the medians in cudaload's cache, where plan() and load_model() find them.",
