@@ -144,11 +144,8 @@ def compare(res: dict[str, Any]) -> dict[str, Any]:
         oom = bool(row.get("oom"))
         ra = _ratio(est["allocated"], row["peak_allocated"])
         rr = _ratio(est["reserved"], row.get("peak_reserved"))
-        if oom:
-            # a lower bound: the estimate must say it does not fit where it did not (at least that much)
-            ok = ra is not None and ra >= 1 - PEAK_TOL
-        else:
-            ok = ra is not None and abs(ra - 1) <= PEAK_TOL
+        # an OOM point is a lower bound: the estimate must be at least (nearly) what was allocated when it failed
+        ok = ra is not None and (ra >= 1 - PEAK_TOL if oom else abs(ra - 1) <= PEAK_TOL)
         points.append(
             {
                 "key": row["key"],

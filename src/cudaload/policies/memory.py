@@ -47,15 +47,16 @@ ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
 LOSS_BYTES_PER_LOGIT = 12
 
 #: The caching allocator's reserved-but-unusable bytes at a training step's peak, per logit of the step (batch
-#: x seq_len x vocab): one fp32 logits-sized block. The loss's fp32 logit tensors are the step's largest
-#: allocations; once freed, their segments are split for the backward's smaller tensors and cannot be returned
-#: while any part is in use. Measured on the H200 (benchmarks/results/2026-12-01-h200/run1-memtrain/
-#: results.json): reserved minus allocated peaks were 0.75-1.0 fp32 logit tensors for 8B LoRA at 512-16384
-#: tokens, 1.2-1.6 for QLoRA, 0.45 for the 0.6B full fine-tune; on emulated 24/48/80 GiB cards (allocator
-#: capped, which frees cached segments before failing) the longest seq_len that trained left 0.58 / 0.61 /
-#: 0.37 of one between allocated and reserved, and the first that failed had its allocated peak under the
-#: cap. Planning with one block keeps the planned boundary at 0.94-0.97 of the measured one.
-ALLOCATOR_SLACK_PER_LOGIT = 4
+#: x seq_len x vocab): three quarters of an fp32 logits-sized block. The loss's fp32 logit tensors are the
+#: step's largest allocations; once freed, their segments are split for the backward's smaller tensors and
+#: cannot be returned while any part is in use. Measured on the H200 (benchmarks/results/2026-12-01-h200/
+#: run1-memtrain/results.json): on emulated 24/48/80 GiB cards (the allocator capped, so it frees cached
+#: segments before it fails) the longest 8B QLoRA seq_len that trained left 0.58 / 0.61 / 0.37 of an fp32
+#: logits block between allocated and reserved (2.3 / 2.4 / 1.5 bytes per logit), and the shortest that failed
+#: had its allocated peak under the cap; uncapped, reserved minus allocated was 0.75-1.0 blocks for 8B LoRA at
+#: 512-16384 tokens and 1.2-1.6 for QLoRA (cached, not needed). 3 bytes covers the capped gaps with a margin:
+#: the planned boundary is 1.00 / 1.00 / 0.98 of the measured one, and 0.0 would plan 2-6% past it.
+ALLOCATOR_SLACK_PER_LOGIT = 3
 
 #: Eager attention materialises per layer and head a seq_len x seq_len score matrix. Inference: the scores,
 #: the masked scores, the fp32 softmax and its copy in the dtype (the H200 measured 28.4 vs 19.2 GiB for
