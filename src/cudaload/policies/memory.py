@@ -67,12 +67,14 @@ EAGER_SAVED_FP32 = 4
 EAGER_BACKWARD_BYTES = 12
 
 #: torch's sdpa has no fused kernel for fp32 q/k/v with grouped kv heads (enable_gqa, which transformers'
-#: sdpa_attention passes when there is no mask): flash attention takes only fp16/bf16, and the memory-efficient
-#: kernel does not take enable_gqa (torch 2.11 aten/src/ATen/native/transformers/sdp_utils_cpp.h,
-#: check_for_grouped_query_attention / check_tensor_dtype), so sdpa falls back to its math path, which
-#: materialises the scores like eager attention. QLoRA runs exactly that: prepare_model_for_kbit_training's fp32
-#: norms make the residual stream fp32 and bitsandbytes' Linear4bit returns its input's dtype. Measured on the
-#: H200 (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json), Qwen3-8B QLoRA, checkpointing on,
+#: sdpa_attention passes when there is no mask, use_gqa_in_sdpa): flash and cuDNN attention take only fp16/bf16
+#: (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_dtypes_low_precision), and the memory-efficient
+#: kernel is listed there with check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention*/>
+#: (the torch 2.x source; a later release may admit GQA there: the measurement below, not that source, is what
+#: this term rests on), so sdpa falls back to its math path, which materialises the scores like eager
+#: attention. QLoRA runs exactly that: prepare_model_for_kbit_training's fp32 norms make the residual stream fp32
+#: and bitsandbytes' Linear4bit returns its input's dtype (bitsandbytes 0.50.2 nn/modules.py:626,637). Measured
+#: on the H200 (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json), Qwen3-8B QLoRA, checkpointing on,
 #: sdpa: the peak grows by 16.08 bytes per head and score of the one layer recomputed (least squares over ten
 #: points of 3328-11264 tokens, see ATTENTION_BACKWARD_ACTS): the fp32 softmax kept (4) and in backward three
 #: fp32 score-sized tensors at once (the probabilities' gradient, the scores' gradient and the math path's
@@ -346,7 +348,9 @@ def training_activations(
             layer_saved + tokens * (2 * a * inter + 4 * r * h),
             tokens * ATTENTION_BACKWARD_ACTS * a * (3 * q + 3 * kv) + scores * (saved + score_bwd),
         )
-        how = "eager attention" if attn == "eager" else "sdpa's math kernel (fp32 q/k/v with grouped kv heads)"
+        how = (
+            "eager attention" if attn == "eager" else "sdpa's math kernel (fp32 q/k/v with grouped kv heads)"
+        )
         notes.append(
             f"activations: {how} keeps {s.num_heads} x {seq_len}^2 scores per layer "
             f"({saved} bytes each), {scores * saved / GiB:.2f} GiB a layer"
@@ -430,7 +434,7 @@ def breakdown(
         if kbit_prepared:
             notes.append(
                 "qlora: prepare_model_for_kbit_training casts the non-4-bit parameters to fp32, so the residual "
-                "stream and the logits are fp32 too"
+                "stream, every activation (bitsandbytes returns its input's dtype) and the logits are fp32 too"
             )
     kv = 0 if training else kv_cache_bytes(info, dtype, seq_len, batch_size)
     terms["kv_cache"] = kv
@@ -458,7 +462,7 @@ def breakdown(
             seq_len=seq_len,
             batch_size=batch_size,
             # QLoRA: bitsandbytes' Linear4bit computes in bf16 but returns its input's dtype (bitsandbytes 0.50.2
-            # nn/modules.py Linear4bit.forward: ``out.to(inp_dtype)``), and the input is the fp32 norms' output,
+            # nn/modules.py:626,637, ``.to(inp_dtype)``), and the input is the fp32 norms' output,
             # so every activation is fp32 (H200 run1-memtrain: 8B QLoRA without checkpointing at 2048 tokens
             # peaked 59.9 GiB, 0.64 of the estimate with bf16 activations)
             act_bytes=4 if kbit_prepared else b,
@@ -523,7 +527,9 @@ def breakdown(
     terms["adapters"] = adapters
     # the caching allocator's reserved-but-unusable bytes at a training step's peak (ALLOCATOR_SLACK_PER_LOGIT)
     terms["allocator_slack"] = (
-        batch_size * seq_len * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT if training and info.can_generate else 0
+        batch_size * seq_len * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT
+        if training and info.can_generate
+        else 0
     )
     # training state per parameter, attributed where the parameter lives
     per_param = (grads + opt + mw) / n if intent == "training" and n else 0.0
