@@ -74,6 +74,15 @@ def test_oom_points_are_not_planned_smaller_than_what_failed(cmp: dict[str, Any]
     assert not bad, bad
 
 
+def test_the_h200_verdict_matches_every_point(cmp: dict[str, Any]) -> None:
+    """What ran is estimated to fit the measuring H200 (its allocator may hold the device less the context),
+    what ran out of memory is estimated not to."""
+    meta = json.loads((RUN / "results.json").read_text())["meta"]
+    room = meta["device_total_bytes"] - meta["context_bytes"]
+    wrong = [p["key"] for p in cmp["points"] if (p["estimate_reserved"] > room) != p["oom"]]
+    assert not wrong, wrong
+
+
 def test_planned_longest_seq_len_on_emulated_cards(cmp: dict[str, Any]) -> None:
     for c in cmp["cards"]:
         assert 0.9 <= c["ratio"] <= 1.05, c
