@@ -277,10 +277,11 @@ def test_qlora_fit_boundary_against_published_runs(monkeypatch: pytest.MonkeyPat
     80GB GPU" and "HF+FA2 goes out of memory for 8GB GPUs" (https://unsloth.ai/blog/llama3-3, Dec 2024).
     Those runs used transformers 4.47, whose loss made a shifted contiguous copy of the fp32 logits
     (transformers 4.47.0 loss/loss_utils.py:38; 4.50 pads the labels instead, loss_utils.py:48): 4 more bytes
-    per logit than transformers 5 (LOSS_BYTES_PER_LOGIT)."""
+    per logit than transformers 5 (LOSS_BYTES_PER_LOGIT). FlashAttention-2 as they ran it: sdpa would take its
+    score-materialising math path on QLoRA's fp32 q/k/v with grouped kv heads (M.sdpa_math)."""
     monkeypatch.setattr(M, "LOSS_BYTES_PER_LOGIT", M.LOSS_BYTES_PER_LOGIT + 4)
-    caps = hardware("A100-80GB").with_packages(["bitsandbytes"], [])
-    got = _longest(full_config("Llama-3.1-8B"), caps, intent="qlora")
+    caps = hardware("A100-80GB").with_packages(["bitsandbytes", "flash-attn"], [])
+    got = _longest(full_config("Llama-3.1-8B"), caps, intent="qlora", attn="flash_attention_2")
     assert 0.9 * 28_000 <= got <= 1.05 * 28_000, got
     small = Capabilities(source="t", gpus=(GPU(0, "8GB", (8, 6), 8 << 30),)).with_packages(
         ["bitsandbytes"], []
@@ -290,13 +291,15 @@ def test_qlora_fit_boundary_against_published_runs(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.xfail(
-    strict=True, reason="70B QLoRA plans ~12% longer than HF+FA2 ran on 80 GB; H200 calibration pending"
+    strict=True,
+    reason="70B QLoRA plans 7323 tokens, 6% longer than HF+FA2 ran on 80 GB (after the H200 run1-memtrain "
+    "calibration; the 8B shape agrees there, so the 70B-specific term is still unmeasured)",
 )
 def test_qlora_70b_fit_boundary_against_published_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-3.3-70B QLoRA batch 1, HF + FA2: 6,916 tokens on 80 GB, OOM on 48 GB (unsloth.ai/blog/llama3-3)."""
     monkeypatch.setattr(M, "LOSS_BYTES_PER_LOGIT", M.LOSS_BYTES_PER_LOGIT + 4)
-    caps = hardware("A100-80GB").with_packages(["bitsandbytes"], [])
-    got = _longest(full_config("Llama-3.1-70B"), caps, intent="qlora")
+    caps = hardware("A100-80GB").with_packages(["bitsandbytes", "flash-attn"], [])
+    got = _longest(full_config("Llama-3.1-70B"), caps, intent="qlora", attn="flash_attention_2")
     assert got <= 1.05 * 6_916, got
 
 

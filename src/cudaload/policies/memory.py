@@ -46,6 +46,18 @@ ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
 #: phases each hold about three of these (bf16 head: 2 + 4 + 4 forward, 4 + 4 + 4 backward): 12 bytes.
 LOSS_BYTES_PER_LOGIT = 12
 
+#: The caching allocator's reserved-but-unusable bytes at a training step's peak, per logit of the step (batch
+#: x seq_len x vocab): three quarters of an fp32 logits-sized block. The loss's fp32 logit tensors are the
+#: step's largest allocations; once freed, their segments are split for the backward's smaller tensors and
+#: cannot be returned while any part is in use. Measured on the H200 (benchmarks/results/2026-12-01-h200/
+#: run1-memtrain/results.json): on emulated 24/48/80 GiB cards (the allocator capped, so it frees cached
+#: segments before it fails) the longest 8B QLoRA seq_len that trained left 0.58 / 0.61 / 0.37 of an fp32
+#: logits block between allocated and reserved (2.3 / 2.4 / 1.5 bytes per logit), and the shortest that failed
+#: had its allocated peak under the cap; uncapped, reserved minus allocated was 0.75-1.0 blocks for 8B LoRA at
+#: 512-16384 tokens and 1.2-1.6 for QLoRA (cached, not needed). 3 bytes covers the capped gaps with a margin:
+#: the planned boundary is 1.00 / 1.00 / 0.98 of the measured one, and 0.0 would plan 2-6% past it.
+ALLOCATOR_SLACK_PER_LOGIT = 3
+
 #: Eager attention materialises per layer and head a seq_len x seq_len score matrix. Inference: the scores,
 #: the masked scores, the fp32 softmax and its copy in the dtype (the H200 measured 28.4 vs 19.2 GiB for
 #: eager vs sdpa at batch 8 x 2048 on the Qwen3-8B shape: 9.2 bytes per element; 3 x 2 + 4 = 10 planned).
@@ -53,6 +65,36 @@ LOSS_BYTES_PER_LOGIT = 12
 #: with bf16), and the layer being differentiated needs its gradients (2 + 4 + 4 + 2 bytes).
 EAGER_SAVED_FP32 = 4
 EAGER_BACKWARD_BYTES = 12
+
+#: torch's sdpa has no fused kernel for fp32 q/k/v with grouped kv heads (enable_gqa, which transformers'
+#: sdpa_attention passes when there is no mask, use_gqa_in_sdpa): flash and cuDNN attention take only fp16/bf16
+#: (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_dtypes_low_precision), and the memory-efficient
+#: kernel is listed there with check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention*/>
+#: (the torch 2.x source; a later release may admit GQA there: the measurement below, not that source, is what
+#: this term rests on), so sdpa falls back to its math path, which materialises the scores like eager
+#: attention. QLoRA runs exactly that: prepare_model_for_kbit_training's fp32 norms make the residual stream fp32
+#: and bitsandbytes' Linear4bit returns its input's dtype (bitsandbytes 0.50.2 nn/modules.py:626,637). Measured
+#: on the H200 (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json), Qwen3-8B QLoRA, checkpointing on,
+#: sdpa: the peak grows by 16.08 bytes per head and score of the one layer recomputed (least squares over ten
+#: points of 3328-11264 tokens, see ATTENTION_BACKWARD_ACTS): the fp32 softmax kept (4) and in backward three
+#: fp32 score-sized tensors at once (the probabilities' gradient, the scores' gradient and the math path's
+#: own temporary: 12); without checkpointing the fit over batch 1 x 512 / 2048 and 4 x 512 gives 4.0 bytes per
+#: score and layer kept (the softmax), as EAGER_SAVED_FP32 says.
+#: bf16 LoRA at 8192 x 1 and 2048 x 4 peaked the same (32.10 / 32.09 GiB): flash attention, no such term.
+FP32_SCORES_BACKWARD_BYTES = 12
+#: The attention's backward with materialised scores: q/k/v, the rotated q/k and the output (3q + 3kv in the
+#: activations' dtype) and as many gradients; the MLP's saved tensors are already freed then. The same run's
+#: ten QLoRA points of 3328-11264 tokens (checkpointing on, batch 1; 76.8 GiB at 11264) fit, above the
+#: checkpointed inputs, 107 KiB per token and 16.08 bytes per head and score (residuals under 0.03 GiB):
+#: 120 KiB and 4 + 12 bytes here.
+ATTENTION_BACKWARD_ACTS = 2
+
+
+def sdpa_math(info: Any, act_bytes: int) -> bool:
+    """Whether torch's sdpa runs its score-materialising math path for activations of ``act_bytes``."""
+    s = info.summary
+    return act_bytes >= 4 and 0 < s.num_kv_heads < s.num_heads
+
 
 #: Adafactor (transformers 5.17 optimization.py:1221-1276) steps each parameter with fp32 temporaries: the
 #: gradient in fp32, the parameter in fp32 (for bf16 weights), and ``update``: three fp32 copies of the
@@ -275,23 +317,47 @@ def training_activations(
     kv = s.num_kv_heads * s.head_dim or h
     a, r = act_bytes, resid_bytes
     tokens = batch_size * seq_len
-    layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
     if intent in ("lora", "qlora"):
+        # frozen base: autograd saves an operand only for the gradient of another operand that requires grad,
+        # so a frozen nn.Linear keeps no input and a frozen RMSNorm weight keeps no output. Each RMSNorm keeps
+        # its fp32 input; the MLP keeps gate, up and act(gate) (SiLU's and the product's inputs) but not the
+        # product, which only the frozen down_proj reads (the adapter reads its own dropout copy). Without
+        # checkpointing the H200 measured 332.5 KB per token and layer for 8B LoRA (bf16) and 433.0 KB for
+        # QLoRA (fp32) (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json, least squares over
+        # 5 and 3 points, the loss at LOSS_BYTES_PER_LOGIT): 321.5 and 426.0 KB here; with the norms' outputs
+        # and the product counted (full fine-tuning, below) it was 362.5 and 507.9 KB.
+        layer = 2 * 4 * h + a * (3 * q + 3 * kv) + 3 * a * inter
         layer += 5 * (5 * h + q + inter)  # fp32 dropout output + bool mask on each of the 7 wrapped inputs
+    else:
+        layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
     layer_saved = tokens * layer
     backward = tokens * (2 * a * inter + 4 * r * h)
     scores = batch_size * s.num_heads * seq_len * seq_len
     notes = []
-    if attn == "eager":
-        layer_saved += scores * (EAGER_SAVED_FP32 + a)
-        backward += scores * EAGER_BACKWARD_BYTES
+    #: one layer's recompute + backward; with materialised scores its peak is the larger of the MLP's backward
+    #: (every saved tensor of the layer alive) and the attention's (the MLP's freed, the scores' gradients live)
+    one_layer = layer_saved + backward
+    if attn == "eager" or (attn == "sdpa" and sdpa_math(info, a)):
+        # in fp32 (QLoRA's fp32 stream) the softmax is already fp32: no copy in the dtype; in bf16 see
+        # EAGER_BACKWARD_BYTES, in fp32 FP32_SCORES_BACKWARD_BYTES
+        saved = EAGER_SAVED_FP32 + (a if a < 4 else 0)
+        score_bwd = EAGER_BACKWARD_BYTES if a < 4 else FP32_SCORES_BACKWARD_BYTES
+        layer_saved += scores * saved
+        backward += scores * score_bwd
+        one_layer = max(
+            layer_saved + tokens * (2 * a * inter + 4 * r * h),
+            tokens * ATTENTION_BACKWARD_ACTS * a * (3 * q + 3 * kv) + scores * (saved + score_bwd),
+        )
+        how = (
+            "eager attention" if attn == "eager" else "sdpa's math kernel (fp32 q/k/v with grouped kv heads)"
+        )
         notes.append(
-            f"activations: eager attention keeps {s.num_heads} x {seq_len}^2 scores per layer "
-            f"(fp32 softmax + {a}-byte copy), {scores * (EAGER_SAVED_FP32 + a) / GiB:.2f} GiB a layer"
+            f"activations: {how} keeps {s.num_heads} x {seq_len}^2 scores per layer "
+            f"({saved} bytes each), {scores * saved / GiB:.2f} GiB a layer"
         )
     loss = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT if info.can_generate else 0
     if gradient_checkpointing:
-        ph = TrainingPhases(L * tokens * h * r, loss, layer_saved + backward, autocast_copies)
+        ph = TrainingPhases(L * tokens * h * r, loss, one_layer, autocast_copies)
         notes.append(
             f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, the fp32 loss over "
             f"{s.vocab_size} logits {loss / GiB:.2f} GiB, one layer recomputed with its backward "
@@ -368,7 +434,7 @@ def breakdown(
         if kbit_prepared:
             notes.append(
                 "qlora: prepare_model_for_kbit_training casts the non-4-bit parameters to fp32, so the residual "
-                "stream and the logits are fp32 too"
+                "stream, every activation (bitsandbytes returns its input's dtype) and the logits are fp32 too"
             )
     kv = 0 if training else kv_cache_bytes(info, dtype, seq_len, batch_size)
     terms["kv_cache"] = kv
@@ -395,7 +461,11 @@ def breakdown(
             intent=intent,
             seq_len=seq_len,
             batch_size=batch_size,
-            act_bytes=b,
+            # QLoRA: bitsandbytes' Linear4bit computes in bf16 but returns its input's dtype (bitsandbytes 0.50.2
+            # nn/modules.py:626,637, ``.to(inp_dtype)``), and the input is the fp32 norms' output,
+            # so every activation is fp32 (H200 run1-memtrain: 8B QLoRA without checkpointing at 2048 tokens
+            # peaked 59.9 GiB, 0.64 of the estimate with bf16 activations)
+            act_bytes=4 if kbit_prepared else b,
             resid_bytes=resid,
             attn=attn,
             gradient_checkpointing=gc_on,
@@ -455,6 +525,12 @@ def breakdown(
     terms["optimizer"] = opt
     terms["master_weights"] = mw
     terms["adapters"] = adapters
+    # the caching allocator's reserved-but-unusable bytes at a training step's peak (ALLOCATOR_SLACK_PER_LOGIT)
+    terms["allocator_slack"] = (
+        batch_size * seq_len * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT
+        if training and info.can_generate
+        else 0
+    )
     # training state per parameter, attributed where the parameter lives
     per_param = (grads + opt + mw) / n if intent == "training" and n else 0.0
     split = param_split(info) if info.counts.total else None
@@ -477,6 +553,7 @@ def breakdown(
         - act_layer * L
         + terms.get("quantization_transient", 0)
         + terms["optimizer_step"]
+        + terms["allocator_slack"]
     )
     # rounding residue goes with the first device so the split sums to the total
     layered = layer_bytes * L
@@ -535,5 +612,17 @@ def gpu_terms(bd: Breakdown, devices: int) -> dict[str, int]:
     layered = bd.layer_activation_bytes * bd.layers
     terms["activations"] = layered + (terms["activations"] - layered) * max(devices, 1)
     terms["optimizer_step"] = terms.get("optimizer_step", 0) * max(devices, 1)
+    terms["allocator_slack"] = terms.get("allocator_slack", 0) * max(devices, 1)
     terms["cuda_context"] = CUDA_CONTEXT_BYTES * devices
     return terms
+
+
+def allocated_bytes(terms: dict[str, int]) -> int:
+    """The caching allocator's allocated peak (``torch.cuda.max_memory_allocated``) for ``terms`` (from
+    :func:`estimate`): the total less what is outside the tensors (the CUDA context, the allocator's slack)."""
+    return terms["total"] - terms["cuda_context"] - terms.get("allocator_slack", 0)
+
+
+def reserved_bytes(terms: dict[str, int]) -> int:
+    """The caching allocator's reserved peak (``torch.cuda.max_memory_reserved``) for ``terms``."""
+    return terms["total"] - terms["cuda_context"]
