@@ -970,7 +970,7 @@ def cudaload_estimate(row: dict[str, Any], smoke: bool) -> dict[str, Any] | None
     if args is None:
         return None
     try:
-        from cudaload.policies.memory import estimate
+        from cudaload.policies.memory import allocated_bytes, estimate, reserved_bytes
 
         t = estimate(
             _info(row["shape"], smoke),
@@ -983,11 +983,11 @@ def cudaload_estimate(row: dict[str, Any], smoke: bool) -> dict[str, Any] | None
         )
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    alloc = t["total"] - t["cuda_context"]
-    out: dict[str, Any] = {"terms": t, "estimate_allocated": alloc}
+    alloc, reserved = allocated_bytes(t), reserved_bytes(t)
+    out: dict[str, Any] = {"terms": t, "estimate_allocated": alloc, "estimate_reserved": reserved}
     if not row.get("oom") and row.get("peak_allocated"):
         out["ratio_allocated"] = alloc / row["peak_allocated"]
-        out["ratio_reserved"] = alloc / max(row["peak_reserved"], 1)
+        out["ratio_reserved"] = reserved / max(row["peak_reserved"], 1)
     return out
 
 
