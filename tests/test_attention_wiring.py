@@ -137,3 +137,25 @@ def test_cli_plan_takes_new_tokens_and_padded(h200: Capabilities, tmp_path: Path
     assert rc == 0
     out = capsys.readouterr().out
     assert "attention: " in out and "left-padded" in out
+
+
+def test_first_use_here_follows_the_fa4_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's FA4 first use: the JIT is a cache hit when cudaload's FA4 cache holds kernels, unless
+    the user turned FA4's cache off."""
+    from cudaload.capabilities import Capabilities
+    from cudaload.planner import _first_use_here
+    from cudaload.policies.attention import FA4_IMPORT_WARM_S, FA4_JIT_CACHED_S
+
+    live = Capabilities(source="detected")
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", raising=False)
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
+    if "flash_attn.cute" in __import__("sys").modules:
+        pytest.skip("FA4 is imported in this process")
+    assert _first_use_here(live) is None  # empty cache (CUDALOAD_CACHE is a fresh tmp dir): the shipped table
+    (tmp_path / "fa4").mkdir()
+    (tmp_path / "fa4" / "kernel.o").write_bytes(b"x")
+    got = _first_use_here(live)
+    assert got is not None and got["flash_attention_4"] == pytest.approx(FA4_IMPORT_WARM_S + FA4_JIT_CACHED_S)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
+    assert _first_use_here(live) is None
+    assert _first_use_here(Capabilities(source="profile:H200")) is None  # a profile is a fresh process

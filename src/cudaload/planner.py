@@ -176,8 +176,10 @@ def _first_use_here(caps: Capabilities) -> dict[str, float] | None:
         return None
     from pathlib import Path
 
-    d = Path(_env.fa4_compile_cache()[1] or Path(_env.cache_dir()) / "fa4")
-    cached = d.is_dir() and any(d.iterdir())
+    enabled, directory = _env.fa4_compile_cache()
+    d = Path(directory or Path(_env.cache_dir()) / "fa4")
+    # a user's FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0 stands (cudaload never overrides it): no cache hits then
+    cached = enabled != "0" and d.is_dir() and any(d.iterdir())
     jit = FA4_JIT_CACHED_S if cached else FA4_JIT_S
     imported = "flash_attn.cute" in sys.modules
     if not imported and not cached:

@@ -550,7 +550,3 @@ def render_suggestions(sugg: list[Suggestion]) -> str:
     tips = [t.text for t in sugg]
     return "try: " + "; or ".join(tips) if tips else "use a machine with more GPU memory"
 
-
-def what_would_fit(info: Any, caps: Capabilities, **kw: Any) -> str:
-    """One line of alternatives, each checked against the same estimate (see :func:`suggestions`)."""
-    return render_suggestions(suggestions(info, caps, **kw))
