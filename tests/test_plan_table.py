@@ -57,7 +57,7 @@ TABLE: list[tuple[str, str, str, str, tuple[str, ...], dict[str, Any], str, Any,
         {},
         "attention",
         "sdpa",
-        "4 of 7",
+        "what plain transformers uses",
     ),
     (
         "b200-sdpa-untimed",

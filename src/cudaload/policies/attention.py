@@ -11,10 +11,12 @@ Choosing among the valid candidates (``choose_attention``):
 
 1. ``timings`` given (backend -> steady-state seconds of the declared work, measured by ``cudaload tune`` or a
    shipped prior): the valid measured backend with the least ``timings[b] + first-use seconds not yet paid``.
-2. No timings: never pay seconds for nothing. Measured on the H200 through generate() (transformers 5.17,
-   /work/shared/device/README.md "Measured there (2026-11-30)"), sdpa was the fastest of sdpa / FA4 / eager on
-   4 of 7 work shapes, FA4 beat sdpa on one only (by 2 %) and eager won the other three (left-padded, long
-   decode, one short sequence), while FA4 costs 2.7-9.7 s of import plus ~3 s of JIT in every fresh process. So sdpa where valid; where it is not (soft-capping, models without SDPA), an
+2. No timings (no declared work, or nothing measured for it): never pay seconds for nothing, and never do
+   worse than plain transformers, whose default is sdpa. Which backend wins generate() depends on the work:
+   on the H200 (transformers 5.17) sdpa won 4 of 7 shapes in the 2026-11-30 table (best of 2-3 calls) but few
+   in the 2026-12-01 run (benchmarks/results/2026-12-01-h200/README.md), where first calls met new decode
+   lengths and torch 2.11's cuDNN SDPA built a plan for each (40-60 ms); FA4 costs 2.7-9.7 s of import plus
+   ~3 s of JIT in every fresh process. So sdpa where valid; where it is not (soft-capping, models without SDPA), an
    ahead-of-time compiled flash build (no JIT) or eager; backends with a first-use cost (FA4's JIT,
    flex_attention's compile) only when the caller declared training, where one-time seconds are amortised.
 3. A declared single short sequence for inference picks eager (measured: 1 x 512 + 32, eager 1.03 s vs sdpa
@@ -650,8 +652,9 @@ def choose_attention(
     reasons = []
     if chosen == "sdpa":
         reasons.append(
-            "sdpa: no import or compile cost, and the fastest on 4 of 7 generate() shapes measured on the H200 "
-            "(transformers 5.17, 2026-11-30; FA4 beat it on one, by 2%)"
+            "sdpa: no import or compile cost, and what plain transformers uses (declare the work -- batch_size, "
+            "seq_len, new_tokens -- to choose from measured generate() timings instead: on the H200 eager or "
+            "FA4 beat sdpa on most works, benchmarks/results/2026-12-01-h200)"
         )
     else:
         skipped = [n for n in order[: order.index(chosen)] if n in by]
