@@ -541,3 +541,46 @@ def test_compare_benchmark_smoke(tmp_path: Path) -> None:
     }
     assert result["summary"]["int8"]["fast"]["n"] == 2
     assert (out / "compare.md").read_text().startswith("# Quantized loads")
+
+
+@pytest.mark.parametrize("method", ["int8", "nf4"])
+def test_load_model_quantized_fast_branch_verifies(tiny_model: Callable[..., Path], method: str) -> None:
+    """execute's fast branch for a quantized plan (forced here on the CPU; the planner quantizes on GPUs):
+    the BitsAndBytesConfig load_model builds from the plan reaches load_quantized, and the result passes
+    load_model's own verification (quantization flags, dtype, devices) like from_pretrained's."""
+    import dataclasses
+
+    import cudaload
+    from cudaload import execute
+    from cudaload.decision import Candidate, Decision
+
+    path = tiny_model("qwen3")
+    plan = cudaload.plan(str(path), hardware=cudaload.detect())
+    qcfg: dict[str, Any] = (
+        {"load_in_8bit": True}
+        if method == "int8"
+        else {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": "bfloat16",
+        }
+    )
+    plan = dataclasses.replace(
+        plan,
+        load_path=Decision("fast", candidates=(Candidate("fast", True), Candidate("from_pretrained", True))),
+        quantization=Decision(method, candidates=(Candidate(method, True),)),
+        quantization_config=qcfg,
+    )
+    model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", {})
+    assert taken == "fast" and notes == [], notes
+    verified = execute.verify(model, plan, allow_offload=False)
+    assert verified["quantization"] == method
+    ref, ref_taken, _ = execute._load_once(
+        dataclasses.replace(plan, load_path=Decision("from_pretrained")), "AutoModelForCausalLM", {}
+    )
+    assert ref_taken == "from_pretrained"
+    assert (
+        execute.verify(ref, plan, allow_offload=False)["parameters_by_dtype"]
+        == verified["parameters_by_dtype"]
+    )
