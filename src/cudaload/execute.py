@@ -526,6 +526,17 @@ def load_model(
             f"{', '.join(clash)} are decided by cudaload",
             fix="use load_model's own options (dtype=, attn=, device_map=)",
         )
+    from .planner import plan as make_plan
+    from .planner import resolve_hardware
+
+    # a profile name or a recorded machine's JSON, as plan() takes: resolved the same way (cheap), and refused
+    # when it is not this machine, before any file is read
+    caps = resolve_hardware(hardware) if hardware is not None else None
+    if caps is not None and caps.source.startswith("profile:"):
+        raise ConfigurationError(
+            f"load_model() loads on this machine, not on {caps.source}",
+            fix="use cudaload.plan(..., hardware=...) to plan for other hardware",
+        )
     # after the argument checks (no reading for a call that is refused), before everything slow
     pre = None
     if prefetch:
@@ -536,22 +547,15 @@ def load_model(
             subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
             variant=from_pretrained_kwargs.get("variant"),
         )
-    from .planner import plan as make_plan
-    from .planner import resolve_hardware
-
-    # a profile name or a recorded machine's JSON, as plan() takes: resolved the same way, then refused below
-    # when it is not this machine
-    caps = resolve_hardware(hardware)
+    if caps is None:
+        caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation
     phases.mark("detect")
-    if caps.source.startswith("profile:"):
-        raise ConfigurationError(
-            f"load_model() loads on this machine, not on {caps.source}",
-            fix="use cudaload.plan(..., hardware=...) to plan for other hardware",
-        )
     # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the
     # visible GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here.
     broken = [f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS]
     if broken:
+        if pre is not None:
+            pre.stop()
         raise DeviceSelectionError(
             "the GPUs this process may use are misconfigured",
             reasons=[f.message for f in broken],
