@@ -1026,16 +1026,9 @@ def planned_longest(rec: dict[str, Any], smoke: bool, allocator_bytes: int) -> i
         except DoesNotFitError:
             return False
 
-    lo, hi = 0, 1
-    while fits(hi * ALIGN) and hi * ALIGN < 1 << 20:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid * ALIGN):
-            lo = mid
-        else:
-            hi = mid
-    return lo * ALIGN
+    from compare_memory_train import longest_aligned  # benchmarks/ is on sys.path when run as a script
+
+    return longest_aligned(fits, ALIGN)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,22 @@ def estimate_point(row: dict[str, Any]) -> dict[str, Any] | None:
     return {"terms": t, "allocated": allocated_bytes(t), "reserved": reserved_bytes(t)}
 
 
+def longest_aligned(fits: Callable[[int], bool], align: int | None = None) -> int:
+    """The largest multiple of ``align`` (default ALIGN) for which ``fits`` holds, by doubling then bisection
+    (``fits`` must be monotone: what fits at n fits below n); 0 when even ``align`` does not fit."""
+    step = align or ALIGN
+    lo, hi = 0, 1
+    while fits(hi * step) and hi * step < 1 << 20:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * step):
+            lo = mid
+        else:
+            hi = mid
+    return lo * step
+
+
 def planned_longest(rec: dict[str, Any]) -> int:
     """The longest seq_len (multiple of ALIGN) cudaload.plan accepts on the emulated card."""
     from cudaload.errors import DoesNotFitError
@@ -117,16 +133,7 @@ def planned_longest(rec: dict[str, Any]) -> int:
         except DoesNotFitError:
             return False
 
-    lo, hi = 0, 1
-    while fits(hi * ALIGN) and hi * ALIGN < 1 << 20:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid * ALIGN):
-            lo = mid
-        else:
-            hi = mid
-    return lo * ALIGN
+    return longest_aligned(fits)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
