@@ -624,3 +624,33 @@ def test_training_arguments_merge_the_parallel_settings() -> None:
     here = plan(full_config("Llama-3.1-70B"), hardware=four, intent="lora", seq_len=1024)
     assert here.parallelism is not None and here.parallelism.choice == "fsdp2"
     assert "fsdp" not in training_arguments(here)
+
+
+def test_tp_under_torchrun_loads_through_from_pretrained_with_its_distributed_config() -> None:
+    """What load_model hands transformers for a tensor-parallel rank: no device_map (transformers places the
+    shards), DistributedConfig(tp_plan='auto', tp_size=N), and from_pretrained, never the fast path."""
+    from cudaload.execute import _load_kwargs
+
+    caps = torchrun(hardware("4xH100-80GB"), 4, rank=2).with_packages(["bitsandbytes"])
+    p = plan(full_config("Llama-3.1-70B"), hardware=caps, seq_len=4096)
+    assert p.parallelism is not None and p.parallelism.choice == "tp" and p.parallelism.launched
+    assert p.load_path.choice == "from_pretrained" and "tensor parallel" in p.load_path.reasons[0]
+    kw = _load_kwargs(p, {})
+    assert "device_map" not in kw and "max_memory" not in kw and "quantization_config" not in kw
+    dc = kw["distributed_config"]
+    assert dc.tp_plan == "auto" and dc.tp_size == 4
+    # the same model without torchrun: a layer split in one process, with its device_map
+    one = plan(full_config("Llama-3.1-70B"), hardware=hardware("4xH100-80GB"), seq_len=4096)
+    assert "distributed_config" not in _load_kwargs(one, {})
+
+
+def test_tp_fp8_rank_gets_transformers_fp8_config() -> None:
+    from transformers import FineGrainedFP8Config
+
+    from cudaload.execute import _load_kwargs
+
+    p = plan(LLAMA_405B, hardware=torchrun(hardware("8xH100-80GB"), 8, rank=5), seq_len=4096)
+    assert p.parallelism is not None and p.parallelism.choice == "tp_fp8" and p.parallelism.launched
+    kw = _load_kwargs(p, {})
+    assert isinstance(kw["quantization_config"], FineGrainedFP8Config)
+    assert kw["quantization_config"].weight_block_size == [128, 128] and kw["distributed_config"].tp_size == 8

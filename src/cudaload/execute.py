@@ -231,6 +231,22 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
         kw["max_memory"] = {
             int(k) if str(k).isdigit() else k: v for k, v in plan.placement.max_memory.items()
         }
+    par = plan.parallelism
+    if par is not None and par.choice in ("tp", "tp_fp8") and par.launched:
+        # tensor parallel under torchrun: transformers places each rank's shards itself; a device_map would
+        # fight it (the plan's from_pretrained settings: cudaload.policies.parallelism, tp/tp_fp8)
+        from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
+
+        fp = dict(par.config.get("from_pretrained") or {})
+        kw.pop("device_map", None)
+        kw.pop("max_memory", None)
+        if fp.get("distributed_config"):
+            kw["distributed_config"] = DistributedConfig(**fp["distributed_config"])
+        if par.choice == "tp_fp8" and par.config.get("quantization_config"):
+            from transformers import FineGrainedFP8Config
+
+            fp8 = {k: v for k, v in par.config["quantization_config"].items() if k != "quant_method"}
+            kw["quantization_config"] = FineGrainedFP8Config(**fp8)
     if plan.quantization.choice and plan.quantization_config is not None:
         from transformers import BitsAndBytesConfig
 

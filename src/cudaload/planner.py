@@ -15,6 +15,7 @@ from typing import Any
 
 from . import _env
 from .capabilities import Capabilities
+from .decision import Candidate, Decision
 from .errors import ConfigurationError, DoesNotFitError
 from .model_info import ModelInfo, model_info
 from .plans import INTENTS, MemoryEstimate, Plan
@@ -322,13 +323,24 @@ def plan(
             budget=dict(fr.fit.budget),
             notes=fr.breakdown.notes,
         )
-    lp = choose_load_path(
-        info,
-        quantization=fr.decision.choice,
-        placement=placement,
-        prefer=fast,
-        from_pretrained_kwargs=from_pretrained_kwargs,
-    )
+    par = pd.parallelism
+    if par is not None and par.choice in ("tp", "tp_fp8") and par.launched:
+        # each rank holds a shard of every weight: transformers slices them as it loads (distributed_config,
+        # transformers 5.17 modeling_utils.py:4082); the fast path fills whole tensors on one device
+        why = "tensor parallel under torchrun: from_pretrained shards each weight as it loads"
+        lp = Decision(
+            "from_pretrained",
+            (why,),
+            (Candidate("fast", False, (why,)), Candidate("from_pretrained", True, (why,))),
+        )
+    else:
+        lp = choose_load_path(
+            info,
+            quantization=fr.decision.choice,
+            placement=placement,
+            prefer=fast,
+            from_pretrained_kwargs=from_pretrained_kwargs,
+        )
 
     warnings: list[str] = []
     warnings.extend(r.removeprefix("WARNING: ") for r in dt.reasons if r.startswith("WARNING: "))
