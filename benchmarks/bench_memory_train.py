@@ -939,17 +939,9 @@ def bisect_longest(
 # ----------------------------------------------------------------------------------------------------------
 # cudaload's own estimates for what was measured (pure arithmetic: no GPU)
 # ----------------------------------------------------------------------------------------------------------
-#: bench mode/optim -> cudaload.plan / estimate arguments; adamw_torch_bf16 (AdamW on bf16 weights) has no
-#: cudaload counterpart (cudaload plans AdamW with fp32 master weights) and is not estimated
-def plan_args(mode: str, optim: str) -> dict[str, Any] | None:
-    if optim == "adamw_torch_bf16":
-        return None
-    if mode == "qlora":
-        return {"intent": "qlora", "quantization": "nf4", "optimizer": optim}
-    if mode == "lora":
-        return {"intent": "lora", "quantization": None, "optimizer": optim}
-    return {"intent": "training", "quantization": None, "optimizer": optim}
-
+# bench mode/optim -> cudaload arguments: one mapping, shared with the offline comparison (its sibling)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_memory_train import longest_aligned, plan_args  # noqa: E402
 
 _INFO: dict[str, Any] = {}
 
@@ -1025,8 +1017,6 @@ def planned_longest(rec: dict[str, Any], smoke: bool, allocator_bytes: int) -> i
             return True
         except DoesNotFitError:
             return False
-
-    from compare_memory_train import longest_aligned  # benchmarks/ is on sys.path when run as a script
 
     return longest_aligned(fits, ALIGN)
 

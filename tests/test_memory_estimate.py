@@ -35,21 +35,7 @@ def est(info: Any = Q8, **kw: Any) -> dict[str, int]:
 
 
 def mixtral() -> Any:
-    from transformers import MixtralConfig
-
-    return MixtralConfig(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        architectures=["MixtralForCausalLM"],
-    )
+    return full_config("Mixtral-8x7B")
 
 
 # -- optimizer states ---------------------------------------------------------------------------------------

@@ -86,21 +86,9 @@ def test_70b_qlora_on_a_t4_suggests_a_count_that_fits() -> None:
 
 def test_mixtral_bf16_two_80gb_gpus_is_suggested_and_fits() -> None:
     """The Transformers Mixtral blog post runs Mixtral-8x7B in bf16 on two 80 GB GPUs."""
-    from transformers import MixtralConfig
+    from cudaload.testing import full_config
 
-    mx = MixtralConfig(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        architectures=["MixtralForCausalLM"],
-    )
+    mx = full_config("Mixtral-8x7B")
     with pytest.raises(DoesNotFitError) as e:
         plan(mx, hardware="H100-SXM", quantization="none")
     assert "2 GPUs like" in (e.value.fix or "")

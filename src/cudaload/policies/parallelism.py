@@ -491,17 +491,21 @@ def choose_parallelism(
         )
     cands = tuple(Candidate(k, e.ok, e.reasons) for k, e in evals.items())
     if chosen is not None:
-        config = _settings(
-            chosen,
-            info,
-            facts,
-            n,
-            intent=intent,
-            dtype=dtype,
-            quantization=quantization,
-            seq_len=seq_len,
-            gradient_checkpointing=gradient_checkpointing,
-        )
+
+        def settings(strategy: str) -> dict[str, Any]:
+            return _settings(
+                strategy,
+                info,
+                facts,
+                n,
+                intent=intent,
+                dtype=dtype,
+                quantization=quantization,
+                seq_len=seq_len,
+                gradient_checkpointing=gradient_checkpointing,
+            )
+
+        config = settings(chosen)
         if training:
             # what the per-GPU numbers assume each rank runs with (may differ from a one-process plan's)
             config["optimizer"] = bd_optimizer(intent, optimizer, dtype)
@@ -516,17 +520,7 @@ def choose_parallelism(
         alt = next((k for k in evals if k.startswith("deepspeed") and evals[k].ok), None)
         if training and alt is not None and not chosen.startswith("deepspeed"):
             # installed or assumed: the DeepSpeed way to run the same job, ready to use (not run by cudaload)
-            ds_cfg = _settings(
-                alt,
-                info,
-                facts,
-                n,
-                intent=intent,
-                dtype=dtype,
-                quantization=quantization,
-                seq_len=seq_len,
-                gradient_checkpointing=gradient_checkpointing,
-            )
+            ds_cfg = settings(alt)
             config["deepspeed_alternative"] = {"strategy": alt, "config": ds_cfg["deepspeed_config"]}
     explicit = strategy != "auto"
     decision = Decision(chosen, (*reasons, *notes), cands, explicit=explicit)

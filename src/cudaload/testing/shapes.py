@@ -107,6 +107,23 @@ FULL_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
             "architectures": ["Gemma2ForCausalLM"],
         },
     ),
+    "Mixtral-8x7B": (
+        "MixtralConfig",
+        {
+            "vocab_size": 32000,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": False,
+            "dtype": "bfloat16",
+            "architectures": ["MixtralForCausalLM"],
+        },
+    ),
 }
 
 
