@@ -6,7 +6,8 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
 - ``plain``: ``AutoModelForCausalLM.from_pretrained(path, dtype=bfloat16, device_map="cuda")`` (+ a
   ``BitsAndBytesConfig`` for int8 / nf4, nf4 with double quant and bf16 compute as cudaload plans it);
 - ``cudaload``: ``cudaload.load_model(path, quantization=...)`` with its defaults (prefetch on);
-- ``cudaload-noprefetch``: the same with ``prefetch=False``, to show what reading while importing buys.
+- ``cudaload-noprefetch``: the same with ``prefetch=False``, to show what reading while importing buys;
+- ``cudaload-read``: ``prefetch="read"`` (threads that read the files instead of readahead advice).
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -60,7 +61,7 @@ if spec["method"] == "plain":
 else:
     import cudaload; mark("import_cudaload")
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {} if spec["method"] == "cudaload" else {"prefetch": False}
+    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}}[spec["method"]]
     model = cudaload.load_model(spec["path"], quantization=quant, **kw)
     import torch
     if cuda: torch.cuda.synchronize()

@@ -84,6 +84,20 @@ def test_load_model_records_phases_and_prefetch(tiny_model) -> None:  # type: ig
     assert v["prefetch"]["files"] >= 1 and v["prefetch"]["error"] is None
     off = cudaload.load_model(str(tiny_qwen3), prefetch=False)
     assert off.cudaload_plan.verified["prefetch"] is None
+    read = cudaload.load_model(str(tiny_qwen3), prefetch="read")
+    assert read.cudaload_plan.verified["prefetch"]["mode"] == "read"
+
+
+def test_load_model_refuses_an_unknown_prefetch_mode_before_reading(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    import cudaload
+    from cudaload.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="prefetch='fast'") as e:
+        cudaload.load_model(str(tiny_model("qwen3")), prefetch="fast")
+    assert "'read'" in str(e.value)
+    assert not [t for t in threading.enumerate() if t.name.startswith("cudaload-prefetch")]
 
 
 def test_explain_shows_where_the_seconds_went(tiny_model) -> None:  # type: ignore[no-untyped-def]

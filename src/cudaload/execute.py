@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import probes
+from .prefetch import MODES as _PREFETCH_MODES
 from .capabilities import Capabilities
 from .decision import Decision
 from .errors import (
@@ -505,7 +506,7 @@ def load_model(
     task: str | None = None,
     fast: bool | None = None,
     warmup: bool = False,
-    prefetch: bool = True,
+    prefetch: bool | str = True,
     new_tokens: int | None = None,
     padded: bool = False,
     tune: bool = False,
@@ -522,6 +523,8 @@ def load_model(
     ``prefetch`` (default True): a local checkpoint's files are read into the page cache on background
     threads from the first line of this call, while torch and transformers are still being imported, so a
     cold load waits for about max(imports, disk read) instead of their sum (see :mod:`cudaload.prefetch`).
+    A mode name picks how: ``"willneed"`` (kernel readahead advice, the default) or ``"read"`` (threads that
+    read the files, which a slow readahead path cannot throttle); False turns it off.
     ``plan.verified["phases"]`` says where the seconds went.
 
     Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
@@ -555,11 +558,17 @@ def load_model(
         )
     # after the argument checks (no reading for a call that is refused), before everything slow
     pre = None
+    if prefetch is not True and prefetch is not False and prefetch not in _PREFETCH_MODES:
+        raise ConfigurationError(
+            f"prefetch={prefetch!r} is not a prefetch mode",
+            fix=f"use prefetch=True, False or one of {', '.join(repr(m) for m in _PREFETCH_MODES)}",
+        )
     if prefetch:
         from . import prefetch as _prefetch
 
         pre = _prefetch.start(
             model,
+            mode=_prefetch.DEFAULT_MODE if prefetch is True else str(prefetch),
             subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
             variant=from_pretrained_kwargs.get("variant"),
         )

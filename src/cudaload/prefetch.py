@@ -29,6 +29,8 @@ CHUNK_BYTES = 256 << 20
 #: Fraction of MemAvailable a prefetch may ask the page cache to hold.
 MAX_AVAILABLE_FRACTION = 0.5
 MODES = ("willneed", "read", "off")
+#: What ``load_model(prefetch=True)`` uses.
+DEFAULT_MODE = "willneed"
 
 
 def checkpoint_files(
@@ -172,7 +174,7 @@ def start(
     *,
     subfolder: str = "",
     variant: str | None = None,
-    mode: str = "willneed",
+    mode: str = DEFAULT_MODE,
     threads: int = 4,
 ) -> Prefetch | None:
     """Start prefetching the checkpoint at ``path`` (a local directory); None when there is nothing to read."""
