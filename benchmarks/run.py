@@ -18,7 +18,6 @@ runner.py (orchestration, report, merge, command line). This file is the entry p
 the tests and older scripts import from it.
 """
 
-
 from __future__ import annotations
 
 import sys

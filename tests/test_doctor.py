@@ -100,6 +100,7 @@ def test_cli_exit_status(tmp_path: Path) -> None:
     caps = load("mig_a100.json").to_dict()
     caps["findings"].append({"code": "cvd-duplicate", "message": "dup", "fix": "once", "severity": "error"})
     bad.write_text(Capabilities.from_dict(caps).to_json())
+
     def run(p: Path) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "cudaload", "doctor", "--hardware", str(p)]
         return subprocess.run(cmd, capture_output=True, text=True)

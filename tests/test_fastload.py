@@ -169,7 +169,9 @@ def test_unexpected_keys_ignored(tiny_model: Callable[..., Path], tmp_path: Path
     assert "model.layers.0.extra.weight" in got.cudaload_fastload["unexpected_keys"]
 
 
-def test_shape_mismatch_fails_as_from_pretrained_fails(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+def test_shape_mismatch_fails_as_from_pretrained_fails(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
     """from_pretrained raises RuntimeError (load_model: LoadError) unless ignore_mismatched_sizes=True."""
 
     def shrink(t: dict[str, Any]) -> None:

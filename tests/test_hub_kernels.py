@@ -37,32 +37,62 @@ FA2 = "kernels-community/flash-attn2"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
-def kernels_pkg(version: str = "0.16.2", in_range: bool | None = True, accepted: str = ">=0.16,<0.17",
-                ) -> PackageInfo:
-    return PackageInfo("kernels", True, version, usable=in_range is not False, accepted=accepted,
-                       in_range=in_range, reason=None if in_range is not False else "out of range")
-
-
-def gpu_caps(*cached: CachedKernel, offline: bool = True, gpu: GPU = H200, tv: str = "5.17.0",
-             pkg: PackageInfo | None = None) -> Capabilities:
-    return Capabilities(
-        gpus=(gpu,), packages=(pkg or kernels_pkg(),),
-        hub=HubState(offline=offline, reachable=None if offline else True, cache_dir="/c",
-                     cached_kernels=cached),
-        torch_version="2.11.0+cu130", torch_cuda_version="13.0", transformers_version=tv, cpu_arch="x86_64",
+def kernels_pkg(
+    version: str = "0.16.2",
+    in_range: bool | None = True,
+    accepted: str = ">=0.16,<0.17",
+) -> PackageInfo:
+    return PackageInfo(
+        "kernels",
+        True,
+        version,
+        usable=in_range is not False,
+        accepted=accepted,
+        in_range=in_range,
+        reason=None if in_range is not False else "out of range",
     )
 
 
-def fa2(refs: tuple[str, ...] = ("v3",), variants: tuple[str, ...] = ("torch211-cxx11-cu130-x86_64-linux",),
-        archs: tuple[str, ...] = ("8.0", "9.0")) -> CachedKernel:
+def gpu_caps(
+    *cached: CachedKernel,
+    offline: bool = True,
+    gpu: GPU = H200,
+    tv: str = "5.17.0",
+    pkg: PackageInfo | None = None,
+) -> Capabilities:
+    return Capabilities(
+        gpus=(gpu,),
+        packages=(pkg or kernels_pkg(),),
+        hub=HubState(
+            offline=offline, reachable=None if offline else True, cache_dir="/c", cached_kernels=cached
+        ),
+        torch_version="2.11.0+cu130",
+        torch_cuda_version="13.0",
+        transformers_version=tv,
+        cpu_arch="x86_64",
+    )
+
+
+def fa2(
+    refs: tuple[str, ...] = ("v3",),
+    variants: tuple[str, ...] = ("torch211-cxx11-cu130-x86_64-linux",),
+    archs: tuple[str, ...] = ("8.0", "9.0"),
+) -> CachedKernel:
     return CachedKernel(FA2, SHA, refs=refs, variants=variants, cuda_capabilities=archs)
 
 
 # -- scan_cache ------------------------------------------------------------------------------------------
 
+
 def test_scan_cache_finds_kernel_repos_with_refs_variants_and_archs(tmp_path: Path) -> None:
-    commit = cache_entry(tmp_path, "org/norm", refs=("main", "v1"), backend="cuda", archs=["8.0", "9.0a"],
-                         variant="torch211-cxx11-cu130-x86_64-linux")
+    commit = cache_entry(
+        tmp_path,
+        "org/norm",
+        refs=("main", "v1"),
+        backend="cuda",
+        archs=["8.0", "9.0a"],
+        variant="torch211-cxx11-cu130-x86_64-linux",
+    )
     (tmp_path / "kernels--org--norm" / "refs" / "pr").mkdir()
     (tmp_path / "kernels--org--norm" / "refs" / "pr" / "3").write_text(commit)
     legacy = cache_entry(tmp_path, "org/old", layout="models", refs=("v2",))
@@ -104,22 +134,26 @@ def test_scan_cache_is_json_round_trip_safe(tmp_path: Path) -> None:
 
 # -- rules -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("variant", "ok", "why"), [
-    ("torch-universal", True, "noarch"),
-    ("torch-cuda", True, "noarch"),
-    ("torch-cpu", False, "this machine runs cuda"),
-    ("torch211-cxx11-cu130-x86_64-linux", True, "matches"),
-    ("torch211-cxx11-cu128-x86_64-linux", False, "CUDA 12.8"),  # other major
-    ("torch211-cxx11-cu131-x86_64-linux", False, "CUDA 13.1"),  # newer minor than the system's
-    ("torch210-cxx11-cu130-x86_64-linux", False, "torch 2.10"),
-    ("torch211-cxx98-cu130-x86_64-linux", False, "C++11 ABI"),
-    ("torch211-cxx11-cu130-aarch64-linux", False, "CPU aarch64"),
-    ("torch211-cu130-x86_64-linux", True, "matches"),  # tagless
-    ("torch-stable-abi29-cu130-x86_64-linux", True, "matches"),
-    ("torch-stable-abi212-cu130-x86_64-linux", False, "needs torch >= 2.12"),
-    ("torch211-cxx11-rocm64-x86_64-linux", False, "rocm64"),
-    ("garbage", False, "not a build variant"),
-])
+
+@pytest.mark.parametrize(
+    ("variant", "ok", "why"),
+    [
+        ("torch-universal", True, "noarch"),
+        ("torch-cuda", True, "noarch"),
+        ("torch-cpu", False, "this machine runs cuda"),
+        ("torch211-cxx11-cu130-x86_64-linux", True, "matches"),
+        ("torch211-cxx11-cu128-x86_64-linux", False, "CUDA 12.8"),  # other major
+        ("torch211-cxx11-cu131-x86_64-linux", False, "CUDA 13.1"),  # newer minor than the system's
+        ("torch210-cxx11-cu130-x86_64-linux", False, "torch 2.10"),
+        ("torch211-cxx98-cu130-x86_64-linux", False, "C++11 ABI"),
+        ("torch211-cxx11-cu130-aarch64-linux", False, "CPU aarch64"),
+        ("torch211-cu130-x86_64-linux", True, "matches"),  # tagless
+        ("torch-stable-abi29-cu130-x86_64-linux", True, "matches"),
+        ("torch-stable-abi212-cu130-x86_64-linux", False, "needs torch >= 2.12"),
+        ("torch211-cxx11-rocm64-x86_64-linux", False, "rocm64"),
+        ("garbage", False, "not a build variant"),
+    ],
+)
 def test_check_variant_mirrors_kernels_resolver(variant: str, ok: bool, why: str) -> None:
     got_ok, got_why = check_variant(variant, _target(gpu_caps()))
     assert got_ok is ok and why in got_why
@@ -132,18 +166,21 @@ def test_check_variant_cpu_machine() -> None:
     assert not check_variant("torch-cuda", _target(caps))[0]
 
 
-@pytest.mark.parametrize(("archs", "cc", "ok"), [
-    (["8.0", "9.0"], (9, 0), True),
-    (["8.0"], (8, 9), True),  # same major, newer minor
-    (["8.0"], (9, 0), False),
-    (["8.0+PTX"], (9, 0), True),
-    (["9.0a"], (9, 0), True),
-    (["9.0a"], (10, 0), False),
-    (["10.0f"], (10, 3), True),
-    (["8.0", "9.0"], (7, 5), False),
-    (["sm_weird"], (7, 5), True),  # unknown format is not held against the GPU (kernels does the same)
-    ([], (7, 5), True),
-])
+@pytest.mark.parametrize(
+    ("archs", "cc", "ok"),
+    [
+        (["8.0", "9.0"], (9, 0), True),
+        (["8.0"], (8, 9), True),  # same major, newer minor
+        (["8.0"], (9, 0), False),
+        (["8.0+PTX"], (9, 0), True),
+        (["9.0a"], (9, 0), True),
+        (["9.0a"], (10, 0), False),
+        (["10.0f"], (10, 3), True),
+        (["8.0", "9.0"], (7, 5), False),
+        (["sm_weird"], (7, 5), True),  # unknown format is not held against the GPU (kernels does the same)
+        ([], (7, 5), True),
+    ],
+)
 def test_archs_cover(archs: list[str], cc: tuple[int, int], ok: bool) -> None:
     assert archs_cover(archs, cc) is ok
 
@@ -173,11 +210,13 @@ def test_attention_kernel_version_matches_installed_transformers() -> None:
     from transformers.integrations import hub_kernels as hk
 
     for repo in (FA2, "kernels-community/flash-attn4", "kernels-community/vllm-flash-attn3", "x/y"):
-        assert attention_kernel_version(repo, transformers.__version__, torch.__version__) == \
-            hk.get_attn_kernel_version(repo)
+        assert attention_kernel_version(
+            repo, transformers.__version__, torch.__version__
+        ) == hk.get_attn_kernel_version(repo)
 
 
 # -- check_attention_kernel ------------------------------------------------------------------------------
+
 
 def test_attention_kernel_ok_when_trusted_cached_and_fitting() -> None:
     ok, reasons = check_attention_kernel(FA2, gpu_caps(fa2()), trust=["kernels-community/*"])
@@ -213,8 +252,9 @@ def test_attention_kernel_revision_pinned_by_commit_ref_or_suffix() -> None:
 
 
 def test_attention_kernel_no_fitting_variant() -> None:
-    ok, reasons = check_attention_kernel(FA2, gpu_caps(fa2(variants=("torch210-cxx11-cu128-x86_64-linux",))),
-                                         trust=["*"])
+    ok, reasons = check_attention_kernel(
+        FA2, gpu_caps(fa2(variants=("torch210-cxx11-cu128-x86_64-linux",))), trust=["*"]
+    )
     assert not ok and any("no build variant" in r and "torch 2.10" in r for r in reasons)
 
 
@@ -231,23 +271,30 @@ def test_attention_kernel_package_states() -> None:
     ok, reasons = check_attention_kernel(FA2, unpaired, trust=["*"])
     assert not ok
     assert reasons[0].startswith(
-        "kernels 0.17.2 is outside the range transformers 5.24.0 accepts (>=0.18.2,<0.19)")
+        "kernels 0.17.2 is outside the range transformers 5.24.0 accepts (>=0.18.2,<0.19)"
+    )
 
 
 # -- plan_kernels ----------------------------------------------------------------------------------------
+
 
 def liger(refs: tuple[str, ...] = ("v3",)) -> CachedKernel:
     return CachedKernel("kernels-community/liger-kernels", SHA, refs=refs, variants=("torch-universal",))
 
 
 def rotary(refs: tuple[str, ...] = ("v2",)) -> CachedKernel:
-    return CachedKernel("kernels-community/rotary", "f" * 40, refs=refs,
-                        variants=("torch211-cxx11-cu130-x86_64-linux",))
+    return CachedKernel(
+        "kernels-community/rotary", "f" * 40, refs=refs, variants=("torch211-cxx11-cu130-x86_64-linux",)
+    )
 
 
 def _plan(caps: Capabilities, **kw: object) -> dict[str, object]:
-    args: dict[str, object] = {"intent": "inference", "request": None, "trust": ["kernels-community/*"],
-                               "model_class_name": "LlamaForCausalLM"}
+    args: dict[str, object] = {
+        "intent": "inference",
+        "request": None,
+        "trust": ["kernels-community/*"],
+        "model_class_name": "LlamaForCausalLM",
+    }
     args.update(kw)
     return plan_kernels(None, caps, **args)  # type: ignore[arg-type]
 
@@ -271,10 +318,14 @@ def test_plan_auto_on_when_every_kernel_passes_and_pins_commits() -> None:
     p = _plan(gpu_caps(liger(), rotary()))
     assert p["use_kernels"] is True and p["apply"] == "kernelize" and p["inherit_mapping"] is False
     assert p["mapping"] == {
-        "RMSNorm": ["kernels-community/liger-kernels:LigerRMSNorm",
-                    {"trust_remote_code": True, "revision": SHA}],
-        "rotary_pos_emb": ["kernels-community/rotary:apply_rotary_transformers",
-                           {"trust_remote_code": True, "revision": "f" * 40}],
+        "RMSNorm": [
+            "kernels-community/liger-kernels:LigerRMSNorm",
+            {"trust_remote_code": True, "revision": SHA},
+        ],
+        "rotary_pos_emb": [
+            "kernels-community/rotary:apply_rotary_transformers",
+            {"trust_remote_code": True, "revision": "f" * 40},
+        ],
     }
     assert p["lock"] == {"kernels-community/liger-kernels": SHA, "kernels-community/rotary": "f" * 40}
 
@@ -319,8 +370,9 @@ def test_plan_user_mapping_local_kernel_and_unknown_layer(tmp_path: Path) -> Non
 
 
 def test_plan_on_cpu_applies_by_kernelize() -> None:
-    caps = Capabilities(packages=(kernels_pkg(),), hub=HubState(offline=True), torch_version="2.13.0+cpu",
-                        cpu_arch="x86_64")
+    caps = Capabilities(
+        packages=(kernels_pkg(),), hub=HubState(offline=True), torch_version="2.13.0+cpu", cpu_arch="x86_64"
+    )
     p = _plan(caps)
     assert p["device"] == "cpu" and p["apply"] == "kernelize" and p["use_kernels"] is False
     assert build_kernel_config(p) is None
@@ -333,24 +385,29 @@ def test_plan_model_without_kernel_layers() -> None:
 
 # -- build_kernel_config ---------------------------------------------------------------------------------
 
+
 def test_build_kernel_config_fresh_each_call_and_never_inherits() -> None:
     p = _plan(gpu_caps(liger(), rotary()))
     a, b = build_kernel_config(p), build_kernel_config(p)
     assert a is not b and a.kernel_mapping is not b.kernel_mapping
     assert a.inherit_mapping is False and a.use_local_kernel is False
-    assert a.kernel_mapping["RMSNorm"] == {"cuda": ("kernels-community/liger-kernels:LigerRMSNorm",
-                                                    {"trust_remote_code": True, "revision": SHA})}
+    assert a.kernel_mapping["RMSNorm"] == {
+        "cuda": ("kernels-community/liger-kernels:LigerRMSNorm", {"trust_remote_code": True, "revision": SHA})
+    }
     assert build_kernel_config({}) is None
     assert build_kernel_config(_plan(gpu_caps(), request=False)) is None
 
 
-@pytest.mark.parametrize("mapping", [
-    {"RMSNorm": "no-colon"},
-    {"RMSNorm": ["org/r:L", {"trust_remote_code": True}]},  # neither version nor revision
-    {"RMSNorm": ["org/r:L", {"version": 1, "revision": SHA}]},  # both
-    {"RMSNorm": ["org/r:L", {"version": 1, "trust_remote_code": "yes"}]},
-    {"Unregistered": ["org/r:L", {"version": 1}]},
-])
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        {"RMSNorm": "no-colon"},
+        {"RMSNorm": ["org/r:L", {"trust_remote_code": True}]},  # neither version nor revision
+        {"RMSNorm": ["org/r:L", {"version": 1, "revision": SHA}]},  # both
+        {"RMSNorm": ["org/r:L", {"version": 1, "trust_remote_code": "yes"}]},
+        {"Unregistered": ["org/r:L", {"version": 1}]},
+    ],
+)
 def test_build_kernel_config_validates_before_loading(mapping: dict[str, object]) -> None:
     p = _plan(gpu_caps(liger(), rotary()))
     p["mapping"] = mapping
@@ -359,6 +416,7 @@ def test_build_kernel_config_validates_before_loading(mapping: dict[str, object]
 
 
 # -- lock ------------------------------------------------------------------------------------------------
+
 
 def test_lock_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError):

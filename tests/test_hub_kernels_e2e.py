@@ -35,8 +35,10 @@ def _pairing() -> tuple[bool, str]:
     if iu.is_kernels_available():
         return True, ""
     lo, hi = getattr(iu, "KERNELS_MIN_VERSION", "?"), getattr(iu, "KERNELS_MAX_VERSION", "?")
-    return False, (f"kernels {kv} is outside the range transformers {transformers.__version__} accepts "
-                   f"(>={lo},<{hi}): transformers disables its kernel hooks")
+    return False, (
+        f"kernels {kv} is outside the range transformers {transformers.__version__} accepts "
+        f"(>={lo},<{hi}): transformers disables its kernel hooks"
+    )
 
 
 PAIRED, UNPAIRED_REASON = _pairing()
@@ -47,13 +49,19 @@ def run_driver(tmp: Path, device: str) -> dict[str, Any]:
     cache = tmp / "hub-cache"
     cache.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("KERNELS_CACHE", "LOCAL_KERNELS")}
-    env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), CUDALOAD_HUB_TIMEOUT="0",
-               PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, str(DRIVER), str(tmp), device], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(cache),
+        CUDALOAD_HUB_TIMEOUT="0",
+        PYTHONWARNINGS="ignore",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), str(tmp), device], env=env, capture_output=True, text=True, timeout=300
+    )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, f"driver failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    return dict(json.loads(line[len("RESULT "):]))
+    return dict(json.loads(line[len("RESULT ") :]))
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +119,19 @@ def test_unpaired_state_is_reported_with_the_accepted_range() -> None:
     assert pkg.accepted is not None and str(iu.KERNELS_MIN_VERSION) in pkg.accepted
     ok, reasons = check_attention_kernel(FA2, caps, trust=["*"])
     assert not ok
-    assert reasons[0].startswith(f"kernels {pkg.version} is outside the range transformers "
-                                 f"{transformers.__version__} accepts ({pkg.accepted})")
-    plan = plan_kernels(None, caps, intent="inference", request=True, trust=["*"],
-                        model_class_name="Qwen3ForCausalLM", mapping={"RMSNorm": "org/r:L"})
+    assert reasons[0].startswith(
+        f"kernels {pkg.version} is outside the range transformers "
+        f"{transformers.__version__} accepts ({pkg.accepted})"
+    )
+    plan = plan_kernels(
+        None,
+        caps,
+        intent="inference",
+        request=True,
+        trust=["*"],
+        model_class_name="Qwen3ForCausalLM",
+        mapping={"RMSNorm": "org/r:L"},
+    )
     assert plan["use_kernels"] is False
     # registered layers are still known (read from the source, not from disabled decorators)
     assert plan["registered_layers"] == ["RMSNorm", "rotary_pos_emb"]
@@ -131,7 +148,9 @@ def test_cuda_kernel_config_mapping_end_to_end(tmp_path: Path) -> None:
     assert list(run["hub_plan"]["mapping"]) == ["RMSNorm"], run
     # the default rotary kernel is neither trusted nor cached here: left out, with its reason
     assert "rotary_pos_emb" in run["hub_left_out"], run
-    assert run["auto_plan"]["use_kernels"] is False and "rotary_pos_emb" in run["auto_plan"]["reasons"][-1], run
+    assert run["auto_plan"]["use_kernels"] is False and "rotary_pos_emb" in run["auto_plan"]["reasons"][-1], (
+        run
+    )
     assert run["hub_calls"] > 0 and run["hub_equal"], run
     assert run["local_calls"] > 0 and run["local_equal"], run
     assert run["attn_calls"] > 0 and run["attn_equal"], run

@@ -18,7 +18,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import probes
-from .prefetch import MODES as _PREFETCH_MODES
 from .capabilities import Capabilities
 from .decision import Decision
 from .errors import (
@@ -33,6 +32,7 @@ from .errors import (
     VerificationError,
 )
 from .plans import Plan
+from .prefetch import MODES as _PREFETCH_MODES
 
 if TYPE_CHECKING:
     import torch

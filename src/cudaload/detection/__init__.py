@@ -70,7 +70,9 @@ def _cached_kernels(cache_dir: str) -> tuple[CachedKernel, ...]:
     except Exception:
         # scan_cache skips unreadable entries itself, so this is a bug in it: detection carries on without
         # cached kernels, but says so rather than reporting an empty cache as if it were true.
-        log.warning("scanning the kernel cache %s failed; no cached kernels are counted", cache_dir, exc_info=True)
+        log.warning(
+            "scanning the kernel cache %s failed; no cached kernels are counted", cache_dir, exc_info=True
+        )
         return ()
 
 

@@ -26,8 +26,11 @@ def _validate(kernels_plan: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for layer, value in mapping.items():
         if registered and layer not in registered:
-            raise ConfigurationError(f"kernel layer {layer!r} is not registered by the model", fix=fix,
-                                     reasons=[f"registered: {', '.join(sorted(registered))}"])
+            raise ConfigurationError(
+                f"kernel layer {layer!r} is not registered by the model",
+                fix=fix,
+                reasons=[f"registered: {', '.join(sorted(registered))}"],
+            )
         if isinstance(value, str):
             ref, meta = value, None
         elif isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], Mapping):
@@ -35,12 +38,14 @@ def _validate(kernels_plan: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise ConfigurationError(f"kernel mapping for {layer!r} is malformed: {value!r}", fix=fix)
         if not isinstance(ref, str) or "/" not in ref or ":" not in ref:
-            raise ConfigurationError(f"kernel {ref!r} for {layer!r} is not 'org/repo:Layer' or '/dir:Layer'",
-                                     fix=fix)
+            raise ConfigurationError(
+                f"kernel {ref!r} for {layer!r} is not 'org/repo:Layer' or '/dir:Layer'", fix=fix
+            )
         if local:
             if meta is not None or not os.path.isabs(ref.rpartition(":")[0]):
-                raise ConfigurationError(f"local kernel {ref!r} must be an absolute '/dir:Layer' string",
-                                         fix=fix)
+                raise ConfigurationError(
+                    f"local kernel {ref!r} must be an absolute '/dir:Layer' string", fix=fix
+                )
             out[layer] = ref
             continue
         if meta is None or (("revision" in meta) == ("version" in meta)):
@@ -89,9 +94,13 @@ def kernel_mapping(kernels_plan: Mapping[str, Any], *, device: str | None = None
         else:
             ref, meta = value
             repo_id, _, name = ref.rpartition(":")
-            repo = LayerRepository(repo_id=repo_id, layer_name=name, revision=meta.get("revision"),
-                                   version=meta.get("version"),
-                                   trust_remote_code=bool(meta.get("trust_remote_code", False)))
+            repo = LayerRepository(
+                repo_id=repo_id,
+                layer_name=name,
+                revision=meta.get("revision"),
+                version=meta.get("version"),
+                trust_remote_code=bool(meta.get("trust_remote_code", False)),
+            )
         out[layer] = {dev: {mode: repo}}
     return out
 
@@ -116,6 +125,8 @@ def apply_kernels(model: Any, kernels_plan: Mapping[str, Any], *, device: str | 
     except Exception as e:
         from ..errors import LoadError
 
-        raise LoadError(f"kernelize failed for the planned kernels ({', '.join(mapping)}): {e}",
-                        fix="plan with kernels=False, or fix the kernel named above") from e
+        raise LoadError(
+            f"kernelize failed for the planned kernels ({', '.join(mapping)}): {e}",
+            fix="plan with kernels=False, or fix the kernel named above",
+        ) from e
     return model

@@ -121,7 +121,7 @@ def scan_cache(cache_dir: str) -> tuple[CachedKernel, ...]:
         try:
             if not entry.is_dir():
                 continue
-            org, sep, name = entry.name[len(prefix):].partition("--")
+            org, sep, name = entry.name[len(prefix) :].partition("--")
             if not sep or not org or not name:
                 continue
             repo_id = f"{org}/{name}"

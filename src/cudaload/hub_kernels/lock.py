@@ -22,11 +22,13 @@ def write_lock(plan_or_kernels_plan: Any, path: str | os.PathLike[str]) -> dict[
 
     kp = getattr(plan_or_kernels_plan, "kernels", plan_or_kernels_plan)
     if not isinstance(kp, Mapping):
-        raise ConfigurationError("write_lock needs a Plan or a plan.kernels dict",
-                                 fix="pass cudaload.plan(...) or its .kernels")
+        raise ConfigurationError(
+            "write_lock needs a Plan or a plan.kernels dict", fix="pass cudaload.plan(...) or its .kernels"
+        )
     lock = {str(k): str(v) for k, v in sorted(dict(kp.get("lock") or {}).items())}
-    unpinned = [e["repo"] for e in kp.get("entries", ()) if e.get("ok") and not e.get("local")
-                and not e.get("pinned")]
+    unpinned = [
+        e["repo"] for e in kp.get("entries", ()) if e.get("ok") and not e.get("local") and not e.get("pinned")
+    ]
     if unpinned:
         raise ConfigurationError(
             f"cannot lock kernels that are not cached yet: {', '.join(sorted(set(unpinned)))}",

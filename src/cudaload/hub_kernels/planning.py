@@ -82,6 +82,7 @@ def _resolve_model_class(name: str | None) -> tuple[type | None, str | None]:
 # The plan
 # ----------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One candidate kernel for a layer: ``repo`` is ``org/name`` or a local directory."""
@@ -102,7 +103,8 @@ class KernelSpec:
         ``repo``, ``layer_name``, ``version``, ``revision``, ``modes``."""
         if isinstance(value, Mapping):
             return cls(
-                repo=str(value["repo"]), layer_name=str(value["layer_name"]),
+                repo=str(value["repo"]),
+                layer_name=str(value["layer_name"]),
                 version=value.get("version", None if value.get("revision") else 1),
                 revision=value.get("revision"),
                 modes=tuple(value.get("modes", ("inference", "training"))),
@@ -111,8 +113,10 @@ class KernelSpec:
         if not sep or not repo or not layer:
             from ..errors import ConfigurationError
 
-            raise ConfigurationError(f"kernel {value!r} names no layer",
-                                     fix="write it as 'org/repo:LayerName' or '/abs/dir:LayerName'")
+            raise ConfigurationError(
+                f"kernel {value!r} names no layer",
+                fix="write it as 'org/repo:LayerName' or '/abs/dir:LayerName'",
+            )
         repo, _, rev = repo.partition("@") if not is_local_kernel(repo) else (repo, "", "")
         return cls(repo=repo, layer_name=layer, version=None if rev else 1, revision=rev or None)
 
@@ -123,8 +127,9 @@ DEFAULT_CUDA_KERNELS: dict[str, KernelSpec] = {
     "RMSNorm": KernelSpec("kernels-community/liger-kernels", "LigerRMSNorm", version=3),
     "SiLU": KernelSpec("kernels-community/activation", "Silu", version=1, modes=("inference",)),
     "GeLU": KernelSpec("kernels-community/activation", "Gelu", version=1, modes=("inference",)),
-    "rotary_pos_emb": KernelSpec("kernels-community/rotary", "apply_rotary_transformers", version=2,
-                                 modes=("inference",)),
+    "rotary_pos_emb": KernelSpec(
+        "kernels-community/rotary", "apply_rotary_transformers", version=2, modes=("inference",)
+    ),
     "MegaBlocksMoeMLP": KernelSpec("kernels-community/megablocks", "MegaBlocksMoeMLP", version=1),
 }
 
@@ -154,28 +159,50 @@ def _local_preflight(spec: KernelSpec, caps: Capabilities, device: str) -> tuple
     return False, [f"local kernel {spec.repo} has no build variant for this machine"]
 
 
-def _entry(layer: str, spec: KernelSpec, caps: Capabilities, *, mode: str, device: str, trust: Sequence[str],
-           lock: Mapping[str, str] | None) -> dict[str, Any]:
-    e: dict[str, Any] = {"layer": layer, "repo": spec.repo, "layer_name": spec.layer_name,
-                         "local": spec.local, "version": spec.version, "revision": spec.revision,
-                         "pinned": None, "trusted": False, "ok": False, "reasons": []}
+def _entry(
+    layer: str,
+    spec: KernelSpec,
+    caps: Capabilities,
+    *,
+    mode: str,
+    device: str,
+    trust: Sequence[str],
+    lock: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "layer": layer,
+        "repo": spec.repo,
+        "layer_name": spec.layer_name,
+        "local": spec.local,
+        "version": spec.version,
+        "revision": spec.revision,
+        "pinned": None,
+        "trusted": False,
+        "ok": False,
+        "reasons": [],
+    }
     reasons: list[str] = []
     if mode not in spec.modes:
-        e["reasons"] = [f"{spec.repo}:{spec.layer_name} has no {mode} kernel "
-                        f"(modes: {', '.join(spec.modes)})"]
+        e["reasons"] = [
+            f"{spec.repo}:{spec.layer_name} has no {mode} kernel (modes: {', '.join(spec.modes)})"
+        ]
         return e
     if spec.local:
         pkg = kernels_package_reasons(caps)
         ok, why = _local_preflight(spec, caps, device)
-        e.update(trusted=True, ok=ok and not pkg,
-                 reasons=[*pkg, "local directory named by the user (its own code)", *why])
+        e.update(
+            trusted=True,
+            ok=ok and not pkg,
+            reasons=[*pkg, "local directory named by the user (its own code)", *why],
+        )
         return e
     revision, version = spec.revision, spec.version
     if lock is not None and spec.repo in lock:
         revision, version = lock[spec.repo], None
         reasons.append(f"revision {revision[:12]} from the lock")
-    ok, hub_why = preflight_hub_kernel(spec.repo, caps, trust=trust, revision=revision, version=version,
-                                       device=device)
+    ok, hub_why = preflight_hub_kernel(
+        spec.repo, caps, trust=trust, revision=revision, version=version, device=device
+    )
     reasons.extend(hub_why)
     cached, _ = _cached_entry(caps, spec.repo, revision, version)
     # Pin to the commit the preflight looked at: the load then needs no ref lookup (works offline) and a
@@ -211,13 +238,23 @@ def plan_kernels(
     device = kernels_device(caps)
     class_name = model_class_name or getattr(summary, "architecture", None)
     plan: dict[str, Any] = {
-        "version": KERNELS_PLAN_VERSION, "use_kernels": False, "requested": request, "device": device,
-        "mode": mode, "model_class": class_name, "registered_layers": [], "use_local_kernel": False,
+        "version": KERNELS_PLAN_VERSION,
+        "use_kernels": False,
+        "requested": request,
+        "device": device,
+        "mode": mode,
+        "model_class": class_name,
+        "registered_layers": [],
+        "use_local_kernel": False,
         # Applied by kernels' own kernelize after loading, on every device: transformers' use_kernels=True path
         # also fetches its default function kernels (rotary v2) from the Hub, which raises offline even with
         # inherit_mapping=False (measured on the H200 with transformers 5.17), and its KernelConfig knows no cpu.
-        "inherit_mapping": False, "apply": "kernelize",
-        "entries": [], "mapping": {}, "lock": {}, "reasons": [],
+        "inherit_mapping": False,
+        "apply": "kernelize",
+        "entries": [],
+        "mapping": {},
+        "lock": {},
+        "reasons": [],
     }
     reasons: list[str] = plan["reasons"]
     if request is False:
@@ -236,10 +273,14 @@ def plan_kernels(
         specs[layer] = KernelSpec.parse(value)
     for layer in sorted(set(specs) - set(layers)):
         if mapping and layer in mapping:
-            reasons.append(f"{layer} is not a kernel layer of {class_name} "
-                           f"(it registers: {', '.join(layers)})")
-    entries = [_entry(layer, specs[layer], caps, mode=mode, device=device, trust=trust, lock=lock)
-               for layer in layers if layer in specs]
+            reasons.append(
+                f"{layer} is not a kernel layer of {class_name} (it registers: {', '.join(layers)})"
+            )
+    entries = [
+        _entry(layer, specs[layer], caps, mode=mode, device=device, trust=trust, lock=lock)
+        for layer in layers
+        if layer in specs
+    ]
     unmapped = [layer for layer in layers if layer not in specs]
     if unmapped:
         reasons.append(f"no {device} kernel known for: {', '.join(unmapped)} (they keep their torch forward)")
@@ -249,8 +290,10 @@ def plan_kernels(
         for e in entries:
             if not e["local"] and e["ok"]:
                 e["ok"] = False
-                e["reasons"].append("left out: a KernelConfig holds local or Hub kernels, not both, and "
-                                    "this plan uses local ones")
+                e["reasons"].append(
+                    "left out: a KernelConfig holds local or Hub kernels, not both, and "
+                    "this plan uses local ones"
+                )
         plan["use_local_kernel"] = True
     plan["entries"] = entries
     accepted = [e for e in entries if e["ok"]]
@@ -258,9 +301,11 @@ def plan_kernels(
         return plan
     if request is None and len(accepted) < len(entries):
         failed = [e["layer"] for e in entries if not e["ok"]]
-        reasons.append(f"auto: kernels left off because {', '.join(failed)} did not pass preflight "
-                       "(untrusted, uncached offline, or no build for this machine); pass kernels=True "
-                       "to use the ones that pass")
+        reasons.append(
+            f"auto: kernels left off because {', '.join(failed)} did not pass preflight "
+            "(untrusted, uncached offline, or no build for this machine); pass kernels=True "
+            "to use the ones that pass"
+        )
         return plan
     if not accepted:
         reasons.append("no kernel passed preflight; loading without kernels")
@@ -271,8 +316,11 @@ def plan_kernels(
         if not e["local"] and e["pinned"]:
             plan["lock"][e["repo"]] = e["pinned"]
     reasons.append(f"kernels for {', '.join(e['layer'] for e in accepted)} ({mode}, {device})")
-    reasons.extend(f"{e['layer']} left out: {e['reasons'][0] if e['reasons'] else 'failed preflight'}"
-                   for e in entries if not e["ok"])
+    reasons.extend(
+        f"{e['layer']} left out: {e['reasons'][0] if e['reasons'] else 'failed preflight'}"
+        for e in entries
+        if not e["ok"]
+    )
     return plan
 
 

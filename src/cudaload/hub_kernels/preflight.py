@@ -42,8 +42,9 @@ def _version_tuple(v: str | None) -> tuple[int, ...] | None:
     return tuple(int(x) for x in m.groups() if x is not None)
 
 
-def attention_kernel_version(repo_id: str, transformers_version: str | None,
-                             torch_version: str | None) -> int:
+def attention_kernel_version(
+    repo_id: str, transformers_version: str | None, torch_version: str | None
+) -> int:
     """The major version (``v<N>`` branch) transformers asks for when ``attn_implementation=repo_id`` names
     no revision. Mirrors ``transformers.integrations.hub_kernels.get_attn_kernel_version``: the table
     changed between releases (5.17: flash-attn2 -> 3; 5.22: flash-attn2 -> 4 on torch >= 2.10)."""
@@ -111,7 +112,7 @@ _STABLE_VARIANT = re.compile(
 
 
 def _backend_version(backend: str) -> tuple[str, tuple[int, int] | None]:
-    """"cu130" -> ("cuda", (13, 0)); "cu128" -> ("cuda", (12, 8)); "cpu" -> ("cpu", None)."""
+    """ "cu130" -> ("cuda", (13, 0)); "cu128" -> ("cuda", (12, 8)); "cpu" -> ("cpu", None)."""
     m = re.fullmatch(r"cu(\d+)(\d)", backend)
     if m:
         return "cuda", (int(m.group(1)), int(m.group(2)))
@@ -126,7 +127,7 @@ def check_variant(variant: str, target: _Target) -> tuple[bool, str]:
     (``kernels/variants.py``): noarch ``torch-universal`` / ``torch-<backend>``; arch builds need the same
     CPU, OS, torch minor, cxx11 ABI and a CUDA of the same major with a minor not above the system's."""
     if variant.startswith("torch-") and not variant.startswith("torch-stable-abi"):
-        backend = variant[len("torch-"):]
+        backend = variant[len("torch-") :]
         if backend in ("universal", target.backend):
             return True, f"{variant}: noarch build for {backend}"
         return False, f"{variant}: noarch build for {backend}, this machine runs {target.backend}"
@@ -140,12 +141,17 @@ def check_variant(variant: str, target: _Target) -> tuple[bool, str]:
     tver = (int(m["tmaj"]), int(m["tmin"]))
     stable = variant.startswith("torch-stable-abi")
     if target.torch is None:
-        return False, f"{variant}: the torch version is unknown (a profile records none), so no build can be matched"
+        return (
+            False,
+            f"{variant}: the torch version is unknown (a profile records none), so no build can be matched",
+        )
     if stable and tver > target.torch:
         return False, f"{variant}: stable-ABI build needs torch >= {tver[0]}.{tver[1]}"
     if not stable and tver != target.torch:
-        return False, (f"{variant}: built for torch {tver[0]}.{tver[1]}, "
-                       f"this machine has torch {target.torch[0]}.{target.torch[1]}")
+        return False, (
+            f"{variant}: built for torch {tver[0]}.{tver[1]}, "
+            f"this machine has torch {target.torch[0]}.{target.torch[1]}"
+        )
     if not stable and m["abi"] == "cxx98":
         return False, f"{variant}: pre-C++11 ABI build; torch wheels use the C++11 ABI"
     kind, bver = _backend_version(m["backend"])
@@ -155,8 +161,10 @@ def check_variant(variant: str, target: _Target) -> tuple[bool, str]:
         if target.cuda is None or bver is None:
             return False, f"{variant}: CUDA build, torch here has no CUDA"
         if bver[0] != target.cuda[0] or bver[1] > target.cuda[1]:
-            return False, (f"{variant}: built for CUDA {bver[0]}.{bver[1]}, torch here uses CUDA "
-                           f"{target.cuda[0]}.{target.cuda[1]}")
+            return False, (
+                f"{variant}: built for CUDA {bver[0]}.{bver[1]}, torch here uses CUDA "
+                f"{target.cuda[0]}.{target.cuda[1]}"
+            )
     return True, f"{variant}: matches torch {tver[0]}.{tver[1]} / {m['backend']} / {m['cpu']}"
 
 
@@ -206,8 +214,10 @@ def kernels_package_reasons(caps: Capabilities) -> list[str]:
         return ["kernels is not installed (pip install 'cudaload[kernels]')"]
     if p.in_range is False:
         rng = p.accepted or "a different range"
-        return [f"kernels {p.version} is outside the range transformers {tv} accepts ({rng}), "
-                "so transformers treats kernels as unavailable"]
+        return [
+            f"kernels {p.version} is outside the range transformers {tv} accepts ({rng}), "
+            "so transformers treats kernels as unavailable"
+        ]
     if not p.usable:
         return [f"kernels {p.version or '?'} is installed but not usable: {p.reason or 'import failed'}"]
     return []
@@ -217,8 +227,12 @@ def _offline(caps: Capabilities) -> bool:
     return caps.hub.offline or caps.hub.reachable is False
 
 
-def _cached_entry(caps: Capabilities, repo_id: str, revision: str | None, version: int | None,
-                  ) -> tuple[CachedKernel | None, str]:
+def _cached_entry(
+    caps: Capabilities,
+    repo_id: str,
+    revision: str | None,
+    version: int | None,
+) -> tuple[CachedKernel | None, str]:
     """The cached snapshot a load would use: by commit (or a unique prefix), ref name, or ``v<version>``."""
     entries = [k for k in caps.hub.cached_kernels if k.repo_id == repo_id]
     if revision is not None:
@@ -245,21 +259,30 @@ def _variant_verdict(entry: CachedKernel, caps: Capabilities, device: str | None
     chosen = [why for ok, why in verdicts if ok]
     if chosen:
         return True, [f"build variant {chosen[0].split(':', 1)[0]} fits this machine"]
-    return False, [f"no build variant of {entry.repo_id} fits this machine: "
-                   + "; ".join(why for _, why in verdicts)]
+    return False, [
+        f"no build variant of {entry.repo_id} fits this machine: " + "; ".join(why for _, why in verdicts)
+    ]
 
 
 def _arch_reasons(archs: Sequence[str], caps: Capabilities, device: str | None) -> list[str]:
     if (device or kernels_device(caps)) != "cuda" or not archs:
         return []
     bad = [g for g in caps.gpus if not archs_cover(archs, g.compute_capability)]
-    return [f"declared CUDA archs ({', '.join(archs)}) do not cover {g.name} (compute capability "
-            f"{g.compute_capability[0]}.{g.compute_capability[1]})" for g in bad]
+    return [
+        f"declared CUDA archs ({', '.join(archs)}) do not cover {g.name} (compute capability "
+        f"{g.compute_capability[0]}.{g.compute_capability[1]})"
+        for g in bad
+    ]
 
 
 def preflight_hub_kernel(
-    repo_id: str, caps: Capabilities, *, trust: Sequence[str], revision: str | None = None,
-    version: int | None = None, device: str | None = None,
+    repo_id: str,
+    caps: Capabilities,
+    *,
+    trust: Sequence[str],
+    revision: str | None = None,
+    version: int | None = None,
+    device: str | None = None,
 ) -> tuple[bool, tuple[str, ...]]:
     """Preflight of any Hub kernel repo (layer or attention) from ``caps`` alone: package, trust, cache when
     offline, build variant, declared archs. Returns (ok, reasons); reasons explain either verdict."""
@@ -272,8 +295,10 @@ def preflight_hub_kernel(
     who = trusted(repo_id, trust)
     if who is None:
         ok = False
-        reasons.append(f"{repo_id} is not trusted: Hub kernels run code, so cudaload runs none unless "
-                       f"allowed (CUDALOAD_TRUST_KERNELS={repo_id} or {repo_id.split('/', 1)[0]}/*)")
+        reasons.append(
+            f"{repo_id} is not trusted: Hub kernels run code, so cudaload runs none unless "
+            f"allowed (CUDALOAD_TRUST_KERNELS={repo_id} or {repo_id.split('/', 1)[0]}/*)"
+        )
     else:
         reasons.append(f"{repo_id} trusted by the allow-list entry {who!r}")
     entry, wanted = _cached_entry(caps, repo_id, revision, version)
@@ -281,11 +306,15 @@ def preflight_hub_kernel(
         if _offline(caps):
             ok = False
             why = "HF_HUB_OFFLINE is set" if caps.hub.offline else "the Hub is unreachable"
-            reasons.append(f"{why} and {repo_id} ({wanted}) is not in the local cache "
-                           f"({caps.hub.cache_dir or 'HF_HUB_CACHE'})")
+            reasons.append(
+                f"{why} and {repo_id} ({wanted}) is not in the local cache "
+                f"({caps.hub.cache_dir or 'HF_HUB_CACHE'})"
+            )
         else:
-            reasons.append(f"{repo_id} ({wanted}) is not cached; kernels downloads it at load time "
-                           "(build variant and archs checked then)")
+            reasons.append(
+                f"{repo_id} ({wanted}) is not cached; kernels downloads it at load time "
+                "(build variant and archs checked then)"
+            )
         return ok, tuple(reasons)
     reasons.append(f"{repo_id} {wanted} is cached (commit {entry.revision[:12]})")
     v_ok, v_reasons = _variant_verdict(entry, caps, device)
@@ -299,7 +328,11 @@ def preflight_hub_kernel(
 
 
 def check_attention_kernel(
-    repo_id: str, caps: Capabilities, *, trust: Sequence[str], revision: str | None = None,
+    repo_id: str,
+    caps: Capabilities,
+    *,
+    trust: Sequence[str],
+    revision: str | None = None,
 ) -> tuple[bool, tuple[str, ...]]:
     """Pure preflight of a Hub attention kernel such as ``kernels-community/flash-attn2``.
 

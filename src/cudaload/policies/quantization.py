@@ -549,4 +549,3 @@ MAX_SUGGESTED_GPUS = 64
 def render_suggestions(sugg: list[Suggestion]) -> str:
     tips = [t.text for t in sugg]
     return "try: " + "; or ".join(tips) if tips else "use a machine with more GPU memory"
-
