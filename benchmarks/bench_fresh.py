@@ -7,7 +7,8 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   ``BitsAndBytesConfig`` for int8 / nf4, nf4 with double quant and bf16 compute as cudaload plans it);
 - ``cudaload``: ``cudaload.load_model(path, quantization=...)`` with its defaults (prefetch on);
 - ``cudaload-noprefetch``: the same with ``prefetch=False``, to show what reading while importing buys;
-- ``cudaload-read``: ``prefetch="read"`` (threads that read the files instead of readahead advice).
+- ``cudaload-read`` / ``cudaload-willneed``: one prefetch mode named (threads that read the files, or
+  readahead advice), whichever the default is.
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -61,7 +62,7 @@ if spec["method"] == "plain":
 else:
     import cudaload; mark("import_cudaload")
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}}[spec["method"]]
+    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}}[spec["method"]]
     model = cudaload.load_model(spec["path"], quantization=quant, **kw)
     import torch
     if cuda: torch.cuda.synchronize()

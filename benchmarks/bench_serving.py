@@ -521,11 +521,20 @@ class Bench:
                             r = self.run_padded(model, reqs, int(what), cap)
                         else:
                             attn, kw = cb_kwargs_from(what)
+                            # a bench-only switch, not a ContinuousBatchingConfig field: torch's cuDNN SDPA
+                            # backend off for this run (it builds a plan per new KV length on torch 2.11)
+                            cudnn = kw.pop("sdpa_cudnn", None)
                             if a.smoke:
                                 # on CPU transformers sizes the cache from host RAM (90% of what is free): the
                                 # smoke run caps it instead of zero-filling gigabytes on a shared machine
                                 kw = {"num_blocks": 64, "max_batch_tokens": 256, **kw}
-                            r = self.run_cb(model, reqs, attn, kw, cap)
+                            if cudnn is False and self.cuda:
+                                torch.backends.cuda.enable_cudnn_sdp(False)
+                            try:
+                                r = self.run_cb(model, reqs, attn, kw, cap)
+                            finally:
+                                if cudnn is False and self.cuda:
+                                    torch.backends.cuda.enable_cudnn_sdp(True)
                     except Exception as e:  # recorded, never fatal
                         r = {
                             "error": f"{type(e).__name__}: {str(e)[:400]}",

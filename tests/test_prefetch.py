@@ -105,4 +105,4 @@ def test_explain_shows_where_the_seconds_went(tiny_model) -> None:  # type: igno
 
     text = cudaload.load_model(str(tiny_model("qwen3"))).cudaload_plan.explain()
     assert "seconds: detect " in text and "import_transformers" in text and "; total " in text
-    assert "prefetch (willneed):" in text
+    assert "prefetch (read):" in text

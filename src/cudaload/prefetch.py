@@ -29,8 +29,11 @@ CHUNK_BYTES = 256 << 20
 #: Fraction of MemAvailable a prefetch may ask the page cache to hold.
 MAX_AVAILABLE_FRACTION = 0.5
 MODES = ("willneed", "read", "off")
-#: What ``load_model(prefetch=True)`` uses.
-DEFAULT_MODE = "willneed"
+#: What ``load_model(prefetch=True)`` uses. Measured on the H200 (benchmarks/results/2026-12-01-h200, run 6:
+#: 8B bf16, cold page cache, fresh processes, interleaved): "read" 14.20 s to the first forward, "willneed"
+#: 24.81 s, plain from_pretrained 23.58 s. The advice queues readahead that the kernel throttles and that the
+#: loader's own reads then wait behind; threads that read keep the disk busy at its rate.
+DEFAULT_MODE = "read"
 
 
 def checkpoint_files(
