@@ -35,7 +35,11 @@ def test_doc_numbers_are_the_code_constants() -> None:
     assert _num(r"Eager keeps (\d+) \+ dtype bytes") == M.EAGER_SAVED_FP32
     assert _num(r"needs (\d+) in backward") == M.EAGER_BACKWARD_BYTES
     assert _num(r"kept and (\d+) more in backward") == M.FP32_SCORES_BACKWARD_BYTES
-    assert _num(r"(\d+) bytes per logit \(three quarters") == M.ALLOCATOR_SLACK_PER_LOGIT
+    assert _num(r"([0-9.]+) bytes per logit \(a little over half") == M.ALLOCATOR_SLACK_PER_LOGIT
+    assert (
+        _num(r"tied embedding and every parameter\s+trained, (\d+) bytes per vocab")
+        == M.TIED_GRAD_EXTRA_BYTES
+    )
     # inference eager: 3 x dtype + 4 bytes per score, 10 for bf16
     assert _num(r"eager adds\s+(\d+) bytes per attention score") == 3 * 2 + 4
 

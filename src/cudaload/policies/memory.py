@@ -8,6 +8,7 @@ peak; int8 12.18 allocated / 12.61 peak.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,16 +48,17 @@ ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
 LOSS_BYTES_PER_LOGIT = 12
 
 #: The caching allocator's reserved-but-unusable bytes at a training step's peak, per logit of the step (batch
-#: x seq_len x vocab): three quarters of an fp32 logits-sized block. The loss's fp32 logit tensors are the
-#: step's largest allocations; once freed, their segments are split for the backward's smaller tensors and
-#: cannot be returned while any part is in use. Measured on the H200 (benchmarks/results/2026-12-01-h200/
-#: run1-memtrain/results.json): on emulated 24/48/80 GiB cards (the allocator capped, so it frees cached
-#: segments before it fails) the longest 8B QLoRA seq_len that trained left 0.58 / 0.61 / 0.37 of an fp32
-#: logits block between allocated and reserved (2.3 / 2.4 / 1.5 bytes per logit), and the shortest that failed
-#: had its allocated peak under the cap; uncapped, reserved minus allocated was 0.75-1.0 blocks for 8B LoRA at
-#: 512-16384 tokens and 1.2-1.6 for QLoRA (cached, not needed). 3 bytes covers the capped gaps with a margin:
-#: the planned boundary is 1.00 / 1.00 / 0.98 of the measured one, and 0.0 would plan 2-6% past it.
-ALLOCATOR_SLACK_PER_LOGIT = 3
+#: x seq_len x vocab). The loss's fp32 logit tensors are the step's largest allocations; once freed, their
+#: segments are split for the backward's smaller tensors and cannot be returned while any part is in use.
+#: Measured on the H200 on emulated 24/48/80 GiB cards (the allocator capped with
+#: set_per_process_memory_fraction, so it frees cached segments before it fails): at the longest seq_len that
+#: trained, reserved minus allocated was 2.3 / 2.4 / 1.5 bytes per logit for 8B QLoRA (run1-memtrain) and
+#: 2.8 / 1.0 / 1.5 for 0.6B full fine-tuning with fused AdamW (run7-memtrain2); the shortest that failed did so
+#: on a block the fragmented cache could not give. Fitted to those six boundaries with the other terms as they
+#: are: 2.25 plans them at 1.00 / 1.00 / 0.98 and 1.00 / 0.90 / 0.94 of the measured longest and never past it
+#: (3.0 planned the 0.6B 48 GiB card at 0.86; 2.0 planned its 24 GiB card 3% past the boundary, at a length
+#: that failed). See benchmarks/compare_memory_train.py.
+ALLOCATOR_SLACK_PER_LOGIT = 2.25
 
 #: Eager attention materialises per layer and head a seq_len x seq_len score matrix. Inference: the scores,
 #: the masked scores, the fp32 softmax and its copy in the dtype (the H200 measured 28.4 vs 19.2 GiB for
@@ -97,9 +99,23 @@ def sdpa_math(info: Any, act_bytes: int) -> bool:
 
 
 #: Adafactor (transformers 5.17 optimization.py:1221-1276) steps each parameter with fp32 temporaries: the
-#: gradient in fp32, the parameter in fp32 (for bf16 weights), and ``update``: three fp32 copies of the
-#: largest parameter (the embedding or output head) at the step's peak.
-ADAFACTOR_STEP_FP32_COPIES = 3
+#: gradient in fp32 (1220-1221), the parameter in fp32 for bf16 weights (1252-1254), and ``update = (grad**2)
+#: + eps`` (1261), where ``grad**2`` and the sum are alive together (the later ``update`` reassignments hold
+#: two at once too): four fp32 copies of the largest parameter (the embedding or output head) at the step's
+#: peak. Measured on the H200 (benchmarks/results/2026-12-01-h200/run7-memtrain2): the step added 9.29 GiB
+#: above weights + gradients for the Qwen3-8B shape (4.0 x its 2.32 GiB fp32 embedding) and 2.44 GiB for the
+#: 0.6B shape (4.2 x 0.58 GiB).
+ADAFACTOR_STEP_FP32_COPIES = 4
+
+#: Tied input embedding and output head, every parameter trained: the head's gradient is the tied weight's
+#: ``.grad`` from the start of backward, and the embedding's dense gradient (vocab x hidden) arrives at its
+#: end, when every other gradient exists, and is accumulated into it. Measured on the H200 (run7-memtrain2,
+#: Qwen3-0.6B shape, tied, 512 tokens, where this phase is the peak): with bf16 weights sgd, paged 8-bit AdamW
+#: and 8-bit AdamW peaked 0.66-0.70 GiB above weights + gradients + optimizer states + one layer, with fp32
+#: master weights (fused AdamW) 0.58 GiB: about one fp32 vocab x hidden matrix (0.58 GiB) whatever the
+#: weights' dtype, plus transients already counted. The untied Qwen3-8B shape peaked at exactly weights +
+#: gradients (sgd: 30.58 = 15.32 + 15.26 GiB): no such term. Bytes per vocab x hidden element.
+TIED_GRAD_EXTRA_BYTES = 4
 
 #: Optimizers cudaload plans with, in transformers' TrainingArguments(optim=...) vocabulary.
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd")
@@ -271,6 +287,8 @@ class TrainingPhases:
     loss: int
     layer: int
     cache: int = 0
+    #: alive with every gradient at the end of backward (a tied embedding's incoming gradient, TIED_GRAD_...)
+    grads_end: int = 0
 
     def peak(self, grads: int, step: int, accumulate: bool) -> tuple[int, int]:
         """(activation bytes, optimizer-step excess) so that weights + states + gradients + both is the peak.
@@ -283,9 +301,9 @@ class TrainingPhases:
         fwd = self.cache + self.kept + self.loss
         bwd = max(self.kept, 0) + self.layer
         if accumulate:
-            act = max(fwd, bwd)
+            act = max(fwd, bwd, self.layer + self.grads_end)
             return act, max(step - act, 0)
-        top = max(fwd, bwd, grads + self.layer)
+        top = max(fwd, bwd, grads + self.layer + self.grads_end)
         act = max(top - grads, 0)
         return act, max(grads + step - top, 0)
 
@@ -515,6 +533,13 @@ def breakdown(
             notes.append(
                 f"gradients persist across {gradient_accumulation_steps} micro-steps: they add to the forward"
             )
+        if intent == "training" and s.tied_embeddings:
+            tied = TIED_GRAD_EXTRA_BYTES * s.vocab_size * hidden
+            phases = dataclasses.replace(phases, grads_end=tied)
+            notes.append(
+                f"gradients: the tied embedding's gradient arrives last and is accumulated into the head's: "
+                f"{tied / GiB:.2f} GiB with every other gradient alive"
+            )
         act, terms["optimizer_step"] = phases.peak(grads, step, accumulate)
         terms["activations"] = act
         # what a split keeps per layer: its checkpointed inputs (never more than the phase peak)
@@ -527,7 +552,7 @@ def breakdown(
     terms["adapters"] = adapters
     # the caching allocator's reserved-but-unusable bytes at a training step's peak (ALLOCATOR_SLACK_PER_LOGIT)
     terms["allocator_slack"] = (
-        batch_size * seq_len * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT
+        int(batch_size * seq_len * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT)
         if training and info.can_generate
         else 0
     )

@@ -502,7 +502,7 @@ def suggestions(
                 # smallest count that places: the model's bytes bound it below; then place() decides
                 bd = estimate_with(seq_len=s)
                 room = max(per_gpu - bd.every_device, 1)
-                n = max(len(caps.gpus) + 1, bd.model_bytes // room)
+                n = max(len(caps.gpus) + 1, int(bd.model_bytes // room))
                 while n <= MAX_SUGGESTED_GPUS and not fits(replicate_gpus(caps, n), seq_len=s):
                     n += 1
                 return n if n <= MAX_SUGGESTED_GPUS else None
