@@ -47,6 +47,41 @@ def test_prefetch_covers_every_byte(tmp_path: Path, mode: str) -> None:
     assert s["bytes"] == sum(sizes) and s["error"] is None and s["seconds"] is not None
 
 
+def test_read_mode_skips_what_the_page_cache_holds(tmp_path: Path) -> None:
+    """A warm checkpoint is not copied again; an evicted one is read (where this machine can evict)."""
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(os.urandom(3 * 4096 + 5))
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        res = prefetch._Residency(fd, os.path.getsize(f))
+        if res.addr is None:
+            pytest.skip("no mmap/mincore through libc here")
+        with open(f, "rb") as fh:
+            fh.read()  # every page cached
+        assert res.resident(0, 3 * 4096 + 5) and res.resident(4096 + 7, 10)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        evicted = res.resident(0, 3 * 4096 + 5) is False
+        res.close()
+    finally:
+        os.close(fd)
+    with open(f, "rb") as fh:
+        fh.read()
+    p = prefetch.Prefetch([str(f)], mode="read").start()
+    for t in p._workers:
+        t.join(timeout=30)
+    s = p.summary()
+    assert s["bytes"] == s["resident_bytes"] == 3 * 4096 + 5
+    if evicted:  # fadvise(DONTNEED) worked on this file system: the read mode reads it back
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        p = prefetch.Prefetch([str(f)], mode="read").start()
+        for t in p._workers:
+            t.join(timeout=30)
+        assert p.summary()["resident_bytes"] == 0 and p.summary()["bytes"] == 3 * 4096 + 5
+
+
 def test_limit_caps_what_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefetch, "CHUNK_BYTES", 4096)
     _touch(tmp_path / "model.safetensors", 5 * 4096)

@@ -136,7 +136,13 @@ def explain(plan: Plan) -> str:
             done = f"in {pre['seconds']:.3f} s" if pre.get("seconds") is not None else "still running"
             out.append(
                 f"    prefetch ({pre.get('mode')}): {pre.get('bytes', 0) / 1e9:.2f} GB of {pre.get('files')} "
-                f"files asked into the page cache {done}" + (f"; {pre['error']}" if pre.get("error") else "")
+                f"files asked into the page cache {done}"
+                + (
+                    f" ({pre['resident_bytes'] / 1e9:.2f} GB of it already there, not read again)"
+                    if pre.get("resident_bytes")
+                    else ""
+                )
+                + (f"; {pre['error']}" if pre.get("error") else "")
             )
         if ver.get("fa4_compile_cache"):
             out.append(f"    {ver['fa4_compile_cache']}")

@@ -65,6 +65,58 @@ def available_bytes() -> int | None:
     return None
 
 
+_LOW_BIT = bytes(i & 1 for i in range(256))
+
+
+class _Residency:
+    """Whether a file range is already in the page cache: ``mincore`` on a mapping of the file (mapping reads
+    nothing). A warm checkpoint is then not copied again by the ``read`` mode, which would cost a core and
+    memory bandwidth while the imports run. None (unknown) where libc's mmap/mincore cannot be called."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        import ctypes
+        import mmap
+
+        self.addr: int | None = None
+        self.size = size
+        self.page = mmap.PAGESIZE
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            ]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        except (OSError, AttributeError):
+            return
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) if size else None
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return
+        self.libc, self.ctypes, self.addr = libc, ctypes, addr
+
+    def resident(self, off: int, n: int) -> bool | None:
+        if self.addr is None or n <= 0:
+            return None
+        start = off - off % self.page  # mincore wants a page-aligned address
+        pages = (off + n - start + self.page - 1) // self.page
+        vec = (self.ctypes.c_ubyte * pages)()
+        if self.libc.mincore(self.ctypes.c_void_p(self.addr + start), off + n - start, vec) != 0:
+            return None
+        # bit 0 of each byte: the page is resident (the other bits are reserved)
+        return b"\x00" not in bytes(vec).translate(_LOW_BIT)
+
+    def close(self) -> None:
+        if self.addr is not None:
+            self.libc.munmap(self.ctypes.c_void_p(self.addr), self.size)
+            self.addr = None
+
+
 @dataclass
 class Prefetch:
     """Background read-ahead of ``files``. ``start()`` returns at once; ``summary()`` says what it did."""
@@ -76,6 +128,8 @@ class Prefetch:
     started_at: float = 0.0
     done_at: float | None = None
     advised_bytes: int = 0
+    #: of advised_bytes, what the read mode found in the page cache already and did not copy
+    resident_bytes: int = 0
     error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _workers: list[threading.Thread] = field(default_factory=list, repr=False)
@@ -126,6 +180,7 @@ class Prefetch:
 
     def _run(self, work: list[tuple[str, int, int]], remaining: list[int]) -> None:
         fds: dict[str, int] = {}
+        maps: dict[str, _Residency] = {}
         buf = bytearray(16 << 20) if self.mode == "read" else None
         try:
             for f, off, n in work:
@@ -134,8 +189,13 @@ class Prefetch:
                 fd = fds.get(f)
                 if fd is None:
                     fd = fds[f] = os.open(f, os.O_RDONLY)
+                if buf is not None and f not in maps:
+                    maps[f] = _Residency(fd, os.fstat(fd).st_size)
                 if buf is None:
                     os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+                elif maps[f].resident(off, n):
+                    with self._lock:
+                        self.resident_bytes += n
                 else:
                     view = memoryview(buf)
                     pos = 0
@@ -150,6 +210,8 @@ class Prefetch:
             with self._lock:
                 self.error = f"{type(e).__name__}: {e}"
         finally:
+            for m in maps.values():
+                m.close()
             for fd in fds.values():
                 os.close(fd)
             with self._lock:
@@ -167,6 +229,7 @@ class Prefetch:
                 "mode": self.mode,
                 "files": len(self.files),
                 "bytes": self.advised_bytes,
+                "resident_bytes": self.resident_bytes,
                 "seconds": None if self.done_at is None else round(self.done_at - self.started_at, 4),
                 "error": self.error,
             }
