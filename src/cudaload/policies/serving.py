@@ -196,12 +196,25 @@ class CacheShape:
         return 2 * self.layers * self.page * self.dtype_bytes
 
 
-def eager_score_bytes(dtype_bytes: int) -> int:
-    """Bytes per attention score that ``paged|eager`` holds at its peak (5.17 integrations/eager_paged.py): the
-    masked scores in the model dtype (:60-62), their float32 softmax and its cast back to the model dtype (:75,
-    ``softmax(..., dtype=torch.float32).to(query.dtype)``: the three are alive together while the cast runs; for a
-    float32 model the cast is a no-op)."""
-    return dtype_bytes + 4 + (0 if dtype_bytes == 4 else dtype_bytes)
+def _eager_score_phases(dtype: str) -> tuple[int, int]:
+    """Bytes per attention score alive at paged|eager's softmax and at its cast back (5.17 eager_paged.py:75,
+    ``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``), the masked scores of :60-62 alive
+    throughout. torch's ``softmax(input, dim, dtype)`` (aten/src/ATen/native/SoftMax.cpp) has a fused
+    half-to-float kernel for float16 on CUDA only; any other input is first converted (``input_.toType(dtype)``,
+    a float32 copy) and then softmaxed into a second float32 tensor. The cast of a float32 result to float32 is a
+    no-op."""
+    b = dtype_bytes(dtype)
+    if dtype == "float32":
+        return 4 + 4, 4 + 4  # the conversion returns the input itself
+    if dtype == "float16":
+        return b + 4, b + 4 + b  # fused half_to_float: one float32 tensor
+    return b + 4 + 4, b + 4 + b  # bfloat16 and the rest: the float32 copy and the float32 softmax
+
+
+def eager_score_bytes(dtype: str) -> int:
+    """Bytes per attention score that ``paged|eager`` holds at its peak: 10 for bfloat16 (the scores, their float32
+    copy and the float32 softmax), 8 for float16 on CUDA and for float32 (see :func:`_eager_score_phases`)."""
+    return max(_eager_score_phases(dtype))
 
 
 def pad_to_interval(size: int, interval: int, cap: int) -> int:
@@ -237,27 +250,30 @@ def warmup_keys(*, cache_tokens: int, max_batch_tokens: int) -> tuple[int, int]:
 
 
 def masked_step_transient(
-    *, heads: int, kv_heads: int, head_dim: int, dtype_bytes: int, q_tokens: int, keys: int, eager: bool
+    *, heads: int, kv_heads: int, head_dim: int, dtype: str, q_tokens: int, keys: int, eager: bool
 ) -> dict[str, int]:
     """Bytes one layer of a masked paged attention step allocates beyond the cache and the static mask (5.17):
 
     * ``gathered_kv``: K and V read from the cache for every key (cache.py:434-435, ``index_select``);
     * ``repeated_kv``: both expanded to every query head (``repeat_kv``: expand + reshape copies, eager_paged.py:
       15-16, 49-50; sdpa_paged.py:94-95, 128-130); the gathered copies die as each is repeated;
-    * eager only: ``scores`` (matmul * scaling, + mask: eager_paged.py:60-62, model dtype), ``softmax_fp32``
-      (:75) and ``softmax_cast`` (:75, ``.to(query.dtype)``);
-    * ``peak``: the largest live set: the repeat of V (gathered V + both repeated), or eager's softmax cast
-      (both repeated + the three score tensors)."""
-    b = dtype_bytes
+    * eager only: ``scores`` (matmul * scaling, + mask: eager_paged.py:60-62, model dtype), ``softmax_fp32`` (one
+      float32 tensor of the same shape, eager_paged.py:75; ``fp32_at_softmax`` of them alive at once, see
+      :func:`_eager_score_phases`) and ``softmax_cast`` (``.to(query.dtype)``, same line);
+    * ``peak``: the largest live set: the repeat of V (gathered V + both repeated), or eager's softmax or cast
+      (both repeated + the score tensors alive then)."""
+    b = dtype_bytes(dtype)
     per_key = keys * head_dim * b
     terms = {"gathered_kv": 2 * kv_heads * per_key, "repeated_kv": 2 * heads * per_key}
     peak = (2 * heads + kv_heads) * per_key
     if eager:
         n = heads * q_tokens * keys
+        at_softmax, _ = _eager_score_phases(dtype)
         terms["scores"] = n * b
         terms["softmax_fp32"] = n * 4
-        terms["softmax_cast"] = 0 if b == 4 else n * b
-        peak = max(peak, terms["repeated_kv"] + n * eager_score_bytes(b))
+        terms["fp32_at_softmax"] = (at_softmax - (b if dtype != "float32" else 0)) // 4
+        terms["softmax_cast"] = 0 if dtype == "float32" else n * b
+        peak = max(peak, terms["repeated_kv"] + n * eager_score_bytes(dtype))
     terms["peak"] = peak
     return terms
 
@@ -643,10 +659,13 @@ def _batch_ladder(m_top: int) -> list[int]:
     return out
 
 
-def _score_dtype_text(dtype_bytes: int) -> str:
-    names = {2: "16-bit", 4: "fp32", 1: "8-bit"}
-    d = names.get(dtype_bytes, f"{dtype_bytes}-byte")
-    return f"{d} scores, fp32 softmax" + ("" if dtype_bytes == 4 else f" and its {d} cast")
+def _score_dtype_text(dtype: str) -> str:
+    if dtype == "float32":
+        return "fp32 scores and their fp32 softmax"
+    if dtype == "float16":
+        return "fp16 scores, their fp32 softmax and its fp16 cast"
+    short = {"bfloat16": "bf16"}.get(dtype, dtype)
+    return f"{short} scores, their fp32 copy and fp32 softmax (torch converts before the softmax, SoftMax.cpp)"
 
 
 def choose_batch_tokens(
@@ -659,6 +678,7 @@ def choose_batch_tokens(
     need_tokens: int | None,
     goal_tokens: int | None,
     batch_size: int | None = None,
+    dtype: str = "bfloat16",
 ) -> Decision:
     """``max_batch_tokens``. ``budget(m)``: bytes the cache and the batch buffers may take beside a step of ``m``
     tokens. Kernels that hold no scores take ``m_top`` (transformers' default, or the declared work when smaller).
@@ -682,7 +702,7 @@ def choose_batch_tokens(
         return Decision(str(m_top), (why,), (Candidate(str(m_top), True, (why,)),))
 
     plain = replace(shape, score_bytes=0)
-    kind = _score_dtype_text(shape.dtype_bytes)
+    kind = _score_dtype_text(dtype)
     cands: list[Candidate] = []
     reach_goal: str | None = None
     reach_need: str | None = None
@@ -762,8 +782,8 @@ def _eager_to_sdpa(att: Decision, why: str) -> Decision:
     return Decision(
         "paged|sdpa",
         (
-            f"the attention decision's eager in its paged form does not fit: {why}; paged|sdpa computes the same "
-            "masked attention in a fused kernel that holds no scores",
+            f"paged|eager (the attention decision's eager, paged) does not fit: {why}; paged|sdpa computes the "
+            "same masked attention in a fused kernel that holds no scores",
         ),
         cands,
     )
@@ -831,7 +851,7 @@ def plan_serving(
         # counted for every version: masked kernels really hold the expanded K/V of every key the batch reads
         # (sdpa_paged.py repeat_kv); 5.17's check leaves it out, which only makes its check pass more easily
         repeated_kv_peak=True,
-        score_bytes=eager_score_bytes(b) if kind == "paged|eager" else 0,
+        score_bytes=eager_score_bytes(dtype) if kind == "paged|eager" else 0,
     )
     if info.sliding_layers:
         notes.append(
@@ -891,6 +911,7 @@ def plan_serving(
         need_tokens=need_tokens,
         goal_tokens=goal_tokens,
         batch_size=batch_size,
+        dtype=dtype,
     )
     if bt_dec.choice is None:
         floor = _batch_ladder(m_top)[-1]
@@ -914,6 +935,7 @@ def plan_serving(
                 need_tokens=need_tokens,
                 goal_tokens=goal_tokens,
                 batch_size=batch_size,
+                dtype=dtype,
             )
         else:
             bt_dec = Decision(
@@ -1083,7 +1105,7 @@ def plan_serving(
             heads=heads,
             kv_heads=kv_heads,
             head_dim=s.head_dim,
-            dtype_bytes=b,
+            dtype=dtype,
             q_tokens=q_w,
             keys=k_w,
             eager=shape.score_bytes > 0,
@@ -1091,8 +1113,8 @@ def plan_serving(
         parts = f"repeated K/V {tr['repeated_kv'] / GiB:.2f} GiB"
         if shape.score_bytes:
             parts += (
-                f", scores {tr['scores'] / GiB:.2f} + fp32 softmax {tr['softmax_fp32'] / GiB:.2f} + cast "
-                f"{tr['softmax_cast'] / GiB:.2f} GiB"
+                f", scores {tr['scores'] / GiB:.2f} GiB + {tr['fp32_at_softmax']} x fp32 "
+                f"{tr['softmax_fp32'] / GiB:.2f} GiB at the softmax"
             )
         notes.append(
             f"{kind} per-layer transient at the largest step ({q_w:,} queries x {k_w:,} keys, the graph warm-up's "
