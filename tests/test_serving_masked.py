@@ -64,7 +64,9 @@ def _fits_by_the_formula(s: sv.ServingPlan, dtype: str = "bfloat16") -> tuple[in
     mask = io * m * (n + m) * 2  # the static 4D mask, one per IO set (input_outputs.py:185-190)
     kv = n * s.kv_bytes_per_token
     mem = s.memory
-    used = mem["weights"] + mem["cuda_context"] + mem["working_set"] + mem["headroom"] + kv + mask + tr["peak"]
+    used = (
+        mem["weights"] + mem["cuda_context"] + mem["working_set"] + mem["headroom"] + kv + mask + tr["peak"]
+    )
     return used, mem["device"]
 
 
@@ -229,7 +231,9 @@ def test_eager_on_the_h200_lowers_max_batch_tokens_until_the_scores_fit() -> Non
     s = _eager_plan(H200, seq_len=2304, batch_size=64)
     assert s.attention.choice == "paged|eager" and s.attn_implementation == "paged|eager"
     # the same declared work as the measured run: every request fits at once, as with sdpa
-    sdpa = cudaload.plan(full_config("Qwen3-0.6B"), hardware=H200, intent="serving", seq_len=2304, batch_size=64)
+    sdpa = cudaload.plan(
+        full_config("Qwen3-0.6B"), hardware=H200, intent="serving", seq_len=2304, batch_size=64
+    )
     assert sdpa.serving is not None
     assert s.num_blocks == sdpa.serving.num_blocks == RUN7_BLOCKS
     assert sdpa.serving.max_batch_tokens == RUN7_M
@@ -244,7 +248,9 @@ def test_eager_on_the_h200_lowers_max_batch_tokens_until_the_scores_fit() -> Non
     assert used <= device, (used / GiB, device / GiB)
     # the plan's own sum agrees: the scores are inside cache_and_buffers
     m = s.memory
-    assert m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["cache_and_buffers"] <= device
+    assert (
+        m["weights"] + m["cuda_context"] + m["working_set"] + m["headroom"] + m["cache_and_buffers"] <= device
+    )
     # the measured settings, counted the same way, do not fit the same device
     crashed = replace(s, max_batch_tokens=RUN7_M)
     used_crashed, _ = _fits_by_the_formula(crashed)
@@ -324,10 +330,13 @@ def test_footprint_counts_the_scores_as_the_formula_does() -> None:
     assert sv.eager_score_bytes("bfloat16") == 10
     assert sv.eager_score_bytes("float16") == 8 and sv.eager_score_bytes("float32") == 8
     for m, n in ((8192, 192_512), (2048, 192_512), (256, 1_000_000)):
+
         def peaks(shape: sv.CacheShape, m: int = m, n: int = n) -> list[int]:
             return [
                 cn * n + cm * m + cmn * m * n + cmm * m * m
-                for cm, cn, cmn, cmm in sv.footprint_coefficients(shape, io_multiplier=1, max_blocks_per_request=0)
+                for cm, cn, cmn, cmm in sv.footprint_coefficients(
+                    shape, io_multiplier=1, max_blocks_per_request=0
+                )
             ]
 
         lm_p, attn_p = peaks(plain)
@@ -357,7 +366,9 @@ def test_settle_keeps_the_scores_inside_the_measured_free_memory() -> None:
     )
     io = 2 if s.async_batching.choice == "on" else 1
     block = int(s.block_size.choice or 0)
-    planned = sv.footprint(shape, s.max_batch_tokens, s.cache_tokens, io_multiplier=io, max_blocks_per_request=0)
+    planned = sv.footprint(
+        shape, s.max_batch_tokens, s.cache_tokens, io_multiplier=io, max_blocks_per_request=0
+    )
     assert planned == s.memory["cache_and_buffers"]
     free = s.memory["working_set"] + s.memory["headroom"] + planned // 3
     tight = sv.settle(s, free)

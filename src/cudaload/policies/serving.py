@@ -665,7 +665,7 @@ def _score_dtype_text(dtype: str) -> str:
     if dtype == "float16":
         return "fp16 scores, their fp32 softmax and its fp16 cast"
     short = {"bfloat16": "bf16"}.get(dtype, dtype)
-    return f"{short} scores, their fp32 copy and fp32 softmax (torch converts before the softmax, SoftMax.cpp)"
+    return f"{short} scores, their fp32 copy and the fp32 softmax: torch converts first, SoftMax.cpp"
 
 
 def choose_batch_tokens(
@@ -691,15 +691,15 @@ def choose_batch_tokens(
     ``choice`` None: no M holds the declared need (or, undeclared, any cache at all)."""
     if shape.score_bytes == 0:
         if m_top == TF_DEFAULT_MAX_BATCH_TOKENS:
-            why = f"transformers' default ({TF_DEFAULT_MAX_BATCH_TOKENS}, cache.py:579)"
+            top = f"transformers' default ({TF_DEFAULT_MAX_BATCH_TOKENS}, cache.py:579)"
         else:
-            why = (
+            top = (
                 f"the declared work holds {m_top} tokens, fewer than transformers' default "
                 f"{TF_DEFAULT_MAX_BATCH_TOKENS} (cache.py:579)"
             )
         if shape.masked:
-            why += "; the masked kernel holds no scores, so the step's size only moves the mask (counted)"
-        return Decision(str(m_top), (why,), (Candidate(str(m_top), True, (why,)),))
+            top += "; the masked kernel holds no scores, so the step's size only moves the mask (counted)"
+        return Decision(str(m_top), (top,), (Candidate(str(m_top), True, (top,)),))
 
     plain = replace(shape, score_bytes=0)
     kind = _score_dtype_text(dtype)
@@ -749,17 +749,24 @@ def choose_batch_tokens(
                 + ("" if ok else ": more than the cache they serve")
             ]
         if ok and batch_size is not None and mm < batch_size:
-            why.append(f"at most {mm} requests per step (transformers caps them at the batch, initialization.py:286)")
+            why.append(
+                f"at most {mm} requests per step (transformers caps them at the batch, initialization.py:286)"
+            )
         cands.append(Candidate(str(mm), ok, tuple(why)))
     pick = reach_goal or reach_need
     if pick is None:
-        if need_tokens is None and cands and solve_cache_tokens(
-            shape,
-            int(cands[-1].name),
-            max(budget(int(cands[-1].name)), 0),
-            io_multiplier=io_multiplier,
-            max_blocks_per_request=max_blocks_per_request,
-        ) > 0:
+        if (
+            need_tokens is None
+            and cands
+            and solve_cache_tokens(
+                shape,
+                int(cands[-1].name),
+                max(budget(int(cands[-1].name)), 0),
+                io_multiplier=io_multiplier,
+                max_blocks_per_request=max_blocks_per_request,
+            )
+            > 0
+        ):
             # no declared work: the smallest step still leaves a cache; it is the most paged|eager can do
             last = cands[-1]
             return Decision(
@@ -767,7 +774,9 @@ def choose_batch_tokens(
                 (f"paged|eager: the smallest step transformers allows; {last.reasons[0]}",),
                 tuple(cands),
             )
-        return Decision(None, ("paged|eager's scores leave no room for the cache at any step size",), tuple(cands))
+        return Decision(
+            None, ("paged|eager's scores leave no room for the cache at any step size",), tuple(cands)
+        )
     chosen = next(c for c in cands if c.name == pick)
     lowered = f"max_batch_tokens lowered from {m_top} to {pick}: " if pick != str(m_top) else ""
     return Decision(pick, (f"paged|eager: {lowered}{chosen.reasons[0]}",), tuple(cands))
@@ -872,7 +881,13 @@ def plan_serving(
     def working(mm: int) -> int:
         return int(
             memory_estimate(
-                info, dtype=dtype, quantization=quantization, intent="inference", seq_len=mm, batch_size=1, attn="sdpa"
+                info,
+                dtype=dtype,
+                quantization=quantization,
+                intent="inference",
+                seq_len=mm,
+                batch_size=1,
+                attn="sdpa",
             )["activations"]
         )
 
@@ -1053,11 +1068,7 @@ def plan_serving(
                 f"a {seq_len}-token request needs {per_request_tokens:,} cache tokens "
                 f"({per_request_tokens * shape.kv_bytes_per_token / GiB:.1f} GiB of KV), the device holds "
                 f"{fill:,} ({fill * shape.kv_bytes_per_token / GiB:.1f} GiB) after the weights"
-                + (
-                    f" and paged|eager's scores at max_batch_tokens {m}"
-                    if shape.score_bytes
-                    else ""
-                ),
+                + (f" and paged|eager's scores at max_batch_tokens {m}" if shape.score_bytes else ""),
                 fix=f"declare a shorter seq_len (at most {max(fill - block, 0):,}), quantize the weights "
                 "(quantization='nf4'), or serve over more GPUs (tensor parallel)"
                 + (
