@@ -43,18 +43,21 @@ model_runner.py:86, and warms up at the largest shape, model_runner.py:241-244):
   their copies repeated to every query head (``repeat_kv``, eager_paged.py:15-16 called at :49-50; sdpa_paged.py:
   94-95 called at :128-130), 2 x K x heads x head_dim, in the model dtype;
 * ``paged|eager`` also: the scores ``matmul(query, key^T) * scaling`` and ``+ mask`` (eager_paged.py:60-62),
-  heads x q x K in the model dtype, the float32 softmax of them and its cast back (eager_paged.py:75), alive
-  together: heads x q x K x (2 x dtype + 4) bytes. The measured OOM (Qwen3-0.6B, block 256 x 752 blocks, 8192
-  batch tokens, H200, benchmarks/results/2026-12-01-h200/run7-serving/serving2.log:15,19) is this softmax:
-  16 x 8192 x (65,536 padded + 8192) x 4 B = 36.00 GiB in a step, 16 x 8192 x (192,512 + 8192) x 4 B = 98.00 GiB
-  in the warm-up;
+  heads x q x K in the model dtype, then ``softmax(..., dtype=torch.float32).to(query.dtype)`` (eager_paged.py:75).
+  torch converts a bfloat16 input to a float32 copy before the softmax writes a second float32 tensor (its fused
+  half-to-float kernel is for float16 on CUDA only: aten/src/ATen/native/SoftMax.cpp, ``softmax``), so bfloat16
+  holds 2 + 4 + 4 = 10 bytes a score at the softmax (float16 and float32: 8; :func:`eager_score_bytes`). The
+  measured OOM (Qwen3-0.6B, block 256 x 752 blocks, 8192 batch tokens, H200,
+  benchmarks/results/2026-12-01-h200/run7-serving/serving2.log:15,19) is one of those float32 tensors:
+  16 x 8192 x (65,536 padded + 8192) x 4 B = 36.00 GiB in a step (the only padded shape that gives 36.00),
+  16 x 8192 x (192,512 + 8192) x 4 B = 98.00 GiB in the warm-up;
 * ``paged|sdpa``: torch's fused kernels for a masked call (cuDNN, memory-efficient) hold no scores.
 
 transformers' own memory check (cache.py:565-814) counts neither the repeated K/V (5.17) nor the scores; the plan
 counts both.
 
-Bad input never reaches an out-of-memory crash: a declared request longer than the whole KV budget is a
-:class:`~cudaload.errors.DoesNotFitError` at planning time; more concurrent requests than blocks is a warning,
+Bad input never reaches an out-of-memory crash: a declared request longer than the whole KV budget (beside
+``paged|eager``'s scores where it runs) is a :class:`~cudaload.errors.DoesNotFitError` at planning time; more concurrent requests than blocks is a warning,
 because transformers' scheduler queues requests until blocks free up (scheduler.py:122-143, 253-265).
 """
 
@@ -683,7 +686,7 @@ def choose_batch_tokens(
     """``max_batch_tokens``. ``budget(m)``: bytes the cache and the batch buffers may take beside a step of ``m``
     tokens. Kernels that hold no scores take ``m_top`` (transformers' default, or the declared work when smaller).
 
-    ``paged|eager`` materialises heads x M x (N + M) scores at (2 x dtype + 4) bytes each per layer step
+    ``paged|eager`` materialises heads x M x (N + M) scores at :func:`eager_score_bytes` each per layer step
     (:func:`masked_step_transient`), N the cache tokens: the largest M from ``m_top`` down (halving, not below
     transformers' 256) whose scores fit beside the cache the declared work needs (``need_tokens``; its scheduler
     margin ``goal_tokens`` when some M holds that too) or, with no declared work, beside a cache at least as large
