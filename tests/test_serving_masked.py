@@ -193,7 +193,9 @@ def test_the_formula_matches_the_live_tensors_of_transformers_own_eager_paged_at
     import transformers
 
     if not transformers.__version__.startswith("5.17."):
-        pytest.skip("drives 5.17's PagedAttentionCache.update (5.22 moved the read-back into cache allocators)")
+        pytest.skip(
+            "drives 5.17's PagedAttentionCache.update (5.22 moved the read-back into cache allocators)"
+        )
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.integrations.eager_paged import eager_paged_attention_forward
 
@@ -393,3 +395,29 @@ def test_the_graphs_reasons_quote_the_measured_masked_steps_not_the_floor_as_a_s
     assert "bandwidth floor" in text and "on the GPU" not in text
     assert "90.7 ms" in text and "run7-serving" in text
     assert "not measured apart" in text
+
+
+def test_the_loaded_model_takes_sdpa_where_the_serving_plan_replaced_eager() -> None:
+    """transformers pages the model's own attention when the manager starts (continuous_api.py:651-683): the
+    fallback only holds if the loaded model runs sdpa."""
+    pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from cudaload.execute import _attach_serving
+    from cudaload.testing import tiny_config
+
+    config = tiny_config("qwen3")
+    p = cudaload.plan(config, intent="serving", attn="eager", seq_len=64, batch_size=4)
+    assert (
+        p.serving is not None and p.serving.attention.choice == "paged|eager"
+    )  # no GPU: nothing to run out of
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    verified: dict[str, Any] = {}
+    kept = _attach_serving(model, p, verified)
+    assert model.config._attn_implementation == "eager" and "serving_attention" not in verified
+    switched = replace(
+        p, serving=replace(p.serving, attention=sv._eager_to_sdpa(p.serving.attention, "test"))
+    )
+    _attach_serving(model, switched, verified)
+    assert model.config._attn_implementation == "sdpa" and verified["serving_attention"] == "sdpa"
+    assert kept.serving is not None and kept.serving.num_blocks == p.serving.num_blocks
