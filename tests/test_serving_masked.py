@@ -421,3 +421,28 @@ def test_the_loaded_model_takes_sdpa_where_the_serving_plan_replaced_eager() -> 
     _attach_serving(model, switched, verified)
     assert model.config._attn_implementation == "sdpa" and verified["serving_attention"] == "sdpa"
     assert kept.serving is not None and kept.serving.num_blocks == p.serving.num_blocks
+
+
+def test_the_transient_benchmark_smoke_run_measures_the_formula_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import importlib.util
+    import json
+
+    import transformers
+
+    if not transformers.__version__.startswith("5.17."):
+        pytest.skip("the benchmark's stub cache drives 5.17's PagedAttentionCache.update")
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_masked_transient.py"
+    spec = importlib.util.spec_from_file_location("bench_masked_transient", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "masked_transient.json").read_text())
+    assert len(res["cases"]) == len(mod.SMOKE_CASES)
+    for e in res["cases"]:
+        eager = e["eager"]
+        # transformers' own eager forward allocates exactly what the plan counts
+        assert eager["peak_bytes"] == eager["formula_bytes"] and eager["n"] == 2
+        assert e["sdpa"]["peak_bytes"] > 0 and e["sdpa"]["ms_median"] > 0
+    assert "| eager |" in (tmp_path / "masked_transient.md").read_text()
