@@ -476,6 +476,13 @@ def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
 
     section = plan.serving
     assert section is not None
+    # transformers pages the model's current attention at the manager's start (continuous_api.py:651-683): where
+    # the serving policy replaced paged|eager by paged|sdpa for memory, the model takes sdpa so that it does
+    base = (section.attention.choice or "").removeprefix("paged|")
+    current = getattr(model.config, "_attn_implementation", None)
+    if base in ("sdpa", "eager") and current in ("sdpa", "eager") and current != base:
+        model.set_attn_implementation(base)
+        verified["serving_attention"] = base
     device = getattr(model, "device", None)
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)

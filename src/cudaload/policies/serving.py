@@ -16,8 +16,11 @@ Decided here, each as a :class:`~cudaload.decision.Decision` with every candidat
   (continuous_batching/utils.py:54-56, ``attn_mask_is_needed``); flash does not.
 * ``cuda_graphs``: transformers' own rule turns graphs on iff no mask is needed (continuous_batching/
   initialization.py:228-247): padded shapes cost masked kernels more. cudaload decides with the numbers instead:
-  on when an eager step is launch-bound (host launch cost of the layers > 1.5 x the padded GPU step) and the
-  capture cost is repaid by the expected run.
+  on when the host's launches for a step exceed 1.5 x the step's padded bandwidth floor (weights and KV read
+  once) and the capture cost is repaid by the expected run. The floor is not the step time: masked paged steps
+  measured 90 ms (Qwen3-0.6B, 64 requests) against a 0.25 ms weights-only bound on the H200
+  (benchmarks/results/2026-12-01-h200/run5-serving, run7-serving, run8-serving); what graphs measurably bring is
+  quoted from there, not estimated.
 * ``async_batching``: double-buffered inputs so the host prepares batch n+1 while the GPU runs batch n
   (``use_async_batching``, configuration_utils.py:1774-1778; transformers defaults it to graphs-and-no-mask,
   initialization.py:252-267). It doubles the IO tensors (cache.py:609, ``io_multiplier``), so it is on only with
@@ -28,15 +31,40 @@ Decided here, each as a :class:`~cudaload.decision.Decision` with every candidat
   (cache.py:565-814, ``PagedAttentionMemoryHandler``), so transformers' own ``_check_footprint`` (cache.py:733-742)
   accepts them.
 
-Bad input never reaches an out-of-memory crash: a declared request longer than the whole KV budget is a
-:class:`~cudaload.errors.DoesNotFitError` at planning time; more concurrent requests than blocks is a warning,
+* ``max_batch_tokens``: transformers' default (8192, cache.py:579) or the declared work when smaller; for
+  ``paged|eager`` lowered until the attention scores it materialises fit beside the cache (below), else the plan
+  switches to ``paged|sdpa`` or refuses.
+
+The masked paths' per-layer transient (5.17; K = the keys one step attends, at most cache tokens + batch tokens,
+the mask's width, input_outputs.py:185-190, 472; with graphs transformers pads the KV read to 16384-token steps,
+model_runner.py:86, and warms up at the largest shape, model_runner.py:241-244):
+
+* both: the K/V gathered from the cache (``index_select``, cache.py:434-435), 2 x K x kv_heads x head_dim, and
+  their copies repeated to every query head (``repeat_kv``, eager_paged.py:15-16 called at :49-50; sdpa_paged.py:
+  94-95 called at :128-130), 2 x K x heads x head_dim, in the model dtype;
+* ``paged|eager`` also: the scores ``matmul(query, key^T) * scaling`` and ``+ mask`` (eager_paged.py:60-62),
+  heads x q x K in the model dtype, then ``softmax(..., dtype=torch.float32).to(query.dtype)`` (eager_paged.py:75).
+  torch converts a bfloat16 input to a float32 copy before the softmax writes a second float32 tensor (its fused
+  half-to-float kernel is for float16 on CUDA only: aten/src/ATen/native/SoftMax.cpp, ``softmax``), so bfloat16
+  holds 2 + 4 + 4 = 10 bytes a score at the softmax (float16 and float32: 8; :func:`eager_score_bytes`). The
+  measured OOM (Qwen3-0.6B, block 256 x 752 blocks, 8192 batch tokens, H200,
+  benchmarks/results/2026-12-01-h200/run7-serving/serving2.log:15,19) is one of those float32 tensors:
+  16 x 8192 x (65,536 padded + 8192) x 4 B = 36.00 GiB in a step (the only padded shape that gives 36.00),
+  16 x 8192 x (192,512 + 8192) x 4 B = 98.00 GiB in the warm-up;
+* ``paged|sdpa``: torch's fused kernels for a masked call (cuDNN, memory-efficient) hold no scores.
+
+transformers' own memory check (cache.py:565-814) counts neither the repeated K/V (5.17) nor the scores; the plan
+counts both.
+
+Bad input never reaches an out-of-memory crash: a declared request longer than the whole KV budget (beside
+``paged|eager``'s scores where it runs) is a :class:`~cudaload.errors.DoesNotFitError` at planning time; more concurrent requests than blocks is a warning,
 because transformers' scheduler queues requests until blocks free up (scheduler.py:122-143, 253-265).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,6 +100,22 @@ HEADROOM_MIN = 1 * GiB
 #: 36-layer 8B shape, both against a < 4 ms bandwidth floor (/work/shared/device/README.md, 2026-11-29), i.e.
 #: ~2.1-2.4 ms per layer of launch-bound host work. A measured figure passed as ``launch_s_per_layer`` wins.
 H200_LAUNCH_S_PER_LAYER = 2.0e-3
+#: What the masked paged path measured on the H200 (torch 2.11, transformers 5.17, no flash-attn; 64 requests,
+#: prompts 128-2048, 128-256 new tokens; benchmarks/bench_serving.py). Quoted in the graphs decision's reasons so
+#: that its bandwidth-floor estimate is not read as the step time.
+MEASURED_MASKED_STEPS = (
+    "paged|sdpa with graphs on the H200, 64 requests: a decode step took 89.9-90.7 ms for the Qwen3-0.6B shape "
+    "against a 0.248 ms weights-only bound, 144 ms for the 8B against 3.41 ms; "
+    "benchmarks/results/2026-12-01-h200/run5-serving, run7-serving, run8-serving"
+)
+MEASURED_PLAN_VS_DEFAULTS = (
+    "measured on the H200 (run5/7/8-serving): this plan (graphs and async on, 752 blocks sized to the work) 467-477 "
+    "tok/s for the 0.6B shape and 280 for the 8B; transformers' continuous-batching defaults (resolved in "
+    "run7-serving: graphs and async off for the mask, initialization.py:229-267; 3,802 blocks from "
+    "max_memory_percent 0.9) 347-355 and 252. The plan with torch's cuDNN attention switched off decoded as slowly "
+    "as the defaults (141 vs 144 ms a step, 304 tok/s, run8-serving): which of the differences carries the gain is "
+    "not measured apart"
+)
 #: graphs must make the step at least this much faster to be worth their padding
 GRAPH_SPEEDUP_MIN = 1.5
 #: a capture runs the forward twice (a warm run, then the capture: 5.17 continuous_batching/model_runner.py:145-155
@@ -140,6 +184,9 @@ class CacheShape:
     # (generation/continuous_batching/cache.py, 5.22.2 :575-578, 5.24 :582-586: kv_heads_at_peak =
     # 2 * heads + kv_heads, else 2 * kv_heads)
     repeated_kv_peak: bool = False
+    # bytes per element of the [heads, q, K] scores paged|eager holds at its softmax (eager_score_bytes); 0 for
+    # kernels that materialise none. transformers' check leaves them out; the plan counts them.
+    score_bytes: int = 0
 
     @property
     def page(self) -> int:
@@ -150,6 +197,88 @@ class CacheShape:
     def kv_bytes_per_token(self) -> int:
         """K and V of one token in every layer (cache.py:771: 2 * group_size * page_size * dtype, one group)."""
         return 2 * self.layers * self.page * self.dtype_bytes
+
+
+def _eager_score_phases(dtype: str) -> tuple[int, int]:
+    """Bytes per attention score alive at paged|eager's softmax and at its cast back (5.17 eager_paged.py:75,
+    ``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``), the masked scores of :60-62 alive
+    throughout. torch's ``softmax(input, dim, dtype)`` (aten/src/ATen/native/SoftMax.cpp) has a fused
+    half-to-float kernel for float16 on CUDA only; any other input is first converted (``input_.toType(dtype)``,
+    a float32 copy) and then softmaxed into a second float32 tensor. The cast of a float32 result to float32 is a
+    no-op."""
+    b = dtype_bytes(dtype)
+    if dtype == "float32":
+        return 4 + 4, 4 + 4  # the conversion returns the input itself
+    if dtype == "float16":
+        return b + 4, b + 4 + b  # fused half_to_float: one float32 tensor
+    return b + 4 + 4, b + 4 + b  # bfloat16 and the rest: the float32 copy and the float32 softmax
+
+
+def eager_score_bytes(dtype: str) -> int:
+    """Bytes per attention score that ``paged|eager`` holds at its peak: 10 for bfloat16 (the scores, their float32
+    copy and the float32 softmax), 8 for float16 on CUDA and for float32 (see :func:`_eager_score_phases`)."""
+    return max(_eager_score_phases(dtype))
+
+
+def pad_to_interval(size: int, interval: int, cap: int) -> int:
+    """transformers' padding of a graph shape (5.17 continuous_batching/utils.py:59-64)."""
+    if interval <= 0:
+        return cap
+    padded = math.ceil(size / interval) * interval if size > 0 else interval
+    return min(padded, cap)
+
+
+def step_keys(
+    q_tokens: int, kv_read: int, *, cache_tokens: int, max_batch_tokens: int, graphs: bool
+) -> tuple[int, int]:
+    """(query tokens, keys attended) of one varlen step as transformers 5.17 shapes it: with graphs the query is
+    padded to 64-token steps and the KV read to 16384-token steps, capped at the batch and the cache
+    (model_runner.py:78-91); the attention reads the KV plus the new tokens (input_outputs.py:472, ``kv_size``)."""
+    if graphs:
+        q_tokens = pad_to_interval(q_tokens, TF_Q_PADDING, max_batch_tokens)
+        kv_read = pad_to_interval(kv_read, TF_KV_PADDING, cache_tokens)
+    return q_tokens, kv_read + q_tokens
+
+
+def warmup_keys(*, cache_tokens: int, max_batch_tokens: int) -> tuple[int, int]:
+    """The largest step, which transformers' graph warm-up runs first "to get the biggest pool" (5.17
+    model_runner.py:241-244: max_batch_tokens queries over the whole cache less them)."""
+    return step_keys(
+        max_batch_tokens,
+        cache_tokens - max_batch_tokens,
+        cache_tokens=cache_tokens,
+        max_batch_tokens=max_batch_tokens,
+        graphs=True,
+    )
+
+
+def masked_step_transient(
+    *, heads: int, kv_heads: int, head_dim: int, dtype: str, q_tokens: int, keys: int, eager: bool
+) -> dict[str, int]:
+    """Bytes one layer of a masked paged attention step allocates beyond the cache and the static mask (5.17):
+
+    * ``gathered_kv``: K and V read from the cache for every key (cache.py:434-435, ``index_select``);
+    * ``repeated_kv``: both expanded to every query head (``repeat_kv``: expand + reshape copies, eager_paged.py:
+      15-16, 49-50; sdpa_paged.py:94-95, 128-130); the gathered copies die as each is repeated;
+    * eager only: ``scores`` (matmul * scaling, + mask: eager_paged.py:60-62, model dtype), ``softmax_fp32`` (one
+      float32 tensor of the same shape, eager_paged.py:75; ``fp32_at_softmax`` of them alive at once, see
+      :func:`_eager_score_phases`) and ``softmax_cast`` (``.to(query.dtype)``, same line);
+    * ``peak``: the largest live set: the repeat of V (gathered V + both repeated), or eager's softmax or cast
+      (both repeated + the score tensors alive then)."""
+    b = dtype_bytes(dtype)
+    per_key = keys * head_dim * b
+    terms = {"gathered_kv": 2 * kv_heads * per_key, "repeated_kv": 2 * heads * per_key}
+    peak = (2 * heads + kv_heads) * per_key
+    if eager:
+        n = heads * q_tokens * keys
+        at_softmax, _ = _eager_score_phases(dtype)
+        terms["scores"] = n * b
+        terms["softmax_fp32"] = n * 4
+        terms["fp32_at_softmax"] = (at_softmax - (b if dtype != "float32" else 0)) // 4
+        terms["softmax_cast"] = 0 if dtype == "float32" else n * b
+        peak = max(peak, terms["repeated_kv"] + n * eager_score_bytes(dtype))
+    terms["peak"] = peak
+    return terms
 
 
 def footprint_coefficients(
@@ -171,9 +300,12 @@ def footprint_coefficients(
         attn_n = max(attn_n, at_peak * s.head_dim * a)
     io_m = k * 7 * i + k * 1 * i + k * groups * max_blocks_per_request * i + k * groups * 8 + k * groups * 8
     cn_base = s.kv_bytes_per_token + k * groups * 8
+    # eager's scores over M queries and K = N + M keys (masked_step_transient): M*N and M^2 terms of the attention
+    # peak only; not doubled by async batching (one compute stream runs one step at a time)
+    sc = s.heads * s.score_bytes
     return [
-        (dm + io_m, dn + cn_base, k * masks * a, k * masks * a)
-        for dm, dn in ((lm_head_m, 0), (attn_m, attn_n))
+        (dm + io_m, dn + cn_base, k * masks * a + dsc, k * masks * a + dsc)
+        for dm, dn, dsc in ((lm_head_m, 0, 0), (attn_m, attn_n, sc))
     ]
 
 
@@ -226,6 +358,7 @@ class ServingPlan:
     concurrent_requests: int | None = None  # declared requests (seq_len long) that fit at once
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    batch_tokens: Decision | None = None  # max_batch_tokens and why (None in plans saved before it existed)
 
     @property
     def cache_tokens(self) -> int:
@@ -277,6 +410,7 @@ class ServingPlan:
             "concurrent_requests": self.concurrent_requests,
             "notes": list(self.notes),
             "warnings": list(self.warnings),
+            "batch_tokens": self.batch_tokens.to_dict() if self.batch_tokens is not None else None,
             "continuous_batching_config": self.continuous_batching_config(),
         }
 
@@ -298,16 +432,20 @@ class ServingPlan:
             concurrent_requests=d.get("concurrent_requests"),
             notes=tuple(d.get("notes", ())),
             warnings=tuple(d.get("warnings", ())),
+            batch_tokens=Decision.from_dict(d["batch_tokens"]) if d.get("batch_tokens") else None,
         )
 
     def explain_lines(self) -> list[str]:
         out = ["serving (transformers continuous batching):"]
-        for label, dec in (
+        decisions = [
             ("attention", self.attention),
             ("cuda graphs", self.cuda_graphs),
             ("async batching", self.async_batching),
             ("block size", self.block_size),
-        ):
+        ]
+        if self.batch_tokens is not None:
+            decisions.append(("max batch tokens", self.batch_tokens))
+        for label, dec in decisions:
             out.append(f"  {label}: {dec.choice}" + (f"  ({'; '.join(dec.reasons)})" if dec.reasons else ""))
             for c in dec.candidates:
                 if c.name != dec.choice:
@@ -483,8 +621,8 @@ def decide_graphs(
         on_why.append("no CUDA device (transformers turns graphs off there too, initialization.py:210-217)")
     else:
         step = (
-            f"eager step ~{eager * 1e3:.1f} ms of launches ({layers} layers x {launch_s_per_layer * 1e3:.1f} ms) "
-            f"vs ~{gpu_padded * 1e3:.1f} ms on the GPU with graph padding"
+            f"~{eager * 1e3:.1f} ms of host launches a step ({layers} layers x {launch_s_per_layer * 1e3:.1f} ms) "
+            f"vs a bandwidth floor of ~{gpu_padded * 1e3:.1f} ms with graph padding (weights and the KV read once)"
         )
         if not masked:
             on_why.append("no attention mask: padding to graph shapes is cheap (transformers' own default)")
@@ -492,7 +630,11 @@ def decide_graphs(
             ok_on = False
             on_why.append(f"{step}: not launch-bound enough to repay the padding of a masked kernel")
         else:
-            on_why.append(f"{step}: launch-bound, the graph replay removes the launches")
+            on_why.append(
+                f"{step}: launch-bound by this estimate; the graph replay removes the launches, not the GPU work. "
+                f"Measured, masked steps run far above the floor ({MEASURED_MASKED_STEPS})"
+            )
+            on_why.append(MEASURED_PLAN_VS_DEFAULTS)
         if ok_on and expected_steps is not None and saving > 0 and expected_steps < est["break_even_steps"]:
             ok_on = False
             on_why.append(
@@ -508,6 +650,155 @@ def decide_graphs(
     cands = (Candidate("on", ok_on, tuple(on_why)), Candidate("off", True, tuple(off_why)))
     choice = "on" if ok_on else "off"
     return Decision(choice, tuple(on_why), cands), est
+
+
+def _batch_ladder(m_top: int) -> list[int]:
+    """max_batch_tokens candidates: the top, halved down to transformers' floor of 256 (cache.py:578)."""
+    out = [m_top]
+    while out[-1] // 2 >= TF_MIN_MAX_BATCH_TOKENS:
+        out.append(out[-1] // 2)
+    if out[-1] > TF_MIN_MAX_BATCH_TOKENS:
+        out.append(TF_MIN_MAX_BATCH_TOKENS)
+    return out
+
+
+def _score_dtype_text(dtype: str) -> str:
+    if dtype == "float32":
+        return "fp32 scores and their fp32 softmax"
+    if dtype == "float16":
+        return "fp16 scores, their fp32 softmax and its fp16 cast"
+    short = {"bfloat16": "bf16"}.get(dtype, dtype)
+    return f"{short} scores, their fp32 copy and the fp32 softmax: torch converts first, SoftMax.cpp"
+
+
+def choose_batch_tokens(
+    shape: CacheShape,
+    *,
+    m_top: int,
+    budget: Callable[[int], int],
+    io_multiplier: int,
+    max_blocks_per_request: int,
+    need_tokens: int | None,
+    goal_tokens: int | None,
+    batch_size: int | None = None,
+    dtype: str = "bfloat16",
+) -> Decision:
+    """``max_batch_tokens``. ``budget(m)``: bytes the cache and the batch buffers may take beside a step of ``m``
+    tokens. Kernels that hold no scores take ``m_top`` (transformers' default, or the declared work when smaller).
+
+    ``paged|eager`` materialises heads x M x (N + M) scores at :func:`eager_score_bytes` each per layer step
+    (:func:`masked_step_transient`), N the cache tokens: the largest M from ``m_top`` down (halving, not below
+    transformers' 256) whose scores fit beside the cache the declared work needs (``need_tokens``; its scheduler
+    margin ``goal_tokens`` when some M holds that too) or, with no declared work, beside a cache at least as large
+    as the scores themselves (a transient larger than the cache it serves holds fewer requests than it could).
+    ``choice`` None: no M holds the declared need (or, undeclared, any cache at all)."""
+    if shape.score_bytes == 0:
+        if m_top == TF_DEFAULT_MAX_BATCH_TOKENS:
+            top = f"transformers' default ({TF_DEFAULT_MAX_BATCH_TOKENS}, cache.py:579)"
+        else:
+            top = (
+                f"the declared work holds {m_top} tokens, fewer than transformers' default "
+                f"{TF_DEFAULT_MAX_BATCH_TOKENS} (cache.py:579)"
+            )
+        if shape.masked:
+            top += "; the masked kernel holds no scores, so the step's size only moves the mask (counted)"
+        return Decision(str(m_top), (top,), (Candidate(str(m_top), True, (top,)),))
+
+    plain = replace(shape, score_bytes=0)
+    kind = _score_dtype_text(dtype)
+    cands: list[Candidate] = []
+    reach_goal: str | None = None
+    reach_need: str | None = None
+    for mm in _batch_ladder(m_top):
+        b = max(budget(mm), 0)
+        n_fit = solve_cache_tokens(
+            shape, mm, b, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
+        )
+        n_plan = min(n_fit, goal_tokens) if goal_tokens is not None else n_fit
+        keys = (need_tokens if need_tokens is not None and n_fit < need_tokens else n_plan) + mm
+        scores = shape.heads * mm * keys * shape.score_bytes
+        head = (
+            f"scores of {mm:,} x {keys:,} keys x {shape.heads} heads = {scores / GiB:.1f} GiB per layer step "
+            f"({kind}, eager_paged.py:60-75)"
+        )
+        if need_tokens is not None:
+            if n_fit >= need_tokens:
+                ok = True
+                why = [f"{head} fit beside the {n_plan:,}-token cache the declared work needs"]
+                if goal_tokens is not None and n_fit >= goal_tokens and reach_goal is None:
+                    reach_goal = str(mm)
+                if reach_need is None:
+                    reach_need = str(mm)
+            else:
+                ok = False
+                left = b - footprint(
+                    plain,
+                    mm,
+                    need_tokens,
+                    io_multiplier=io_multiplier,
+                    max_blocks_per_request=max_blocks_per_request,
+                )
+                why = [
+                    f"{head}, more than the {max(left, 0) / GiB:.1f} GiB left beside the {need_tokens:,}-token cache "
+                    f"the declared work needs (the device holds {n_fit:,} tokens beside them)"
+                ]
+        else:
+            kv = n_fit * shape.kv_bytes_per_token
+            ok = n_fit > 0 and scores <= kv
+            if ok and reach_need is None:
+                reach_need = str(mm)
+            why = [
+                f"{head} beside a {n_fit:,}-token cache ({kv / GiB:.1f} GiB)"
+                + ("" if ok else ": more than the cache they serve")
+            ]
+        if ok and batch_size is not None and mm < batch_size:
+            why.append(
+                f"at most {mm} requests per step (transformers caps them at the batch, initialization.py:286)"
+            )
+        cands.append(Candidate(str(mm), ok, tuple(why)))
+    pick = reach_goal or reach_need
+    if pick is None:
+        if (
+            need_tokens is None
+            and cands
+            and solve_cache_tokens(
+                shape,
+                int(cands[-1].name),
+                max(budget(int(cands[-1].name)), 0),
+                io_multiplier=io_multiplier,
+                max_blocks_per_request=max_blocks_per_request,
+            )
+            > 0
+        ):
+            # no declared work: the smallest step still leaves a cache; it is the most paged|eager can do
+            last = cands[-1]
+            return Decision(
+                last.name,
+                (f"paged|eager: the smallest step transformers allows; {last.reasons[0]}",),
+                tuple(cands),
+            )
+        return Decision(
+            None, ("paged|eager's scores leave no room for the cache at any step size",), tuple(cands)
+        )
+    chosen = next(c for c in cands if c.name == pick)
+    lowered = f"max_batch_tokens lowered from {m_top} to {pick}: " if pick != str(m_top) else ""
+    return Decision(pick, (f"paged|eager: {lowered}{chosen.reasons[0]}",), tuple(cands))
+
+
+def _eager_to_sdpa(att: Decision, why: str) -> Decision:
+    """The attention decision after paged|eager is rejected for memory: paged|sdpa, with the reason recorded."""
+    cands = tuple(
+        replace(c, ok=False, reasons=(*c.reasons, f"rejected: {why}")) if c.name == "paged|eager" else c
+        for c in att.candidates
+    )
+    return Decision(
+        "paged|sdpa",
+        (
+            f"paged|eager (the attention decision's eager, paged) does not fit: {why}; paged|sdpa computes the "
+            "same masked attention in a fused kernel that holds no scores",
+        ),
+        cands,
+    )
 
 
 def plan_serving(
@@ -535,7 +826,8 @@ def plan_serving(
     notes: list[str] = []
     warnings: list[str] = []
 
-    att = choose_paged_attention(attention_choice, supports_sdpa=bool(getattr(info, "supports_sdpa", True)))
+    supports_sdpa = bool(getattr(info, "supports_sdpa", True))
+    att = choose_paged_attention(attention_choice, supports_sdpa=supports_sdpa)
     paged = att.choice or "paged|sdpa"
     kind = _PAGED.get(_kind(paged), paged)
     masked = kind in _MASKED
@@ -571,6 +863,7 @@ def plan_serving(
         # counted for every version: masked kernels really hold the expanded K/V of every key the batch reads
         # (sdpa_paged.py repeat_kv); 5.17's check leaves it out, which only makes its check pass more easily
         repeated_kv_peak=True,
+        score_bytes=eager_score_bytes(dtype) if kind == "paged|eager" else 0,
     )
     if info.sliding_layers:
         notes.append(
@@ -580,27 +873,100 @@ def plan_serving(
     bs_dec = choose_block_size(kind, seq_len)
     block = int(bs_dec.choice or TF_DEFAULT_BLOCK_SIZE)
 
-    # --- the largest batch in tokens: transformers' default, never more than the declared work
-    m = TF_DEFAULT_MAX_BATCH_TOKENS
-    if seq_len is not None and batch_size is not None:
-        m = min(m, max(TF_MIN_MAX_BATCH_TOKENS, seq_len * batch_size))
-    max_blocks_req = 0
-    if fast:
-        # the block table's width: enough blocks for the longest declared request (initialization.py:88-92)
-        max_blocks_req = (math.ceil(seq_len / block) + 1) if seq_len else 32
-        max_blocks_req += max_blocks_req % 2
-
-    # --- memory per device: weights, context, one layer's working set at the largest batch, headroom
+    # --- memory per device: weights, context, headroom, and one layer's working set at the largest batch
     w_dev = weights_bytes // tp
-    work = memory_estimate(
-        info, dtype=dtype, quantization=quantization, intent="inference", seq_len=m, batch_size=1, attn="sdpa"
-    )["activations"]
     has_cuda = device_total is not None
     total = device_total if device_total is not None else (device_budget or 0)
     budget_dev = device_budget if device_budget is not None else total
     headroom = max(HEADROOM_MIN, int(HEADROOM_FRACTION * total)) if total else HEADROOM_MIN
     ctx = CUDA_CONTEXT_BYTES if has_cuda else 0
-    cache_budget = budget_dev - w_dev - ctx - work - headroom
+
+    def working(mm: int) -> int:
+        return int(
+            memory_estimate(
+                info,
+                dtype=dtype,
+                quantization=quantization,
+                intent="inference",
+                seq_len=mm,
+                batch_size=1,
+                attn="sdpa",
+            )["activations"]
+        )
+
+    def cache_budget_at(mm: int) -> int:
+        """What the cache and the batch buffers may take beside a step of ``mm`` batch tokens."""
+        return budget_dev - w_dev - ctx - working(mm) - headroom
+
+    # the declared need, in tokens: every request padded to whole blocks, plus one (initialization.py:91)
+    need_tokens = None
+    per_request_tokens = None
+    goal_tokens = None
+    if seq_len is not None:
+        per_request_tokens = (math.ceil(seq_len / block) + 1) * block
+        need_tokens = per_request_tokens * (batch_size or 1)
+        # with the FIFO scheduler's 15% admission margin, in whole blocks (never below the need: a multiple of them)
+        goal_tokens = math.ceil(need_tokens / (1 - TF_FIFO_SAFETY_MARGIN)) // block * block
+
+    # --- the largest batch in tokens: transformers' default, never more than the declared work; for paged|eager
+    # no more than its scores leave room for
+    m_top = TF_DEFAULT_MAX_BATCH_TOKENS
+    if seq_len is not None and batch_size is not None:
+        m_top = min(m_top, max(TF_MIN_MAX_BATCH_TOKENS, seq_len * batch_size))
+    max_blocks_req = 0
+    if fast:
+        # the block table's width: enough blocks for the longest declared request (initialization.py:88-92)
+        max_blocks_req = (math.ceil(seq_len / block) + 1) if seq_len else 32
+        max_blocks_req += max_blocks_req % 2
+    if not has_cuda:
+        shape = replace(shape, score_bytes=0)  # no device to run out of: the host cache is sized to the work
+    bt_dec = choose_batch_tokens(
+        shape,
+        m_top=m_top,
+        budget=cache_budget_at,
+        io_multiplier=1,
+        max_blocks_per_request=max_blocks_req,
+        need_tokens=need_tokens,
+        goal_tokens=goal_tokens,
+        batch_size=batch_size,
+        dtype=dtype,
+    )
+    if bt_dec.choice is None:
+        floor = _batch_ladder(m_top)[-1]
+        if supports_sdpa:
+            why = (
+                f"its scores leave no room for the cache the declared work needs ({need_tokens:,} tokens) even at "
+                f"max_batch_tokens {floor}"
+                if need_tokens is not None
+                else f"its scores leave no room for a cache even at max_batch_tokens {floor}"
+            )
+            att = _eager_to_sdpa(att, why)
+            paged = kind = "paged|sdpa"
+            shape = replace(shape, score_bytes=0)
+            notes.append(f"paged|eager rejected: {why}; planned for paged|sdpa (no scores held)")
+            bt_dec = choose_batch_tokens(
+                shape,
+                m_top=m_top,
+                budget=cache_budget_at,
+                io_multiplier=1,
+                max_blocks_per_request=max_blocks_req,
+                need_tokens=need_tokens,
+                goal_tokens=goal_tokens,
+                batch_size=batch_size,
+                dtype=dtype,
+            )
+        else:
+            bt_dec = Decision(
+                str(floor),
+                (
+                    f"the model has no sdpa: paged|eager at the smallest batch transformers allows ({floor}); the "
+                    "cache holds fewer requests than declared",
+                ),
+                bt_dec.candidates,
+            )
+    m = int(bt_dec.choice or m_top)
+    work = working(m)
+    cache_budget = cache_budget_at(m)
     mem = {
         "device": budget_dev,
         "weights": w_dev,
@@ -608,13 +974,6 @@ def plan_serving(
         "working_set": work,
         "headroom": headroom,
     }
-
-    # the declared need, in tokens: every request padded to whole blocks, plus one (initialization.py:91)
-    need_tokens = None
-    per_request_tokens = None
-    if seq_len is not None:
-        per_request_tokens = (math.ceil(seq_len / block) + 1) * block
-        need_tokens = per_request_tokens * (batch_size or 1)
 
     def cache_tokens_for(io: int) -> int:
         return solve_cache_tokens(
@@ -650,8 +1009,9 @@ def plan_serving(
     )
     if has_cuda:
         notes.append(
-            "step estimate: eager {eager_step_ms:.1f} ms, GPU {gpu_step_ms:.1f} ms, with graph padding "
-            "{graph_step_ms:.1f} ms; ~{graphs:.0f} graphs".format(**est)
+            "step estimate: host launches {eager_step_ms:.1f} ms, bandwidth floor {gpu_step_ms:.1f} ms, with graph "
+            "padding {graph_step_ms:.1f} ms (a floor, not the step time: see the graphs decision); "
+            "~{graphs:.0f} graphs".format(**est)
             + f" (HBM {bw / 1e12:.2f} TB/s for {gpu_name or 'an unknown GPU'})"
         )
 
@@ -710,15 +1070,21 @@ def plan_serving(
             raise DoesNotFitError(
                 f"a {seq_len}-token request needs {per_request_tokens:,} cache tokens "
                 f"({per_request_tokens * shape.kv_bytes_per_token / GiB:.1f} GiB of KV), the device holds "
-                f"{fill:,} ({fill * shape.kv_bytes_per_token / GiB:.1f} GiB) after the weights",
+                f"{fill:,} ({fill * shape.kv_bytes_per_token / GiB:.1f} GiB) after the weights"
+                + (f" and paged|eager's scores at max_batch_tokens {m}" if shape.score_bytes else ""),
                 fix=f"declare a shorter seq_len (at most {max(fill - block, 0):,}), quantize the weights "
-                "(quantization='nf4'), or serve over more GPUs (tensor parallel)",
+                "(quantization='nf4'), or serve over more GPUs (tensor parallel)"
+                + (
+                    "; or install flash-attn (paged|flash_attention_2 holds neither the mask nor the scores)"
+                    if shape.score_bytes
+                    else ""
+                ),
             )
         concurrent_fit = fill // per_request_tokens if per_request_tokens else None
         if need_tokens <= fill:
             # the declared work fits: the cache is sized to it (a larger one only costs masked kernels their
             # mask and the warm-up capture over the whole cache), with the FIFO scheduler's 15% admission margin
-            cache_tokens = min(fill, math.ceil(need_tokens / (1 - TF_FIFO_SAFETY_MARGIN)))
+            cache_tokens = min(fill, goal_tokens or need_tokens)
             notes.append(
                 f"cache sized to the declared {batch_size} x {seq_len} tokens (+{TF_FIFO_SAFETY_MARGIN:.0%} for the "
                 f"scheduler's admission margin, scheduler.py:337); the device could hold {fill:,} tokens"
@@ -736,14 +1102,41 @@ def plan_serving(
 
     max_req: int | None = None
     if batch_size is not None:
-        max_req = min(batch_size, TF_MAX_REQUESTS)
+        # transformers caps the requests of a step at its tokens (initialization.py:286)
+        max_req = min(batch_size, TF_MAX_REQUESTS, m)
     # transformers checks (total - reserved) * max_memory_percent >= footprint (cache.py:643-649, 733-742): pass
     # the fraction our headroom leaves, so the check and this plan agree
     pct = round(1.0 - HEADROOM_FRACTION, 3)
     mem["cache_and_buffers"] = footprint(
         shape, m, num_blocks * block, io_multiplier=io, max_blocks_per_request=max_blocks_req
     )
+    # the part that does not grow with the cache (batch IO, the mask's and eager's scores' M^2 terms): settle()
+    # scales only the rest
+    mem["batch_buffers"] = footprint(shape, m, 0, io_multiplier=io, max_blocks_per_request=max_blocks_req)
+    if masked and has_cuda:
+        q_w, k_w = warmup_keys(cache_tokens=num_blocks * block, max_batch_tokens=m)
+        tr = masked_step_transient(
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=s.head_dim,
+            dtype=dtype,
+            q_tokens=q_w,
+            keys=k_w,
+            eager=shape.score_bytes > 0,
+        )
+        parts = f"repeated K/V {tr['repeated_kv'] / GiB:.2f} GiB"
+        if shape.score_bytes:
+            parts += (
+                f", scores {tr['scores'] / GiB:.2f} GiB + {tr['fp32_at_softmax']} x fp32 "
+                f"{tr['softmax_fp32'] / GiB:.2f} GiB at the softmax"
+            )
+        notes.append(
+            f"{kind} per-layer transient at the largest step ({q_w:,} queries x {k_w:,} keys, the graph warm-up's "
+            f"shape, model_runner.py:241-244): peak {tr['peak'] / GiB:.2f} GiB ({parts}), counted in "
+            "cache_and_buffers; transformers' own check leaves it out"
+        )
     return ServingPlan(
+        batch_tokens=bt_dec,
         attention=att,
         attn_implementation=transformers_name(paged, transformers_version),
         cuda_graphs=graphs,
@@ -771,7 +1164,9 @@ def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0)
     if planned <= 0 or usable >= planned:
         return section
     block = int(section.block_size.choice or TF_DEFAULT_BLOCK_SIZE)
-    scale = max(usable, 0) / planned
+    # the footprint is linear in the cache at a fixed step: scale the part that grows with it
+    fixed = min(m.get("batch_buffers", 0), planned - 1)
+    scale = max(usable - fixed, 0) / (planned - fixed)
     blocks = max(1, int(section.num_blocks * scale))
     note = (
         f"measured {free_bytes / GiB:.1f} GiB free after loading, less than planned: "
@@ -780,7 +1175,7 @@ def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0)
     return replace(
         section,
         num_blocks=blocks,
-        memory={**m, "cache_and_buffers": int(planned * scale)},
+        memory={**m, "cache_and_buffers": fixed + int((planned - fixed) * scale)},
         notes=(*section.notes, note),
     )
 
