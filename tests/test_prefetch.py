@@ -82,6 +82,42 @@ def test_read_mode_skips_what_the_page_cache_holds(tmp_path: Path) -> None:
         assert p.summary()["resident_bytes"] == 0 and p.summary()["bytes"] == 3 * 4096 + 5
 
 
+def test_residency_is_unknown_where_the_kernel_hides_the_page_cache(tmp_path: Path) -> None:
+    """Linux (since 5.0, mm/mincore.c can_do_mincore) reports every page of a file mapping as resident unless the
+    caller owns the file or may write it: a checkpoint in a shared read-only model folder. Trusting that, the read
+    mode would skip every chunk of a cold checkpoint; the answer there is "unknown", so the chunk is read."""
+    if not hasattr(os, "fork") or os.geteuid() != 0:
+        pytest.skip("needs root to look at the file as another user")
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(os.urandom(4 * 4096))
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        mine = prefetch._Residency(fd, 4 * 4096)
+        if mine.addr is None or mine.resident(0, 4 * 4096) is not False:
+            mine.close()
+            pytest.skip("cannot evict or ask mincore on this file system")
+        mine.close()
+        pid = os.fork()
+        if pid == 0:  # the child: another user, no write permission, the fd inherited
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                other = prefetch._Residency(fd, 4 * 4096)
+                got = other.resident(0, 4 * 4096)
+                other.close()
+                code = {None: 0, True: 1, False: 2}[got]
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    # 1: the kernel's "all resident" was believed; 0: unknown, so the read mode reads the chunk
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_limit_caps_what_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefetch, "CHUNK_BYTES", 4096)
     _touch(tmp_path / "model.safetensors", 5 * 4096)

@@ -68,10 +68,27 @@ def available_bytes() -> int | None:
 _LOW_BIT = bytes(i & 1 for i in range(256))
 
 
+def _mincore_tells(fd: int) -> bool:
+    """Whether ``mincore`` reports the page cache of this file to this process. Linux (since 5.0) reports every
+    page of a file mapping as resident unless the caller owns the file or may open it for writing (mm/mincore.c,
+    ``can_do_mincore``: ``inode_owner_or_capable(...) || file_permission(vma->vm_file, MAY_WRITE) == 0``, else
+    ``memset(vec, 1, pages)``), so a checkpoint in a shared, read-only model folder would look warm when cold.
+    A capability the kernel would also accept (CAP_FOWNER without ownership) is not looked for: the range is
+    then read, as without mincore."""
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            return True
+        effective = os.access in os.supports_effective_ids  # the kernel checks the effective ids
+        return os.access(f"/proc/self/fd/{fd}", os.W_OK, effective_ids=effective)
+    except (OSError, ValueError, NotImplementedError):
+        return False
+
+
 class _Residency:
     """Whether a file range is already in the page cache: ``mincore`` on a mapping of the file (mapping reads
     nothing). A warm checkpoint is then not copied again by the ``read`` mode, which would cost a core and
-    memory bandwidth while the imports run. None (unknown) where libc's mmap/mincore cannot be called."""
+    memory bandwidth while the imports run. None (unknown) where libc's mmap/mincore cannot be called, or where
+    the kernel would not tell the truth (:func:`_mincore_tells`)."""
 
     def __init__(self, fd: int, size: int) -> None:
         import ctypes
@@ -80,6 +97,8 @@ class _Residency:
         self.addr: int | None = None
         self.size = size
         self.page = mmap.PAGESIZE
+        if not _mincore_tells(fd):
+            return
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.mmap.restype = ctypes.c_void_p
