@@ -171,6 +171,28 @@ def test_load_model_refuses_an_unknown_prefetch_mode_before_reading(tiny_model) 
     assert not [t for t in threading.enumerate() if t.name.startswith("cudaload-prefetch")]
 
 
+def test_a_plan_that_refuses_stops_the_prefetch(tiny_model, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The prefetch starts before the plan; a plan that refuses (here: the declared work does not fit the H200
+    snapshot) must not leave threads reading a checkpoint nobody will load."""
+    import cudaload
+    from cudaload.errors import DoesNotFitError
+
+    started: list[prefetch.Prefetch | None] = []
+    real = prefetch.start
+
+    def recorded(*args: object, **kwargs: object) -> prefetch.Prefetch | None:
+        p = real(*args, **kwargs)  # type: ignore[arg-type]
+        started.append(p)
+        return p
+
+    monkeypatch.setattr(prefetch, "start", recorded)
+    h200 = str(Path(__file__).resolve().parent / "fixtures" / "h200.json")
+    with pytest.raises(DoesNotFitError):
+        cudaload.load_model(str(tiny_model("qwen3")), hardware=h200, seq_len=10**9, batch_size=1)
+    assert len(started) == 1 and started[0] is not None
+    assert started[0]._stop.is_set()
+
+
 def test_explain_shows_where_the_seconds_went(tiny_model) -> None:  # type: ignore[no-untyped-def]
     import cudaload
 

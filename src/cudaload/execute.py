@@ -579,62 +579,69 @@ def load_model(
             subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
             variant=from_pretrained_kwargs.get("variant"),
         )
-    if caps is None:
-        caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation
-    phases.mark("detect")
-    # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the
-    # visible GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here.
-    broken = [f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS]
-    if broken:
+    # a refusal from here to the load (a broken GPU selection, a plan that does not fit, an import) must not
+    # leave the threads reading a checkpoint nobody will load
+    try:
+        if caps is None:
+            caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation
+        phases.mark("detect")
+        # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the
+        # visible GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here.
+        broken = [f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS]
+        if broken:
+            if pre is not None:
+                pre.stop()
+            raise DeviceSelectionError(
+                "the GPUs this process may use are misconfigured",
+                reasons=[f.message for f in broken],
+                fix="; ".join(dict.fromkeys(f.fix for f in broken)),
+            )
+        # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
+        # plan and the load use (the config machinery and modeling_utils, which imports most of it)
+        from transformers import AutoConfig, PreTrainedModel  # noqa: F401
+
+        phases.mark("import_transformers")
+        plan_kwargs: dict[str, Any] = dict(
+            hardware=caps,
+            intent=intent,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            attn=attn,
+            dtype=dtype,
+            quantization=quantization,
+            device_map=device_map,
+            max_memory=max_memory,
+            allow_offload=allow_offload,
+            kernels=kernels,
+            trust_kernels=trust_kernels,
+            model_class=model_class,
+            revision=from_pretrained_kwargs.get("revision"),
+            fast=fast,
+            new_tokens=new_tokens,
+            padded=padded,
+            from_pretrained_kwargs=from_pretrained_kwargs,
+        )
+        plan = make_plan(model, **plan_kwargs)
+        if tune:
+            plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
+        auto_class = resolve_auto_class(model_class, task, plan)
+        phases.mark("plan")
+        is_main = caps.distributed.rank in (None, 0)
+        logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
+
+        if plan.attention.choice in ("flash_attention_4", "kernels-community/flash-attn4"):
+            # FA4 JIT-compiles its kernels in every new process (~3 s on the H200) unless its persistent cache is
+            # on; cudaload turns it on under its own cache directory where the user has not set it (the variables
+            # are read once, when flash_attn.cute is first imported: so before the load imports it)
+            from .tuning import enable_fa4_compile_cache
+
+            fa4_cache_note = enable_fa4_compile_cache().note
+        else:
+            fa4_cache_note = None
+    except BaseException:
         if pre is not None:
             pre.stop()
-        raise DeviceSelectionError(
-            "the GPUs this process may use are misconfigured",
-            reasons=[f.message for f in broken],
-            fix="; ".join(dict.fromkeys(f.fix for f in broken)),
-        )
-    # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
-    # plan and the load use (the config machinery and modeling_utils, which imports most of it)
-    from transformers import AutoConfig, PreTrainedModel  # noqa: F401
-
-    phases.mark("import_transformers")
-    plan_kwargs: dict[str, Any] = dict(
-        hardware=caps,
-        intent=intent,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        attn=attn,
-        dtype=dtype,
-        quantization=quantization,
-        device_map=device_map,
-        max_memory=max_memory,
-        allow_offload=allow_offload,
-        kernels=kernels,
-        trust_kernels=trust_kernels,
-        model_class=model_class,
-        revision=from_pretrained_kwargs.get("revision"),
-        fast=fast,
-        new_tokens=new_tokens,
-        padded=padded,
-        from_pretrained_kwargs=from_pretrained_kwargs,
-    )
-    plan = make_plan(model, **plan_kwargs)
-    if tune:
-        plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
-    auto_class = resolve_auto_class(model_class, task, plan)
-    phases.mark("plan")
-    is_main = caps.distributed.rank in (None, 0)
-    logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
-
-    if plan.attention.choice in ("flash_attention_4", "kernels-community/flash-attn4"):
-        # FA4 JIT-compiles its kernels in every new process (~3 s on the H200) unless its persistent cache is
-        # on; cudaload turns it on under its own cache directory where the user has not set it (the variables
-        # are read once, when flash_attn.cute is first imported: so before the load imports it)
-        from .tuning import enable_fa4_compile_cache
-
-        fa4_cache_note = enable_fa4_compile_cache().note
-    else:
-        fa4_cache_note = None
+        raise
     before = _gpu_memory_snapshot()
     failure: CudaloadError | None = None
     loaded: Any = None
