@@ -112,6 +112,19 @@ def test_the_formula_reproduces_the_36_gib_step_and_the_98_gib_warmup_of_run7() 
     assert "scores" not in sdpa and sdpa["peak"] == (2 * 16 + 8) * 200_704 * 128 * 2 < 2 * GiB
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_terms_named_at_the_softmax_add_up_to_its_bytes(dtype: str) -> None:
+    """explain() prints "scores X GiB + k x fp32 Y GiB at the softmax": that sum is what _eager_score_phases
+    says is alive there (float32: the scores are the only copy, then one softmax tensor: 8 bytes, not 12)."""
+    tr = sv.masked_step_transient(
+        heads=4, kv_heads=2, head_dim=8, dtype=dtype, q_tokens=16, keys=100, eager=True
+    )
+    n = 4 * 16 * 100
+    at_softmax, at_cast = sv._eager_score_phases(dtype)
+    assert tr["scores"] + tr["fp32_at_softmax"] * tr["softmax_fp32"] == n * at_softmax
+    assert tr["peak"] == tr["repeated_kv"] + n * max(at_softmax, at_cast)
+
+
 def test_the_padding_is_transformers_own() -> None:
     pytest.importorskip("torch")
     import transformers

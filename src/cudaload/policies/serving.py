@@ -274,7 +274,8 @@ def masked_step_transient(
         at_softmax, _ = _eager_score_phases(dtype)
         terms["scores"] = n * b
         terms["softmax_fp32"] = n * 4
-        terms["fp32_at_softmax"] = (at_softmax - (b if dtype != "float32" else 0)) // 4
+        # float32 tensors beside the scores at the softmax (the scores themselves are the float32 one for float32)
+        terms["fp32_at_softmax"] = (at_softmax - b) // 4
         terms["softmax_cast"] = 0 if dtype == "float32" else n * b
         peak = max(peak, terms["repeated_kv"] + n * eager_score_bytes(dtype))
     terms["peak"] = peak
