@@ -193,6 +193,16 @@ def test_a_plan_that_refuses_stops_the_prefetch(tiny_model, monkeypatch: pytest.
     assert started[0]._stop.is_set()
 
 
+def test_load_model_documents_the_default_mode() -> None:
+    import re
+
+    import cudaload
+
+    doc = cudaload.load_model.__doc__ or ""
+    named = re.findall(r'``"(\w+)"`` \([^)]*\bthe default\b', doc)
+    assert named == [prefetch.DEFAULT_MODE]
+
+
 def test_explain_shows_where_the_seconds_went(tiny_model) -> None:  # type: ignore[no-untyped-def]
     import cudaload
 

@@ -3,10 +3,11 @@
 A fresh process spends ~3 s importing torch and 7-8 s importing transformers and the model's module before
 any load starts (H200, ``shared/device/README.md``); a cold 16 GB checkpoint takes ~11 s to read at the disk's
 1.5 GB/s. Done one after the other, the user waits for the sum. ``load_model()`` knows the checkpoint path
-before it imports anything heavy, so it starts a :class:`Prefetch` first: background threads ask the kernel
-to read the files (``posix_fadvise(POSIX_FADV_WILLNEED)``, which queues readahead and costs no copy into
-Python), so that by the time the loader reads, the bytes are in the page cache. With a warm cache the advice
-finds every page present and returns at once.
+before it imports anything heavy, so it starts a :class:`Prefetch` first: background threads read the files
+(mode ``read``, the default: ``preadv`` into one reused buffer, skipping ranges ``mincore`` says are resident)
+or ask the kernel to (mode ``willneed``: ``posix_fadvise(POSIX_FADV_WILLNEED)``, which queues readahead and
+costs no copy, but which the kernel throttled on the H200: see DEFAULT_MODE), so that by the time the loader
+reads, the bytes are in the page cache. With a warm cache both find every page present.
 
 Safety: never more than half the memory the kernel reports available is asked for (beyond that the
 prefetch would evict its own pages before they are used); the threads are daemons that stop at the first
