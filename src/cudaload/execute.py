@@ -465,8 +465,9 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
 def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     """intent="serving": the plan's cache settled against the memory free after loading (measured here, passed to
     the pure policy), then transformers' own ``ContinuousBatchingConfig`` at ``model.cudaload_cb_config`` for
-    ``generate_batch`` / ``continuous_batching_context_manager``. The model keeps its planned attention: at the
-    manager's start transformers switches it to the paged form (5.17 continuous_api.py:651-683) and back at stop."""
+    ``generate_batch`` / ``continuous_batching_context_manager``. At the manager's start transformers switches the
+    model's attention to its paged form (5.17 continuous_api.py:651-683) and back at stop, so the model keeps its
+    planned attention unless the serving plan replaced paged|eager by paged|sdpa: then it takes sdpa here."""
     from dataclasses import fields
 
     import torch
