@@ -257,6 +257,14 @@ def test_settle_shrinks_the_cache_to_measured_free_memory_never_grows_it() -> No
     assert plenty == s
     tight = sv.settle(s, planned // 2 + s.memory["working_set"] + s.memory["headroom"])
     assert 0 < tight.num_blocks < s.num_blocks and any("measured" in n for n in tight.notes)
+    # enough left for the 2304-token request it was planned for: settles; too little: refused, not an OOM later
+    assert sv.settle(s, planned // 2 + s.memory["working_set"] + s.memory["headroom"], longest_request=2304)
+    bare = s.memory["working_set"] + s.memory["headroom"] + s.memory.get("batch_buffers", 0)
+    with pytest.raises(DoesNotFitError, match="less than one 2,304-token request needs") as e:
+        sv.settle(s, bare + 100 * 1024, longest_request=2304)
+    assert "nvidia-smi" in (e.value.fix or "")
+    with pytest.raises(DoesNotFitError, match="less than one block needs"):
+        sv.settle(s, s.memory["working_set"])
 
 
 # -- the memory mirror agrees with transformers' own check ----------------------------------------------------

@@ -487,7 +487,7 @@ def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     device = getattr(model, "device", None)
     if device is not None and device.type == "cuda" and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(device)
-        section = settle(section, int(free))
+        section = settle(section, int(free), longest_request=plan.seq_len)
     names = [f.name for f in fields(ContinuousBatchingConfig)]
     kwargs = section.continuous_batching_config(names)
     model.cudaload_cb_config = ContinuousBatchingConfig(**kwargs)
@@ -697,7 +697,13 @@ def load_model(
     else:
         loaded.train()
     if plan.serving is not None:
-        plan = _attach_serving(loaded, plan, verified)
+        try:
+            plan = _attach_serving(loaded, plan, verified)
+        except DoesNotFitError:
+            # less is free after loading than serving needs: nothing is handed back, so nothing stays held
+            loaded = None
+            _release_memory()
+            raise
     plan = plan.with_verified(verified)
     loaded.cudaload_plan = plan
     logger.log(

@@ -1156,9 +1156,19 @@ def plan_serving(
     )
 
 
-def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0) -> ServingPlan:
+def settle(
+    section: ServingPlan,
+    free_bytes: int,
+    *,
+    reserved_by_model: int = 0,
+    longest_request: int | None = None,
+) -> ServingPlan:
     """The plan's cache against the device memory measured after loading (a fact, passed in): never larger
-    than planned, smaller when less is free than planned (another process, a bigger working set)."""
+    than planned, smaller when less is free than planned (another process, a bigger working set).
+
+    Raises DoesNotFitError when what is free cannot hold the batch buffers and one block, or a cache for one
+    ``longest_request`` (the declared seq_len): serving would then fail with an out-of-memory error at its first
+    step or never start that request, and the caller frees the model instead."""
     m = section.memory
     usable = free_bytes - m.get("working_set", 0) - m.get("headroom", 0) - reserved_by_model
     planned = m.get("cache_and_buffers", 0)
@@ -1168,7 +1178,20 @@ def settle(section: ServingPlan, free_bytes: int, *, reserved_by_model: int = 0)
     # the footprint is linear in the cache at a fixed step: scale the part that grows with it
     fixed = min(m.get("batch_buffers", 0), planned - 1)
     scale = max(usable - fixed, 0) / (planned - fixed)
-    blocks = max(1, int(section.num_blocks * scale))
+    blocks = int(section.num_blocks * scale)
+    need = max(1, -(-longest_request // block) if longest_request else 1)
+    if blocks < need:
+        what = f"one {longest_request:,}-token request" if longest_request else "one block"
+        raise DoesNotFitError(
+            f"serving: {free_bytes / GiB:.1f} GiB free after loading leaves room for {blocks} KV blocks "
+            f"({blocks * block:,} tokens), less than {what} needs",
+            reasons=[
+                f"planned {section.num_blocks} blocks in {planned / GiB:.2f} GiB of cache and batch buffers "
+                f"(batch buffers {fixed / GiB:.2f} GiB), {max(usable, 0) / GiB:.2f} GiB usable now",
+            ],
+            fix="free the GPU memory other processes hold (nvidia-smi), or plan a shorter seq_len, a smaller "
+            "batch_size or quantization='int8'/'nf4'",
+        )
     note = (
         f"measured {free_bytes / GiB:.1f} GiB free after loading, less than planned: "
         f"{section.num_blocks} -> {blocks} blocks ({blocks * block:,} tokens)"
