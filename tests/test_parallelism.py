@@ -141,9 +141,9 @@ def test_70b_full_finetune_on_8xh100_needs_offload_or_more_gpus() -> None:
     assert per_gpu(p, "fsdp2") > 80  # sharded but not offloaded: over the card
     cfg = parallel_training_arguments(p)["fsdp_config"]
     assert cfg["cpu_offload"] is True and cfg["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
-    # bf16 weights (141 GB) fit no GPU whole: rank 0 reads them on its CPU, every rank keeps its shard on
-    # its own GPU
-    assert cfg["cpu_ram_efficient_loading"] is True and p.placement.devices == ("cuda:0",)
+    # bf16 weights (141 GB) fit no GPU whole: every rank loads on its CPU (rank 0 reads them), the Trainer
+    # puts each rank's shard on its own GPU
+    assert cfg["cpu_ram_efficient_loading"] is True and p.placement.devices == ("cpu",)
     assert par.config["weights_on_cpu"] is True
     assert "torchrun --nproc_per_node 8" in p.explain()
 
@@ -654,3 +654,102 @@ def test_tp_fp8_rank_gets_transformers_fp8_config() -> None:
     kw = _load_kwargs(p, {})
     assert isinstance(kw["quantization_config"], FineGrainedFP8Config)
     assert kw["quantization_config"].weight_block_size == [128, 128] and kw["distributed_config"].tp_size == 8
+
+
+def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pretrained() -> None:
+    """70B full fine-tune under torchrun on 8 x H100: bf16 weights (141 GB) fit no GPU whole, so no rank may load
+    them onto its GPU; each rank loads on the CPU through from_pretrained (rank 0 reads, the others hold zeros)
+    and the Trainer shards them (fsdp_config cpu_ram_efficient_loading)."""
+    from cudaload.execute import _fsdp_weights_on_cpu, _load_kwargs
+
+    p = plan(
+        full_config("Llama-3.1-70B"),
+        hardware=torchrun(hardware("8xH100-80GB"), 8, rank=3),
+        intent="training",
+        seq_len=2048,
+    )
+    par = p.parallelism
+    assert par is not None and par.choice == "fsdp2" and par.launched and par.config["weights_on_cpu"]
+    assert p.placement.devices == ("cpu",) and "rank 0 reads the checkpoint" in p.placement.reasons[0]
+    assert p.load_path.choice == "from_pretrained" and "rank 0's CPU" in p.load_path.reasons[0]
+    assert _load_kwargs(p, {})["device_map"] == "cpu" and _fsdp_weights_on_cpu(p)
+    assert parallel_training_arguments(p)["fsdp_config"]["cpu_ram_efficient_loading"] is True
+    # 8B on 2 x H200 fits each GPU whole: every rank loads onto its own GPU, by the fast path where it can
+    small = plan(full_config("Qwen3-8B"), hardware=torchrun(hardware("2xH200"), 2, rank=1), intent="training")
+    assert small.placement.devices == ("cuda:1",) and not _fsdp_weights_on_cpu(small)
+
+
+def _fsdp_loading_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
+    import json
+    import os
+    from types import SimpleNamespace
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    import torch
+    import torch.distributed as dist
+
+    from cudaload.execute import _from_pretrained, _fsdp_rank0_loading, _fsdp_rank_note
+
+    fake = SimpleNamespace(parallelism=SimpleNamespace(launched=True, config={"weights_on_cpu": True}))
+    notes: list[str] = []
+    before = os.environ.get(
+        "FSDP_CPU_RAM_EFFICIENT_LOADING"
+    )  # TrainingArguments earlier in pytest may set it
+    with _fsdp_rank0_loading(fake, notes):  # type: ignore[arg-type]
+        during = os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING")
+        model = _from_pretrained("AutoModelForCausalLM", path, {"dtype": torch.float32, "device_map": "cpu"})
+    _fsdp_rank_note(model, fake, notes)  # type: ignore[arg-type]
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.save(sd, f"{out}/rank{rank}.pt")
+    res = {
+        "during": during,
+        "restored": os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING") == before,
+        "group": dist.is_initialized(),
+        "notes": notes,
+        "devices": sorted({str(v.device) for v in sd.values()}),
+    }
+    with open(f"{out}/rank{rank}.json", "w") as fh:
+        json.dump(res, fh)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_cpu_efficient_loading_reads_on_rank_0_only(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two gloo ranks on this CPU, as torchrun starts them: the context load_model uses for such a plan
+    creates the process group, every rank loads on its CPU, rank 0 gets the checkpoint's weights, rank 1 zeros
+    where this transformers skips its read (5.17-5.22) and the same weights where it does not (5.23+), the note
+    says which, and the environment is restored afterwards."""
+    import json
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+    import transformers
+    from safetensors.torch import load_file
+
+    from cudaload.detection.versions import version_tuple
+
+    path = tiny_model("qwen3")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_fsdp_loading_worker, args=(2, port, str(path), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for r in (r0, r1):
+        assert r["during"] == "true" and r["restored"] and r["group"] and r["devices"] == ["cpu"]
+        assert any("created the gloo process group" in n for n in r["notes"])
+    skips = (version_tuple(transformers.__version__) or (0,)) < (5, 23)
+    assert r0["notes"][-1] == "rank 0 read the checkpoint on its CPU"
+    assert ("holds zeros" if skips else "read the checkpoint on its CPU too") in r1["notes"][-1]
+    ck = load_file(str(path / "model.safetensors"))
+    w0 = torch.load(tmp_path / "rank0.pt")
+    w1 = torch.load(tmp_path / "rank1.pt")
+    for k, v in ck.items():
+        assert torch.equal(w0[k], v.to(w0[k].dtype)), k
+        assert (not w1[k].any()) if skips else torch.equal(w1[k], w0[k]), k

@@ -8,12 +8,13 @@ failed load leaves GPU memory where it was.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +260,77 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
+#: what transformers' is_fsdp_enabled() reads (5.17 distributed/fsdp.py:41-47); TrainingArguments with an
+#: fsdp_config sets them too (training_args.py:2808), which is why the Transformers docs build it first
+_FSDP_LOADING_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
+
+
+def _fsdp_weights_on_cpu(plan: Plan) -> bool:
+    par = plan.parallelism
+    return bool(par is not None and par.launched and par.config.get("weights_on_cpu"))
+
+
+@contextlib.contextmanager
+def _fsdp_rank0_loading(plan: Plan, notes: list[str]) -> Iterator[None]:
+    """For an FSDP plan whose weights fit no GPU whole, under torchrun: from_pretrained reads the checkpoint on
+    rank 0 only and gives the other ranks zeros (transformers 5.17 modeling_utils.py:4718-4724, 4757-4769),
+    which it does when is_fsdp_enabled(): a process group exists and the two variables above are set. The user
+    builds TrainingArguments after load_model, so neither exists yet: the process group is created here as
+    accelerate would create it (the Trainer then finds and reuses it) and the variables are set for the call
+    only."""
+    if not _fsdp_weights_on_cpu(plan):
+        yield
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and not dist.is_initialized():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend)
+        notes.append(
+            f"created the {backend} process group (world size {dist.get_world_size()}) so that only rank 0 "
+            "reads the checkpoint; the Trainer reuses it"
+        )
+    saved = {k: os.environ.get(k) for k in _FSDP_LOADING_ENV}
+    os.environ.update(_FSDP_LOADING_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    notes.append(
+        "FSDP CPU-efficient loading: the weights are on this rank's CPU; the Trainer shards the model onto the GPUs "
+        "and broadcasts rank 0's weights"
+    )
+
+
+def _fsdp_rank_note(model: Any, plan: Plan, notes: list[str]) -> None:
+    """Say what this rank holds after an FSDP CPU-efficient load, as found: transformers 5.17-5.22 give ranks
+    other than 0 zeros without reading the checkpoint (modeling_utils.py:4718-4724 in 5.17); from 5.23 every
+    rank reads it on its CPU (only non-persistent buffers are special-cased, 5.23 modeling_utils.py:4853)."""
+    if not _fsdp_weights_on_cpu(plan):
+        return
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if rank == 0:
+        notes.append("rank 0 read the checkpoint on its CPU")
+        return
+    first = next((p for p in model.parameters() if p.numel()), None)
+    zeros = first is not None and not bool(first.detach().any())
+    notes.append(
+        f"rank {rank} holds zeros on its CPU (it did not read the checkpoint)"
+        if zeros
+        else f"rank {rank} read the checkpoint on its CPU too (this transformers reads it on every rank)"
+    )
+
+
 def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
     """Load by the planned path; the fast path steps aside to from_pretrained on anything it cannot do
     exactly as from_pretrained does, and fails only where from_pretrained fails too (corrupt checkpoint,
@@ -303,7 +375,10 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
             logger.warning("%s", notes[-1])
             del e
             _release_memory()
-    return _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough)), "from_pretrained", notes
+    with _fsdp_rank0_loading(plan, notes):
+        model = _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough))
+    _fsdp_rank_note(model, plan, notes)
+    return model, "from_pretrained", notes
 
 
 def _module_devices(model: Any) -> dict[str, set[str]]:
@@ -658,7 +733,12 @@ def load_model(
             apply_kernels(loaded, plan.kernels)
         seconds = time.perf_counter() - t0
         phases.mark("load")
-        plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
+        if _fsdp_weights_on_cpu(plan):
+            # the model is on the CPU until the Trainer shards it (and zeros on ranks other than 0): a forward
+            # here would test nothing about the GPU backend, and a 70B CPU forward takes minutes
+            fallbacks: list[dict[str, str]] = []
+        else:
+            plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
         phases.mark("probe")
         verified = verify(loaded, plan, allow_offload=allow_offload)
         phases.mark("verify")

@@ -333,6 +333,17 @@ def plan(
             (why,),
             (Candidate("fast", False, (why,)), Candidate("from_pretrained", True, (why,))),
         )
+    elif par is not None and par.launched and par.config.get("weights_on_cpu"):
+        why = (
+            "FSDP with weights that fit no GPU whole: from_pretrained loads them on each rank's CPU, read on "
+            "rank 0's CPU only in transformers 5.17-5.22 (is_fsdp_enabled, 5.17 modeling_utils.py:4718); the "
+            "fast path fills a GPU"
+        )
+        lp = Decision(
+            "from_pretrained",
+            (why,),
+            (Candidate("fast", False, (why,)), Candidate("from_pretrained", True, (why,))),
+        )
     else:
         lp = choose_load_path(
             info,

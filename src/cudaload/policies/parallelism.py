@@ -1102,13 +1102,18 @@ def decide(
             ),
         )
     elif par.config.get("weights_on_cpu"):
+        # loaded on the CPU, not onto cuda:LOCAL_RANK: the Trainer's FSDP2 setup (accelerate 1.x
+        # utils/fsdp_utils.py fsdp2_prepare_model, cpu_ram_efficient_loading) moves the model to meta, shards
+        # it and broadcasts rank 0's weights into each rank's shard on its GPU
         placement = Placement(
-            dev,
-            (dev,),
+            "cpu",
+            ("cpu",),
             reasons=(
-                f"{par.choice}: this rank's shard lives on cuda:LOCAL_RANK ({dev} here), but the weights in {dtype} "
-                "do not fit one GPU whole: they must not be loaded per rank; under FSDP from_pretrained reads them "
-                "on rank 0's CPU and the other ranks receive their shards (fsdp_config cpu_ram_efficient_loading)",
+                f"{par.choice}: the weights in {dtype} do not fit one GPU whole, so no rank loads them onto its "
+                f"GPU ({dev} here): rank 0 reads the checkpoint on its CPU, the other ranks hold zeros there "
+                "(transformers 5.17-5.22 modeling_utils.py:4718-4724 in 5.17 under FSDP's CPU-efficient loading; "
+                "from 5.23 they read it on their CPUs too), and the Trainer shards the model and sends each rank "
+                "its part (fsdp_config cpu_ram_efficient_loading)",
             ),
         )
     else:
