@@ -15,6 +15,8 @@
 #   memtrain  benchmarks/bench_memory_train.py: training peaks and fit boundaries (quant wheels)
 #   serving   benchmarks/bench_serving.py: 64 mixed requests, both shapes (SERVING_S each)
 #   parallel  benchmarks/bench_parallel.py: DDP / FSDP2 / TP / layer split on 2 GPUs
+#   masked    benchmarks/bench_masked_transient.py: one masked paged attention layer, memory vs the plan's formula
+#   servingeager  the serving plan cudaload makes with attn="eager" (0.6B), against the same with paged|sdpa
 # DEV=cuda:N (or CUDA_VISIBLE_DEVICES) puts a single-GPU part on another GPU of a 2-GPU machine, so two
 # parts can run side by side: `benchmarks/gpu_suite.sh OUT memtrain & DEV=1 benchmarks/gpu_suite.sh OUT serving`.
 # Everything lands in OUTDIR/suite/, packed as OUTDIR/suite.tgz (the device tool returns at most 8 files).
@@ -55,6 +57,12 @@ for part in "$@"; do
                tail -20 "$dir/serving-$shape.log"; done ;;
     parallel) t "${PARALLEL_S:-300}" python benchmarks/bench_parallel.py --out "$dir/parallel" --budget-s "$(( ${PARALLEL_S:-300} - 20 ))" ${PARALLEL_ARGS:-} > "$dir/parallel.log" 2>&1
               tail -30 "$dir/parallel.log" ;;
+    masked) t "${MASKED_S:-240}" python benchmarks/bench_masked_transient.py --out "$dir/masked" --budget-s "$(( ${MASKED_S:-240} - 20 ))" > "$dir/masked.log" 2>&1
+            tail -20 "$dir/masked.log" ;;
+    servingeager)
+      settings=$(python -c 'import json, cudaload; from cudaload.testing import full_config; p = cudaload.plan(full_config("Qwen3-0.6B"), intent="serving", attn="eager", seq_len=2304, batch_size=64); print(json.dumps(p.serving.settings()))')
+      t "${SERVINGEAGER_S:-420}" python benchmarks/bench_serving.py --out "$dir/serving-eager" --shapes Qwen3-0.6B --padded '' --settings "$settings" --variants '{"sdpa-same": {"attn_implementation": "paged|sdpa"}}' --budget-s "$(( ${SERVINGEAGER_S:-420} - 20 ))" > "$dir/serving-eager.log" 2>&1
+      tail -20 "$dir/serving-eager.log" ;;
     *) echo "unknown part $part" ;;
   esac
 done
