@@ -132,13 +132,17 @@ def explain(plan: Plan) -> str:
                 + f"; total {phases.get('total', 0):.3f}"
             )
         pre = ver.get("prefetch")
+
+        def size(n: int) -> str:
+            return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n / 1e6:.2f} MB"
+
         if pre:
             done = f"in {pre['seconds']:.3f} s" if pre.get("seconds") is not None else "still running"
             out.append(
-                f"    prefetch ({pre.get('mode')}): {pre.get('bytes', 0) / 1e9:.2f} GB of {pre.get('files')} "
+                f"    prefetch ({pre.get('mode')}): {size(pre.get('bytes', 0))} of {pre.get('files')} "
                 f"files asked into the page cache {done}"
                 + (
-                    f" ({pre['resident_bytes'] / 1e9:.2f} GB of it already there, not read again)"
+                    f" ({size(pre['resident_bytes'])} of it already there, not read again)"
                     if pre.get("resident_bytes")
                     else ""
                 )
