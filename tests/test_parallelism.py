@@ -753,3 +753,23 @@ def test_fsdp_cpu_efficient_loading_reads_on_rank_0_only(tiny_model, tmp_path: P
     for k, v in ck.items():
         assert torch.equal(w0[k], v.to(w0[k].dtype)), k
         assert (not w1[k].any()) if skips else torch.equal(w1[k], w0[k]), k
+
+
+def test_cpu_staged_fsdp_states_the_host_memory_it_needs() -> None:
+    """Every rank of the node holds the weights on its CPU and accelerate upcasts the trainable ones to fp32
+    before sharding: 8 ranks x 70.6 G params x 4 B = ~2.1 TiB for a 70B full fine-tune. Stated where the host
+    has room, named as a reason (with the fixes) where it has not."""
+    caps = torchrun(hardware("8xH100-80GB"), 8, rank=0)
+    big = dataclasses.replace(caps, host_memory=4 << 40)
+    p = plan(full_config("Llama-3.1-70B"), hardware=big, intent="training", seq_len=2048)
+    par = p.parallelism
+    assert par is not None and par.config["weights_on_cpu"]
+    n = p.model.params
+    assert par.config["host_bytes_per_node"] == 8 * 4 * n
+    stated = [r for r in par.decision.reasons if "host memory while the Trainer shards" in r]
+    assert len(stated) == 1 and "this host has" not in stated[0]
+    small = dataclasses.replace(caps, host_memory=1 << 40)
+    q = plan(full_config("Llama-3.1-70B"), hardware=small, intent="training", seq_len=2048)
+    assert q.parallelism is not None
+    text = " ".join(q.parallelism.decision.reasons)
+    assert "this host has 1024" in text and "fewer ranks per node" in text

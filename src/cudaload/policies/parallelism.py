@@ -162,6 +162,17 @@ def _state(t: Mapping[str, int]) -> int:
     return sum(t.get(k, 0) for k in ("weights", "gradients", "optimizer", "master_weights", "adapters"))
 
 
+def _staged_host_bytes(info: Any, terms: dict[str, int], intent: str, local: int) -> int:
+    """Host memory on one node when FSDP ranks load on their CPUs (weights_on_cpu): every local rank holds the
+    weights in the dtype (rank 0 read from disk; the others zeros on transformers 5.17-5.22, which are written
+    only when upcast, or the same weights from 5.23), and accelerate's fsdp2_prepare_model upcasts each
+    trainable parameter to fp32 before moving the model to the meta device (accelerate 1.15
+    utils/fsdp_utils.py:815-820, then :844): for a full fine-tune 4 bytes per parameter on every rank."""
+    weights = int(terms.get("weights", 0))
+    trainable = int(info.counts.total or info.summary.params) if intent == "training" else 0
+    return local * max(weights, 4 * trainable)
+
+
 def _working_set(info: Any, bd: Breakdown, dtype: str, trainable: bool) -> int:
     """Bytes FSDP2 / ZeRO-3 hold unsharded on each GPU at the peak.
 
@@ -517,6 +528,20 @@ def choose_parallelism(
         if chosen in ("fsdp2", "fsdp2_offload") and t.get("weights", 0) + ctx > budget:
             config["weights_on_cpu"] = True
             config["training_arguments"]["fsdp_config"]["cpu_ram_efficient_loading"] = True
+            host = _staged_host_bytes(info, t, intent, local)
+            config["host_bytes_per_node"] = host
+            over = caps.host_memory is not None and host > caps.host_memory
+            (notes if not over else reasons).append(
+                f"host memory while the Trainer shards: ~{_gib(host)} per node ({local} ranks: the weights on "
+                "each rank's CPU, and the trainable ones upcast to fp32 on every rank before sharding, accelerate "
+                "1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
+                + (
+                    f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node, train LoRA, or "
+                    "load with dtype='float32' so nothing is upcast"
+                    if over
+                    else ""
+                )
+            )
         alt = next((k for k in evals if k.startswith("deepspeed") and evals[k].ok), None)
         if training and alt is not None and not chosen.startswith("deepspeed"):
             # installed or assumed: the DeepSpeed way to run the same job, ready to use (not run by cudaload)
