@@ -537,7 +537,8 @@ def choose_parallelism(
                 "1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
                 + (
                     f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node, train LoRA, or "
-                    "load with dtype='float32' so nothing is upcast"
+                    "(transformers 5.17-5.22, where only rank 0 reads) load with dtype='float32' so nothing is "
+                    "upcast"
                     if over
                     else ""
                 )
