@@ -441,3 +441,29 @@ def test_newer_transformers_memory_model_is_counted_no_smaller() -> None:
     assert s24.num_blocks == s17.num_blocks
     flash = _direct("Qwen3-8B", attention_choice="flash_attention_3")
     assert flash.num_blocks > s17.num_blocks  # no expanded heads without the mask
+
+
+@pytest.mark.slow
+def test_load_model_refused_by_settle_keeps_no_reference_to_the_model(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """settle() raising inside _attach_serving: the exception's traceback holds _attach_serving's frame, whose
+    ``model`` local would keep the whole model (its GPU memory) alive for as long as the caller keeps the error.
+    The refusal stands in for the real one, which needs a GPU (settle runs only on a CUDA model)."""
+    import gc
+    import weakref
+
+    import cudaload.execute as ex
+
+    refs: list[weakref.ref[Any]] = []
+
+    def refusing(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
+        refs.append(weakref.ref(model))
+        raise DoesNotFitError("serving: too little free after loading", fix="free the GPU memory")
+
+    monkeypatch.setattr(ex, "_attach_serving", refusing)
+    with pytest.raises(DoesNotFitError) as e:
+        cudaload.load_model(tiny_model("qwen3"), intent="serving", seq_len=64, batch_size=4, prefetch=False)
+    gc.collect()
+    assert e.value.fix == "free the GPU memory"
+    assert len(refs) == 1 and refs[0]() is None, "the refused model is still referenced"

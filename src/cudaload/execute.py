@@ -779,11 +779,19 @@ def load_model(
     if plan.serving is not None:
         try:
             plan = _attach_serving(loaded, plan, verified)
-        except DoesNotFitError:
-            # less is free after loading than serving needs: nothing is handed back, so nothing stays held
+        except DoesNotFitError as e:
+            # less is free after loading than serving needs: nothing is handed back, so nothing stays held. The
+            # traceback holds _attach_serving's frame and its `model` local (the whole model, its GPU memory) for
+            # as long as the caller keeps the error: dropped before the memory is released
+            e.__traceback__ = None
+            refusal = e
+            del e
+        else:
+            refusal = None
+        if refusal is not None:
             loaded = None
             _release_memory()
-            raise
+            raise refusal
     plan = plan.with_verified(verified)
     loaded.cudaload_plan = plan
     logger.log(
