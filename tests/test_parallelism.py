@@ -773,3 +773,21 @@ def test_cpu_staged_fsdp_states_the_host_memory_it_needs() -> None:
     assert q.parallelism is not None
     text = " ".join(q.parallelism.decision.reasons)
     assert "this host has 1024" in text and "fewer ranks per node" in text
+
+
+def test_the_process_group_made_for_loading_is_the_one_accelerate_would_make() -> None:
+    """load_model creates the group before TrainingArguments exists and accelerate's PartialState then reuses
+    it as it is: so it gets the Trainer's ddp_timeout (1800 s; torch's NCCL default is 10 min) and, under
+    ``accelerate launch`` with offloaded parameters or full state dicts, accelerate's NCCL + gloo backend."""
+    from datetime import timedelta
+
+    from cudaload.execute import _process_group_options
+
+    assert _process_group_options(True, {}) == ("nccl", timedelta(seconds=1800))
+    assert _process_group_options(False, {}) == ("gloo", timedelta(seconds=1800))
+    launched = {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"}
+    assert _process_group_options(True, launched)[0] == "cuda:nccl,cpu:gloo"
+    full = {"ACCELERATE_USE_FSDP": "true", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}
+    assert _process_group_options(True, full)[0] == "cuda:nccl,cpu:gloo"
+    # torchrun + Trainer: accelerate reads no FSDP variables then (TrainingArguments hands it a plugin)
+    assert _process_group_options(True, {"FSDP_OFFLOAD_PARAMS": "true"})[0] == "nccl"

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import probes
@@ -270,6 +271,24 @@ def _fsdp_weights_on_cpu(plan: Plan) -> bool:
     return bool(par is not None and par.launched and par.config.get("weights_on_cpu"))
 
 
+def _process_group_options(cuda: bool, environ: Mapping[str, str]) -> tuple[str, timedelta]:
+    """The backend and timeout accelerate's PartialState would create the group with, since it reuses the one
+    created here and never re-creates it (accelerate 1.15 state.py:219-244, init only where not
+    ``torch.distributed.is_initialized()``). The backend: NCCL, with gloo beside it for CPU tensors where
+    ``accelerate launch`` set FSDP with offloaded parameters or full state dicts (state.py:226-234; under
+    torchrun those variables are unset). The timeout: what TrainingArguments passes, ddp_timeout, default 1800 s
+    (transformers 5.17 training_args.py:1420-1421 and :1859); torch's own default for NCCL is 10 minutes, too
+    short for rank 0 saving a 70B full state dict while the others wait."""
+    if not cuda:
+        return "gloo", timedelta(seconds=1800)
+    fsdp = environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    cpu_tensors = (
+        environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
+        or environ.get("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT") == "FULL_STATE_DICT"
+    )
+    return ("cuda:nccl,cpu:gloo" if fsdp and cpu_tensors else "nccl"), timedelta(seconds=1800)
+
+
 @contextlib.contextmanager
 def _fsdp_rank0_loading(plan: Plan, notes: list[str]) -> Iterator[None]:
     """For an FSDP plan whose weights fit no GPU whole, under torchrun: from_pretrained reads the checkpoint on
@@ -288,11 +307,12 @@ def _fsdp_rank0_loading(plan: Plan, notes: list[str]) -> Iterator[None]:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if torch.cuda.is_available():
             torch.cuda.set_device(local)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
+        backend, timeout = _process_group_options(torch.cuda.is_available(), os.environ)
+        dist.init_process_group(backend=backend, timeout=timeout)
         notes.append(
-            f"created the {backend} process group (world size {dist.get_world_size()}) so that only rank 0 "
-            "reads the checkpoint; the Trainer reuses it"
+            f"created the {backend} process group (world size {dist.get_world_size()}, timeout "
+            f"{timeout.total_seconds():.0f} s: the Trainer's default ddp_timeout, which a TrainingArguments built "
+            "later cannot change) so that from_pretrained loads under FSDP; the Trainer reuses it"
         )
     saved = {k: os.environ.get(k) for k in _FSDP_LOADING_ENV}
     os.environ.update(_FSDP_LOADING_ENV)
