@@ -141,8 +141,8 @@ def test_70b_full_finetune_on_8xh100_needs_offload_or_more_gpus() -> None:
     assert per_gpu(p, "fsdp2") > 80  # sharded but not offloaded: over the card
     cfg = parallel_training_arguments(p)["fsdp_config"]
     assert cfg["cpu_offload"] is True and cfg["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
-    # bf16 weights (141 GB) fit no GPU whole: every rank loads on its CPU (rank 0 reads them), the Trainer
-    # puts each rank's shard on its own GPU
+    # bf16 weights (141 GB) fit no GPU whole: every rank loads on its CPU (all but local rank 0 then hold zeros
+    # on 5.17-5.22), the Trainer puts each rank's shard on its own GPU
     assert cfg["cpu_ram_efficient_loading"] is True and p.placement.devices == ("cpu",)
     assert par.config["weights_on_cpu"] is True
     assert "torchrun --nproc_per_node 8" in p.explain()
@@ -658,7 +658,8 @@ def test_tp_fp8_rank_gets_transformers_fp8_config() -> None:
 
 def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pretrained() -> None:
     """70B full fine-tune under torchrun on 8 x H100: bf16 weights (141 GB) fit no GPU whole, so no rank may load
-    them onto its GPU; each rank loads on the CPU through from_pretrained (rank 0 reads, the others hold zeros)
+    them onto its GPU; each rank loads on the CPU through from_pretrained (5.17-5.22: zeros kept on all but local
+    rank 0)
     and the Trainer shards them (fsdp_config cpu_ram_efficient_loading)."""
     from cudaload.execute import _fsdp_weights_on_cpu, _load_kwargs
 
@@ -670,8 +671,8 @@ def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pret
     )
     par = p.parallelism
     assert par is not None and par.choice == "fsdp2" and par.launched and par.config["weights_on_cpu"]
-    assert p.placement.devices == ("cpu",) and "rank 0 reads the checkpoint" in p.placement.reasons[0]
-    assert p.load_path.choice == "from_pretrained" and "rank 0's CPU" in p.load_path.reasons[0]
+    assert p.placement.devices == ("cpu",) and "every rank reads the checkpoint" in p.placement.reasons[0]
+    assert p.load_path.choice == "from_pretrained" and "each rank's CPU" in p.load_path.reasons[0]
     assert _load_kwargs(p, {})["device_map"] == "cpu" and _fsdp_weights_on_cpu(p)
     assert parallel_training_arguments(p)["fsdp_config"]["cpu_ram_efficient_loading"] is True
     # 8B on 2 x H200 fits each GPU whole: every rank loads onto its own GPU, by the fast path where it can
@@ -679,7 +680,9 @@ def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pret
     assert small.placement.devices == ("cuda:1",) and not _fsdp_weights_on_cpu(small)
 
 
-def _fsdp_loading_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
+def _fsdp_loading_worker(
+    rank: int, world: int, port: int, path: str, out: str, local_ranks: list[int] | None = None
+) -> None:
     import json
     import os
     from types import SimpleNamespace
@@ -689,7 +692,7 @@ def _fsdp_loading_worker(rank: int, world: int, port: int, path: str, out: str) 
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
+        LOCAL_RANK=str(rank if local_ranks is None else local_ranks[rank]),
     )
     import torch
     import torch.distributed as dist
@@ -720,11 +723,11 @@ def _fsdp_loading_worker(rank: int, world: int, port: int, path: str, out: str) 
 
 
 @pytest.mark.slow
-def test_fsdp_cpu_efficient_loading_reads_on_rank_0_only(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_fsdp_cpu_efficient_loading_keeps_weights_on_rank_0(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Two gloo ranks on this CPU, as torchrun starts them: the context load_model uses for such a plan
     creates the process group, every rank loads on its CPU, rank 0 gets the checkpoint's weights, rank 1 zeros
-    where this transformers skips its read (5.17-5.22) and the same weights where it does not (5.23+), the note
-    says which, and the environment is restored afterwards."""
+    where this transformers zeroes them after reading (5.17-5.22) and the same weights where it does not (5.23+),
+    the note says which, and the environment is restored afterwards."""
     import json
     import socket
 
@@ -746,7 +749,7 @@ def test_fsdp_cpu_efficient_loading_reads_on_rank_0_only(tiny_model, tmp_path: P
         assert any("created the gloo process group" in n for n in r["notes"])
     skips = (version_tuple(transformers.__version__) or (0,)) < (5, 23)
     assert r0["notes"][-1] == "rank 0 read the checkpoint on its CPU"
-    assert ("holds zeros" if skips else "read the checkpoint on its CPU too") in r1["notes"][-1]
+    assert ("holds zeros in its place" if skips else "keeps it on every rank") in r1["notes"][-1]
     ck = load_file(str(path / "model.safetensors"))
     w0 = torch.load(tmp_path / "rank0.pt")
     w1 = torch.load(tmp_path / "rank1.pt")
@@ -791,3 +794,28 @@ def test_the_process_group_made_for_loading_is_the_one_accelerate_would_make() -
     assert _process_group_options(True, full)[0] == "cuda:nccl,cpu:gloo"
     # torchrun + Trainer: accelerate reads no FSDP variables then (TrainingArguments hands it a plugin)
     assert _process_group_options(True, {"FSDP_OFFLOAD_PARAMS": "true"})[0] == "nccl"
+
+
+@pytest.mark.slow
+def test_fsdp_cpu_efficient_loading_keeps_weights_on_each_nodes_local_rank_0(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes of one rank each (RANK 0 and 1, both LOCAL_RANK 0): transformers zeroes every rank but each
+    node's local rank 0 (is_local_dist_rank_0, 5.17 distributed/utils.py:62-63), so global rank 1 keeps the
+    checkpoint's weights on every transformers, and the note says why rather than "reads it on every rank"."""
+    import json
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    path = tiny_model("qwen3")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_fsdp_loading_worker, args=(2, port, str(path), str(tmp_path), [0, 0]), nprocs=2, join=True)
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert "rank 1 is local rank 0 of its node: it keeps the checkpoint's weights" in r1["notes"][-1]
+    ck = load_file(str(path / "model.safetensors"))
+    w1 = torch.load(tmp_path / "rank1.pt")
+    for k, v in ck.items():
+        assert torch.equal(w1[k], v.to(w1[k].dtype)), k

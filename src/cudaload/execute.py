@@ -291,9 +291,10 @@ def _process_group_options(cuda: bool, environ: Mapping[str, str]) -> tuple[str,
 
 @contextlib.contextmanager
 def _fsdp_rank0_loading(plan: Plan, notes: list[str]) -> Iterator[None]:
-    """For an FSDP plan whose weights fit no GPU whole, under torchrun: from_pretrained reads the checkpoint on
-    rank 0 only and gives the other ranks zeros (transformers 5.17 modeling_utils.py:4718-4724, 4757-4769),
-    which it does when is_fsdp_enabled(): a process group exists and the two variables above are set. The user
+    """For an FSDP plan whose weights fit no GPU whole, under torchrun: from_pretrained loads on the CPU on
+    every rank and (5.17-5.22) zeroes all but each node's local rank 0 afterwards (transformers 5.17
+    modeling_utils.py:4718-4724, 4757-4769; see _fsdp_rank_note), which it does when is_fsdp_enabled(): a
+    process group exists and the two variables above are set. The user
     builds TrainingArguments after load_model, so neither exists yet: the process group is created here as
     accelerate would create it (the Trainer then finds and reuses it) and the variables are set for the call
     only."""
@@ -331,23 +332,31 @@ def _fsdp_rank0_loading(plan: Plan, notes: list[str]) -> Iterator[None]:
 
 
 def _fsdp_rank_note(model: Any, plan: Plan, notes: list[str]) -> None:
-    """Say what this rank holds after an FSDP CPU-efficient load, as found: transformers 5.17-5.22 give ranks
-    other than 0 zeros without reading the checkpoint (modeling_utils.py:4718-4724 in 5.17); from 5.23 every
-    rank reads it on its CPU (only non-persistent buffers are special-cased, 5.23 modeling_utils.py:4853)."""
+    """Say what this rank holds after an FSDP CPU-efficient load, as found. Every rank reads the checkpoint
+    (5.17 _load_pretrained_model has no rank test; measured: each rank's copy of the file comes into the page
+    cache). Transformers 5.17-5.22 then replace the weights with zeros on every rank but each node's local rank
+    0 (is_local_dist_rank_0 reads LOCAL_RANK, 5.17 distributed/utils.py:62-63; modeling_utils.py:4718-4724);
+    from 5.23 every rank keeps them (only non-persistent buffers are special-cased, 5.23
+    modeling_utils.py:4853). The Trainer then broadcasts global rank 0's weights."""
     if not _fsdp_weights_on_cpu(plan):
         return
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if rank == 0:
-        notes.append("rank 0 read the checkpoint on its CPU")
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        notes.append(
+            "rank 0 read the checkpoint on its CPU"
+            if rank == 0
+            else f"rank {rank} is local rank 0 of its node: it keeps the checkpoint's weights on its CPU"
+        )
         return
     first = next((p for p in model.parameters() if p.numel()), None)
     zeros = first is not None and not bool(first.detach().any())
     notes.append(
-        f"rank {rank} holds zeros on its CPU (it did not read the checkpoint)"
+        f"rank {rank} read the checkpoint and holds zeros in its place on its CPU (this transformers zeroes all "
+        "but each node's local rank 0)"
         if zeros
-        else f"rank {rank} read the checkpoint on its CPU too (this transformers reads it on every rank)"
+        else f"rank {rank} read the checkpoint and keeps it on its CPU (this transformers keeps it on every rank)"
     )
 
 
@@ -754,7 +763,7 @@ def load_model(
         seconds = time.perf_counter() - t0
         phases.mark("load")
         if _fsdp_weights_on_cpu(plan):
-            # the model is on the CPU until the Trainer shards it (and zeros on ranks other than 0): a forward
+            # the model is on the CPU until the Trainer shards it (and zeros on most ranks): a forward
             # here would test nothing about the GPU backend, and a 70B CPU forward takes minutes
             fallbacks: list[dict[str, str]] = []
         else:

@@ -1136,10 +1136,10 @@ def decide(
             ("cpu",),
             reasons=(
                 f"{par.choice}: the weights in {dtype} do not fit one GPU whole, so no rank loads them onto its "
-                f"GPU ({dev} here): rank 0 reads the checkpoint on its CPU, the other ranks hold zeros there "
-                "(transformers 5.17-5.22 modeling_utils.py:4718-4724 in 5.17 under FSDP's CPU-efficient loading; "
-                "from 5.23 they read it on their CPUs too), and the Trainer shards the model and sends each rank "
-                "its part (fsdp_config cpu_ram_efficient_loading)",
+                f"GPU ({dev} here): every rank reads the checkpoint on its CPU, and all but each node's local "
+                "rank 0 then hold zeros in its place (transformers 5.17-5.22 modeling_utils.py:4718-4724 in 5.17 "
+                "under FSDP's CPU-efficient loading; from 5.23 they keep the weights), and the Trainer shards the "
+                "model and sends each rank its part of rank 0's (fsdp_config cpu_ram_efficient_loading)",
             ),
         )
     else:
