@@ -797,7 +797,7 @@ def test_the_process_group_made_for_loading_is_the_one_accelerate_would_make() -
 
 
 @pytest.mark.slow
-def test_fsdp_cpu_efficient_loading_keeps_weights_on_each_nodes_local_rank_0(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_fsdp_loading_keeps_weights_on_each_nodes_local_rank_0(tiny_model: Any, tmp_path: Path) -> None:
     """Two nodes of one rank each (RANK 0 and 1, both LOCAL_RANK 0): transformers zeroes every rank but each
     node's local rank 0 (is_local_dist_rank_0, 5.17 distributed/utils.py:62-63), so global rank 1 keeps the
     checkpoint's weights on every transformers, and the note says why rather than "reads it on every rank"."""
