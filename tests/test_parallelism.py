@@ -819,3 +819,19 @@ def test_fsdp_loading_keeps_weights_on_each_nodes_local_rank_0(tiny_model: Any, 
     w1 = torch.load(tmp_path / "rank1.pt")
     for k, v in ck.items():
         assert torch.equal(w1[k], v.to(w1[k].dtype)), k
+
+
+def test_cpu_staged_fsdp_names_no_host_memory_fix_that_changes_nothing() -> None:
+    """Loading in float32 puts 4 bytes per parameter on every rank's CPU, as accelerate's upcast of bf16 does:
+    the ranks other than local rank 0 hold zeros (5.17-5.22), but torch.zeros_like writes them, so they are
+    resident (measured: 1 GiB of zeros_like adds 1 GiB of RSS). The plan's own number does not move, so the
+    host-memory refusal must not offer it as a fix."""
+    caps = dataclasses.replace(torchrun(hardware("8xH100-80GB"), 8, rank=0), host_memory=1 << 40)
+    kw: dict[str, Any] = dict(hardware=caps, intent="training", seq_len=2048, allow_offload=True)
+    bf16 = plan(full_config("Llama-3.1-70B"), **kw).parallelism
+    fp32 = plan(full_config("Llama-3.1-70B"), dtype="float32", **kw).parallelism
+    assert bf16 is not None and fp32 is not None
+    assert bf16.config["host_bytes_per_node"] == fp32.config["host_bytes_per_node"]
+    text = " ".join(bf16.decision.reasons)
+    assert "this host has 1024" in text and "fewer ranks per node" in text
+    assert "dtype='float32'" not in text

@@ -164,10 +164,11 @@ def _state(t: Mapping[str, int]) -> int:
 
 def _staged_host_bytes(info: Any, terms: dict[str, int], intent: str, local: int) -> int:
     """Host memory on one node when FSDP ranks load on their CPUs (weights_on_cpu): every local rank holds the
-    weights in the dtype (rank 0 read from disk; the others zeros on transformers 5.17-5.22, which are written
-    only when upcast, or the same weights from 5.23), and accelerate's fsdp2_prepare_model upcasts each
-    trainable parameter to fp32 before moving the model to the meta device (accelerate 1.15
-    utils/fsdp_utils.py:815-820, then :844): for a full fine-tune 4 bytes per parameter on every rank."""
+    weights in the dtype (local rank 0 the checkpoint's; the others zeros on transformers 5.17-5.22, resident
+    all the same since torch.zeros_like writes them, or the checkpoint's from 5.23), and accelerate's
+    fsdp2_prepare_model upcasts each trainable parameter to fp32 one at a time, keeps the upcast state dict
+    (original_sd) and only then moves the model to the meta device (accelerate 1.15 utils/fsdp_utils.py:815-820,
+    :828, :844): for a full fine-tune 4 bytes per parameter on every rank, whatever the load dtype."""
     weights = int(terms.get("weights", 0))
     trainable = int(info.counts.total or info.summary.params) if intent == "training" else 0
     return local * max(weights, 4 * trainable)
@@ -536,9 +537,8 @@ def choose_parallelism(
                 "each rank's CPU, and the trainable ones upcast to fp32 on every rank before sharding, accelerate "
                 "1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
                 + (
-                    f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node, train LoRA, or "
-                    "(transformers 5.17-5.22, where only rank 0 reads) load with dtype='float32' so nothing is "
-                    "upcast"
+                    f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node (more nodes) "
+                    "or train LoRA (a float32 load needs the same: the zeros other ranks hold are written too)"
                     if over
                     else ""
                 )
