@@ -806,6 +806,7 @@ def load_model(
     else:
         loaded.train()
     if plan.serving is not None:
+        refusal: DoesNotFitError | None = None
         try:
             plan = _attach_serving(loaded, plan, verified)
         except DoesNotFitError as e:
@@ -815,8 +816,6 @@ def load_model(
             e.__traceback__ = None
             refusal = e
             del e
-        else:
-            refusal = None
         if refusal is not None:
             loaded = None
             _release_memory()
