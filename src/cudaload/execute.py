@@ -261,8 +261,9 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
-#: what transformers' is_fsdp_enabled() reads (5.17 distributed/fsdp.py:41-47); TrainingArguments with an
-#: fsdp_config sets them too (training_args.py:2808), which is why the Transformers docs build it first
+#: what transformers' is_fsdp_enabled() reads (5.17 distributed/fsdp.py:41-47). TrainingArguments with an
+#: fsdp_config sets only the second (training_args.py:2808); the first comes from `accelerate launch`, so under
+#: torchrun neither building TrainingArguments first nor the Trainer makes from_pretrained load this way
 _FSDP_LOADING_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
 
 
