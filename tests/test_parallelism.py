@@ -835,3 +835,87 @@ def test_cpu_staged_fsdp_names_no_host_memory_fix_that_changes_nothing() -> None
     text = " ".join(bf16.decision.reasons)
     assert "this host has 1024" in text and "fewer ranks per node" in text
     assert "dtype='float32'" not in text
+
+
+def _load_model_staged_worker(rank: int, world: int, port: int, path: str, gpu_bytes: int, out: str) -> None:
+    import json
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    import cudaload
+
+    caps = _small_gpus(rank, world, gpu_bytes)
+    model = cudaload.load_model(
+        path, hardware=caps, intent="training", seq_len=64, allow_offload=True, prefetch=False
+    )
+    p = model.cudaload_plan
+    res = {
+        "devices": list(p.placement.devices),
+        "verified_devices": p.verified["devices"],
+        "notes": p.verified["notes"],
+        "env": os.environ.get("ACCELERATE_USE_FSDP"),
+    }
+    with open(f"{out}/load{rank}.json", "w") as fh:
+        json.dump(res, fh)
+
+
+def _small_gpus(rank: int, world: int, gpu_bytes: int) -> Capabilities:
+    """2 x H200 shrunk to ``gpu_bytes`` each, as a torchrun rank sees them (a recorded machine, not a profile)."""
+    caps = torchrun(hardware("2xH200"), world, rank=rank)
+    gpus = tuple(dataclasses.replace(g, total_memory=gpu_bytes, free_memory=gpu_bytes) for g in caps.gpus)
+    return dataclasses.replace(caps, gpus=gpus, source="snapshot:small-gpus")
+
+
+@pytest.mark.slow
+def test_load_model_under_torchrun_stages_on_the_cpu_and_verifies(tmp_path: Path) -> None:
+    """The whole load_model on two gloo ranks for a plan whose weights (300 M params, bf16) fit no GPU whole:
+    the load goes through from_pretrained on each rank's CPU, the probe is skipped, verify() accepts the
+    CPU-placed model, rank 1 holds zeros (5.17-5.22) or the weights (5.23+), and the variables are unset after."""
+    import json
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+    import transformers
+
+    from cudaload.testing.models import make_tokenizer
+
+    cfg = transformers.Qwen3Config(
+        vocab_size=1024,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=96,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    path = tmp_path / "model"
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    make_tokenizer(1024).save_pretrained(path)
+    gpu_bytes = 1300 * 10**6
+    p = plan(
+        str(path), hardware=_small_gpus(0, 2, gpu_bytes), intent="training", seq_len=64, allow_offload=True
+    )
+    assert p.parallelism is not None and p.parallelism.config.get("weights_on_cpu")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(
+        _load_model_staged_worker, args=(2, port, str(path), gpu_bytes, str(tmp_path)), nprocs=2, join=True
+    )
+    for r in range(2):
+        res = json.loads((tmp_path / f"load{r}.json").read_text())
+        assert res["devices"] == ["cpu"] and res["verified_devices"] == ["cpu"] and res["env"] is None
+        assert any("created the gloo process group" in n for n in res["notes"])
+    assert "rank 1 read the checkpoint" in json.loads((tmp_path / "load1.json").read_text())["notes"][-1]
