@@ -818,6 +818,8 @@ def load_model(
             refusal = e
             del e
         if refusal is not None:
+            if pre is not None:
+                pre.stop()  # nothing will read those pages now
             loaded = None
             _release_memory()
             raise refusal
