@@ -658,9 +658,8 @@ def test_tp_fp8_rank_gets_transformers_fp8_config() -> None:
 
 def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pretrained() -> None:
     """70B full fine-tune under torchrun on 8 x H100: bf16 weights (141 GB) fit no GPU whole, so no rank may load
-    them onto its GPU; each rank loads on the CPU through from_pretrained (5.17-5.22: zeros kept on all but local
-    rank 0)
-    and the Trainer shards them (fsdp_config cpu_ram_efficient_loading)."""
+    them onto its GPU; each rank loads on the CPU through from_pretrained and the Trainer shards them
+    (fsdp_config cpu_ram_efficient_loading)."""
     from cudaload.execute import _fsdp_weights_on_cpu, _load_kwargs
 
     p = plan(
@@ -671,91 +670,13 @@ def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pret
     )
     par = p.parallelism
     assert par is not None and par.choice == "fsdp2" and par.launched and par.config["weights_on_cpu"]
-    assert p.placement.devices == ("cpu",) and "every rank reads the checkpoint" in p.placement.reasons[0]
+    assert p.placement.devices == ("cpu",) and "every rank loads them on its CPU" in p.placement.reasons[0]
     assert p.load_path.choice == "from_pretrained" and "each rank's CPU" in p.load_path.reasons[0]
     assert _load_kwargs(p, {})["device_map"] == "cpu" and _fsdp_weights_on_cpu(p)
     assert parallel_training_arguments(p)["fsdp_config"]["cpu_ram_efficient_loading"] is True
     # 8B on 2 x H200 fits each GPU whole: every rank loads onto its own GPU, by the fast path where it can
     small = plan(full_config("Qwen3-8B"), hardware=torchrun(hardware("2xH200"), 2, rank=1), intent="training")
     assert small.placement.devices == ("cuda:1",) and not _fsdp_weights_on_cpu(small)
-
-
-def _fsdp_loading_worker(
-    rank: int, world: int, port: int, path: str, out: str, local_ranks: list[int] | None = None
-) -> None:
-    import json
-    import os
-    from types import SimpleNamespace
-
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank if local_ranks is None else local_ranks[rank]),
-    )
-    import torch
-    import torch.distributed as dist
-
-    from cudaload.execute import _from_pretrained, _fsdp_rank0_loading, _fsdp_rank_note
-
-    fake = SimpleNamespace(parallelism=SimpleNamespace(launched=True, config={"weights_on_cpu": True}))
-    notes: list[str] = []
-    before = os.environ.get(
-        "FSDP_CPU_RAM_EFFICIENT_LOADING"
-    )  # TrainingArguments earlier in pytest may set it
-    with _fsdp_rank0_loading(fake, notes):  # type: ignore[arg-type]
-        during = os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING")
-        model = _from_pretrained("AutoModelForCausalLM", path, {"dtype": torch.float32, "device_map": "cpu"})
-    _fsdp_rank_note(model, fake, notes)  # type: ignore[arg-type]
-    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    torch.save(sd, f"{out}/rank{rank}.pt")
-    res = {
-        "during": during,
-        "restored": os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING") == before,
-        "group": dist.is_initialized(),
-        "notes": notes,
-        "devices": sorted({str(v.device) for v in sd.values()}),
-    }
-    with open(f"{out}/rank{rank}.json", "w") as fh:
-        json.dump(res, fh)
-    dist.destroy_process_group()
-
-
-@pytest.mark.slow
-def test_fsdp_cpu_efficient_loading_keeps_weights_on_rank_0(tiny_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Two gloo ranks on this CPU, as torchrun starts them: the context load_model uses for such a plan
-    creates the process group, every rank loads on its CPU, rank 0 gets the checkpoint's weights, rank 1 zeros
-    where this transformers zeroes them after reading (5.17-5.22) and the same weights where it does not (5.23+),
-    the note says which, and the environment is restored afterwards."""
-    import json
-    import socket
-
-    import torch
-    import torch.multiprocessing as mp
-    import transformers
-    from safetensors.torch import load_file
-
-    from cudaload.detection.versions import version_tuple
-
-    path = tiny_model("qwen3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_fsdp_loading_worker, args=(2, port, str(path), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    for r in (r0, r1):
-        assert r["during"] == "true" and r["restored"] and r["group"] and r["devices"] == ["cpu"]
-        assert any("created the gloo process group" in n for n in r["notes"])
-    skips = (version_tuple(transformers.__version__) or (0,)) < (5, 23)
-    assert r0["notes"][-1] == "rank 0 read the checkpoint on its CPU"
-    assert ("holds zeros in its place" if skips else "keeps it on every rank") in r1["notes"][-1]
-    ck = load_file(str(path / "model.safetensors"))
-    w0 = torch.load(tmp_path / "rank0.pt")
-    w1 = torch.load(tmp_path / "rank1.pt")
-    for k, v in ck.items():
-        assert torch.equal(w0[k], v.to(w0[k].dtype)), k
-        assert (not w1[k].any()) if skips else torch.equal(w1[k], w0[k]), k
 
 
 def test_cpu_staged_fsdp_states_the_host_memory_it_needs() -> None:
@@ -778,54 +699,9 @@ def test_cpu_staged_fsdp_states_the_host_memory_it_needs() -> None:
     assert "this host has 1024" in text and "fewer ranks per node" in text
 
 
-def test_the_process_group_made_for_loading_is_the_one_accelerate_would_make() -> None:
-    """load_model creates the group before TrainingArguments exists and accelerate's PartialState then reuses
-    it as it is: so it gets the Trainer's ddp_timeout (1800 s; torch's NCCL default is 10 min) and, under
-    ``accelerate launch`` with offloaded parameters or full state dicts, accelerate's NCCL + gloo backend."""
-    from datetime import timedelta
-
-    from cudaload.execute import _process_group_options
-
-    assert _process_group_options(True, {}) == ("nccl", timedelta(seconds=1800))
-    assert _process_group_options(False, {}) == ("gloo", timedelta(seconds=1800))
-    launched = {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"}
-    assert _process_group_options(True, launched)[0] == "cuda:nccl,cpu:gloo"
-    full = {"ACCELERATE_USE_FSDP": "true", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}
-    assert _process_group_options(True, full)[0] == "cuda:nccl,cpu:gloo"
-    # torchrun + Trainer: accelerate reads no FSDP variables then (TrainingArguments hands it a plugin)
-    assert _process_group_options(True, {"FSDP_OFFLOAD_PARAMS": "true"})[0] == "nccl"
-
-
-@pytest.mark.slow
-def test_fsdp_loading_keeps_weights_on_each_nodes_local_rank_0(tiny_model: Any, tmp_path: Path) -> None:
-    """Two nodes of one rank each (RANK 0 and 1, both LOCAL_RANK 0): transformers zeroes every rank but each
-    node's local rank 0 (is_local_dist_rank_0, 5.17 distributed/utils.py:62-63), so global rank 1 keeps the
-    checkpoint's weights on every transformers, and the note says why rather than "reads it on every rank"."""
-    import json
-    import socket
-
-    import torch
-    import torch.multiprocessing as mp
-    from safetensors.torch import load_file
-
-    path = tiny_model("qwen3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_fsdp_loading_worker, args=(2, port, str(path), str(tmp_path), [0, 0]), nprocs=2, join=True)
-    r1 = json.loads((tmp_path / "rank1.json").read_text())
-    assert "rank 1 is local rank 0 of its node: it keeps the checkpoint's weights" in r1["notes"][-1]
-    ck = load_file(str(path / "model.safetensors"))
-    w1 = torch.load(tmp_path / "rank1.pt")
-    for k, v in ck.items():
-        assert torch.equal(w1[k], v.to(w1[k].dtype)), k
-
-
 def test_cpu_staged_fsdp_names_no_host_memory_fix_that_changes_nothing() -> None:
     """Loading in float32 puts 4 bytes per parameter on every rank's CPU, as accelerate's upcast of bf16 does:
-    the ranks other than local rank 0 hold zeros (5.17-5.22), but torch.zeros_like writes them, so they are
-    resident (measured: 1 GiB of zeros_like adds 1 GiB of RSS). The plan's own number does not move, so the
-    host-memory refusal must not offer it as a fix."""
+    the plan's own number does not move, so the host-memory refusal must not offer it as a fix."""
     caps = dataclasses.replace(torchrun(hardware("8xH100-80GB"), 8, rank=0), host_memory=1 << 40)
     kw: dict[str, Any] = dict(hardware=caps, intent="training", seq_len=2048, allow_offload=True)
     bf16 = plan(full_config("Llama-3.1-70B"), **kw).parallelism
@@ -851,15 +727,23 @@ def _load_model_staged_worker(rank: int, world: int, port: int, path: str, gpu_b
     import cudaload
 
     caps = _small_gpus(rank, world, gpu_bytes)
+    import torch
+    import torch.distributed as dist
+
+    fsdp_vars = ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
+    before = [os.environ.get(k) for k in fsdp_vars]  # a TrainingArguments earlier in pytest may have set one
     model = cudaload.load_model(
         path, hardware=caps, intent="training", seq_len=64, allow_offload=True, prefetch=False
     )
     p = model.cudaload_plan
+    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, f"{out}/load{rank}.pt")
     res = {
         "devices": list(p.placement.devices),
         "verified_devices": p.verified["devices"],
         "notes": p.verified["notes"],
-        "env": os.environ.get("ACCELERATE_USE_FSDP"),
+        "probe": p.verified["phases"].get("probe"),
+        "group": dist.is_available() and dist.is_initialized(),
+        "env_unchanged": [os.environ.get(k) for k in fsdp_vars] == before,
     }
     with open(f"{out}/load{rank}.json", "w") as fh:
         json.dump(res, fh)
@@ -874,9 +758,11 @@ def _small_gpus(rank: int, world: int, gpu_bytes: int) -> Capabilities:
 
 @pytest.mark.slow
 def test_load_model_under_torchrun_stages_on_the_cpu_and_verifies(tmp_path: Path) -> None:
-    """The whole load_model on two gloo ranks for a plan whose weights (300 M params, bf16) fit no GPU whole:
-    the load goes through from_pretrained on each rank's CPU, the probe is skipped, verify() accepts the
-    CPU-placed model, rank 1 holds zeros (5.17-5.22) or the weights (5.23+), and the variables are unset after."""
+    """The whole load_model on two torchrun-like ranks for a plan whose weights (300 M params, bf16) fit no GPU
+    whole: each rank loads through from_pretrained on its CPU, every rank holds the checkpoint's weights (never
+    transformers' 5.17-5.22 zeros, which a Trainer without cpu_ram_efficient_loading would shard and train), the
+    probe is skipped, verify() accepts the CPU-placed model, and load_model creates no process group and sets
+    no FSDP variables."""
     import json
     import socket
 
@@ -914,8 +800,16 @@ def test_load_model_under_torchrun_stages_on_the_cpu_and_verifies(tmp_path: Path
     mp.spawn(
         _load_model_staged_worker, args=(2, port, str(path), gpu_bytes, str(tmp_path)), nprocs=2, join=True
     )
+    from safetensors.torch import load_file
+
+    ck: dict[str, Any] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        ck.update(load_file(str(f)))
     for r in range(2):
         res = json.loads((tmp_path / f"load{r}.json").read_text())
-        assert res["devices"] == ["cpu"] and res["verified_devices"] == ["cpu"] and res["env"] is None
-        assert any("created the gloo process group" in n for n in res["notes"])
-    assert "rank 1 read the checkpoint" in json.loads((tmp_path / "load1.json").read_text())["notes"][-1]
+        assert res["devices"] == ["cpu"] and res["verified_devices"] == ["cpu"]
+        assert res["group"] is False and res["env_unchanged"]
+        assert any("loaded them on its CPU (every rank holds them)" in n for n in res["notes"])
+        w = torch.load(tmp_path / f"load{r}.pt")
+        for k, v in ck.items():
+            assert torch.equal(w[k], v), (r, k)

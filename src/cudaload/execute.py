@@ -8,15 +8,13 @@ failed load leaves GPU memory where it was.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import probes
@@ -261,104 +259,22 @@ def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
-#: what transformers' is_fsdp_enabled() reads (5.17 distributed/fsdp.py:41-47). TrainingArguments with an
-#: fsdp_config sets only the second (training_args.py:2808); the first comes from `accelerate launch`, so under
-#: torchrun neither building TrainingArguments first nor the Trainer makes from_pretrained load this way
-_FSDP_LOADING_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
-
-
 def _fsdp_weights_on_cpu(plan: Plan) -> bool:
     par = plan.parallelism
     return bool(par is not None and par.launched and par.config.get("weights_on_cpu"))
 
 
-def _process_group_options(cuda: bool, environ: Mapping[str, str]) -> tuple[str, timedelta]:
-    """The backend and timeout accelerate's PartialState would create the group with, since it reuses the one
-    created here and never re-creates it (accelerate 1.15 state.py:219-244, init only where not
-    ``torch.distributed.is_initialized()``). The backend: NCCL, with gloo beside it for CPU tensors where
-    ``accelerate launch`` set FSDP with offloaded parameters or full state dicts (state.py:226-234; under
-    torchrun those variables are unset). The timeout: what TrainingArguments passes, ddp_timeout, default 1800 s
-    (transformers 5.17 training_args.py:1420-1421 and :1859); torch's own default for NCCL is 10 minutes, too
-    short for rank 0 saving a 70B full state dict while the others wait."""
-    if not cuda:
-        return "gloo", timedelta(seconds=1800)
-    fsdp = environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    cpu_tensors = (
-        environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
-        or environ.get("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT") == "FULL_STATE_DICT"
-    )
-    return ("cuda:nccl,cpu:gloo" if fsdp and cpu_tensors else "nccl"), timedelta(seconds=1800)
-
-
-@contextlib.contextmanager
-def _fsdp_rank0_loading(plan: Plan, notes: list[str]) -> Iterator[None]:
-    """For an FSDP plan whose weights fit no GPU whole, under torchrun: from_pretrained loads on the CPU on
-    every rank and (5.17-5.22) zeroes all but each node's local rank 0 afterwards (transformers 5.17
-    modeling_utils.py:4718-4724, 4757-4769; see _fsdp_rank_note), which it does when is_fsdp_enabled(): a
-    process group exists and the two variables above are set. The user
-    builds TrainingArguments after load_model, so neither exists yet: the process group is created here as
-    accelerate would create it (the Trainer then finds and reuses it) and the variables are set for the call
-    only."""
-    if not _fsdp_weights_on_cpu(plan):
-        yield
-        return
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_available() and not dist.is_initialized():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local)
-        backend, timeout = _process_group_options(torch.cuda.is_available(), os.environ)
-        dist.init_process_group(backend=backend, timeout=timeout)
-        notes.append(
-            f"created the {backend} process group (world size {dist.get_world_size()}, timeout "
-            f"{timeout.total_seconds():.0f} s: the Trainer's default ddp_timeout, which a TrainingArguments built "
-            "later cannot change) so that from_pretrained loads under FSDP; the Trainer reuses it"
-        )
-    saved = {k: os.environ.get(k) for k in _FSDP_LOADING_ENV}
-    os.environ.update(_FSDP_LOADING_ENV)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    notes.append(
-        "FSDP CPU-efficient loading: the weights are on this rank's CPU; the Trainer shards the model onto the GPUs "
-        "and broadcasts rank 0's weights"
-    )
-
-
-def _fsdp_rank_note(model: Any, plan: Plan, notes: list[str]) -> None:
-    """Say what this rank holds after an FSDP CPU-efficient load, as found. Every rank reads the checkpoint
-    (5.17 _load_pretrained_model has no rank test; measured: each rank's copy of the file comes into the page
-    cache). Transformers 5.17-5.22 then replace the weights with zeros on every rank but each node's local rank
-    0 (is_local_dist_rank_0 reads LOCAL_RANK, 5.17 distributed/utils.py:62-63; modeling_utils.py:4718-4724);
-    from 5.23 every rank keeps them (only non-persistent buffers are special-cased, 5.23
-    modeling_utils.py:4853). The Trainer then broadcasts global rank 0's weights."""
-    if not _fsdp_weights_on_cpu(plan):
-        return
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        notes.append(
-            "rank 0 read the checkpoint on its CPU"
-            if rank == 0
-            else f"rank {rank} is local rank 0 of its node: it keeps the checkpoint's weights on its CPU"
-        )
-        return
-    first = next((p for p in model.parameters() if p.numel()), None)
-    zeros = first is not None and not bool(first.detach().any())
-    notes.append(
-        f"rank {rank} read the checkpoint and holds zeros in its place on its CPU (this transformers zeroes all "
-        "but each node's local rank 0)"
-        if zeros
-        else f"rank {rank} read the checkpoint and keeps it on its CPU (this transformers keeps it on every rank)"
-    )
+#: Why an FSDP rank whose weights fit no GPU whole loads them plainly on its CPU, not through transformers' own
+#: FSDP loading (is_fsdp_enabled: a process group plus ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING,
+#: 5.17 distributed/fsdp.py:41-47). That path reads the checkpoint on every rank too and in 5.17-5.22 then
+#: writes zeros over it on all but each node's local rank 0 (modeling_utils.py:4718-4724): no host memory saved
+#: (zeros_like writes its pages), and a Trainer built without cpu_ram_efficient_loading would shard those zeros
+#: and train them without a word. From 5.23 it keeps the weights on every rank, as this does on every version.
+_STAGED_NOTE = (
+    "FSDP: the weights fit no GPU whole, so this rank loaded them on its CPU (every rank holds them); the Trainer "
+    "shards the model onto the GPUs, and with training_arguments(plan)'s cpu_ram_efficient_loading accelerate "
+    "sends each rank its part of rank 0's weights"
+)
 
 
 def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
@@ -405,9 +321,9 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
             logger.warning("%s", notes[-1])
             del e
             _release_memory()
-    with _fsdp_rank0_loading(plan, notes):
-        model = _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough))
-    _fsdp_rank_note(model, plan, notes)
+    model = _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough))
+    if _fsdp_weights_on_cpu(plan):
+        notes.append(_STAGED_NOTE)
     return model, "from_pretrained", notes
 
 
@@ -764,7 +680,7 @@ def load_model(
         seconds = time.perf_counter() - t0
         phases.mark("load")
         if _fsdp_weights_on_cpu(plan):
-            # the model is on the CPU until the Trainer shards it (and zeros on most ranks): a forward
+            # the model is on the CPU until the Trainer shards it: a forward
             # here would test nothing about the GPU backend, and a 70B CPU forward takes minutes
             fallbacks: list[dict[str, str]] = []
         else:

@@ -335,9 +335,8 @@ def plan(
         )
     elif par is not None and par.launched and par.config.get("weights_on_cpu"):
         why = (
-            "FSDP with weights that fit no GPU whole: from_pretrained loads them on each rank's CPU (kept on "
-            "each node's local rank 0 only in transformers 5.17-5.22, zeros on the others: is_fsdp_enabled, 5.17 "
-            "modeling_utils.py:4718); the fast path fills a GPU"
+            "FSDP with weights that fit no GPU whole: from_pretrained loads them on each rank's CPU; the fast "
+            "path fills a GPU"
         )
         lp = Decision(
             "from_pretrained",

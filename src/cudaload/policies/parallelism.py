@@ -164,8 +164,7 @@ def _state(t: Mapping[str, int]) -> int:
 
 def _staged_host_bytes(info: Any, terms: dict[str, int], intent: str, local: int) -> int:
     """Host memory on one node when FSDP ranks load on their CPUs (weights_on_cpu): every local rank holds the
-    weights in the dtype (local rank 0 the checkpoint's; the others zeros on transformers 5.17-5.22, resident
-    all the same since torch.zeros_like writes them, or the checkpoint's from 5.23), and accelerate's
+    checkpoint's weights in the dtype (load_model loads them on each rank's CPU), and accelerate's
     fsdp2_prepare_model upcasts each trainable parameter to fp32 one at a time, keeps the upcast state dict
     (original_sd) and only then moves the model to the meta device (accelerate 1.15 utils/fsdp_utils.py:815-820,
     :828, :844): for a full fine-tune 4 bytes per parameter on every rank, whatever the load dtype."""
@@ -538,7 +537,7 @@ def choose_parallelism(
                 "1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
                 + (
                     f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node (more nodes) "
-                    "or train LoRA (a float32 load needs the same: the zeros other ranks hold are written too)"
+                    "or train LoRA (a float32 load needs the same)"
                     if over
                     else ""
                 )
@@ -1136,10 +1135,8 @@ def decide(
             ("cpu",),
             reasons=(
                 f"{par.choice}: the weights in {dtype} do not fit one GPU whole, so no rank loads them onto its "
-                f"GPU ({dev} here): every rank reads the checkpoint on its CPU, and all but each node's local "
-                "rank 0 then hold zeros in its place (transformers 5.17-5.22 modeling_utils.py:4718-4724 in 5.17 "
-                "under FSDP's CPU-efficient loading; from 5.23 they keep the weights), and the Trainer shards the "
-                "model and sends each rank its part of rank 0's (fsdp_config cpu_ram_efficient_loading)",
+                f"GPU ({dev} here): every rank loads them on its CPU, and the Trainer shards the model and sends "
+                "each rank its part of rank 0's (fsdp_config cpu_ram_efficient_loading)",
             ),
         )
     else:
