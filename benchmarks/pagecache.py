@@ -9,11 +9,19 @@ benchmark reports the figure next to every cold number.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+if SRC.is_dir() and str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+# mincore on a mapping of each file, where the kernel tells the truth about it (re-exported for benchmarks)
+from cudaload.prefetch import resident_fraction  # noqa: E402
+
+__all__ = ["evict", "files_of", "resident_fraction"]
 
 
 def files_of(path: str | os.PathLike[str]) -> list[Path]:
@@ -46,46 +54,3 @@ def evict(files: Iterable[str | os.PathLike[str]]) -> tuple[bool, str]:
         return True, "drop_caches"
     except OSError as e:
         return False, f"{why}; drop_caches: {e}"
-
-
-def resident_fraction(files: Iterable[str | os.PathLike[str]]) -> float | None:
-    """Fraction of the files' pages in the page cache (0.0 = fully cold), or None where it cannot be asked."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        ]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    except (OSError, AttributeError):
-        return None
-    page = mmap.PAGESIZE
-    resident = total = 0
-    for f in files:
-        size = os.path.getsize(f)
-        if size == 0:
-            continue
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                return None
-            try:
-                n = (size + page - 1) // page
-                vec = (ctypes.c_ubyte * n)()
-                if libc.mincore(addr, size, vec) != 0:
-                    return None
-                raw = bytes(vec)
-                resident += n - raw.count(0)
-                total += n
-            finally:
-                libc.munmap(addr, size)
-        finally:
-            os.close(fd)
-    return resident / total if total else None

@@ -67,6 +67,7 @@ def test_read_mode_skips_what_the_page_cache_holds(tmp_path: Path) -> None:
         os.close(fd)
     with open(f, "rb") as fh:
         fh.read()
+    assert prefetch.resident_fraction([f]) == 1.0
     p = prefetch.Prefetch([str(f)], mode="read").start()
     for t in p._workers:
         t.join(timeout=30)
@@ -76,6 +77,7 @@ def test_read_mode_skips_what_the_page_cache_holds(tmp_path: Path) -> None:
         fd = os.open(f, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+        assert prefetch.resident_fraction([f]) == 0.0
         p = prefetch.Prefetch([str(f)], mode="read").start()
         for t in p._workers:
             t.join(timeout=30)

@@ -9,7 +9,6 @@ transformers 5.17's own shapes, check the formula against the live tensors of tr
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -151,53 +150,17 @@ def test_the_padding_is_transformers_own() -> None:
         assert sv.step_keys(q, kv, cache_tokens=n, max_batch_tokens=RUN7_M, graphs=True) == (tq, tkv + tq)
 
 
-class _LiveBytes:
-    """Peak bytes of the tensors allocated while active (a TorchDispatchMode): each new storage counts once, until
-    its last tensor dies. Storages that existed before (the cache, the inputs) are not counted."""
+def _bench() -> Any:
+    """benchmarks/bench_masked_transient.py as a module: its LiveBytes (the CPU stand-in for the allocator's
+    peak) is what this file's live-tensor check uses too."""
+    import importlib.util
 
-    def __init__(self, existing: list[Any]) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        outer = self
-        self.skip = {t.untyped_storage().data_ptr() for t in existing}
-        self.live: dict[int, list[int]] = {}
-        self.now = 0
-        self.peak = 0
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                import torch
-                from torch.utils._pytree import tree_leaves
-
-                out = func(*args, **(kwargs or {}))
-                for t in tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
-                        outer._track(t)
-                return out
-
-        self.mode = Mode()
-
-    def _track(self, t: Any) -> None:
-        st = t.untyped_storage()
-        key, size = st.data_ptr(), st.nbytes()
-        if size == 0 or key in self.skip:
-            return
-        if key in self.live:
-            self.live[key][1] += 1
-        else:
-            self.live[key] = [size, 1]
-            self.now += size
-            self.peak = max(self.peak, self.now)
-        weakref.finalize(t, self._drop, key)
-
-    def _drop(self, key: int) -> None:
-        e = self.live.get(key)
-        if e is None:
-            return
-        e[1] -= 1
-        if e[1] == 0:
-            self.now -= e[0]
-            del self.live[key]
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_masked_transient.py"
+    spec = importlib.util.spec_from_file_location("bench_masked_transient", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # float16 takes a fused softmax on CUDA only
@@ -230,7 +193,7 @@ def test_the_formula_matches_the_live_tensors_of_transformers_own_eager_paged_at
     mask = torch.zeros(1, 1, q_len, keys, dtype=dt)
     read = [torch.arange(keys)]
     write = [torch.arange(cached, keys)]
-    probe = _LiveBytes([q, k, v, mask, *read, *write, *cache.key_cache, *cache.value_cache])
+    probe = _bench().LiveBytes([q, k, v, mask, *read, *write, *cache.key_cache, *cache.value_cache])
     with torch.no_grad(), probe.mode:
         out, weights = eager_paged_attention_forward(
             module, q, k, v, mask, d**-0.5, cache=cache, read_index=read, write_index=write
@@ -438,18 +401,13 @@ def test_the_loaded_model_takes_sdpa_where_the_serving_plan_replaced_eager() -> 
 
 def test_the_transient_benchmark_smoke_run_measures_the_formula_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    import importlib.util
     import json
 
     import transformers
 
     if not transformers.__version__.startswith("5.17."):
         pytest.skip("the benchmark's stub cache drives 5.17's PagedAttentionCache.update")
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_masked_transient.py"
-    spec = importlib.util.spec_from_file_location("bench_masked_transient", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench()
     assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "masked_transient.json").read_text())
     assert len(res["cases"]) == len(mod.SMOKE_CASES)

@@ -20,7 +20,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,7 +120,8 @@ class _Residency:
             return
         self.libc, self.ctypes, self.addr = libc, ctypes, addr
 
-    def resident(self, off: int, n: int) -> bool | None:
+    def resident_pages(self, off: int, n: int) -> tuple[int, int] | None:
+        """(pages in the page cache, pages) of the range, or None where it cannot be asked."""
         if self.addr is None or n <= 0:
             return None
         start = off - off % self.page  # mincore wants a page-aligned address
@@ -129,12 +130,40 @@ class _Residency:
         if self.libc.mincore(self.ctypes.c_void_p(self.addr + start), off + n - start, vec) != 0:
             return None
         # bit 0 of each byte: the page is resident (the other bits are reserved)
-        return b"\x00" not in bytes(vec).translate(_LOW_BIT)
+        return pages - bytes(vec).translate(_LOW_BIT).count(0), pages
+
+    def resident(self, off: int, n: int) -> bool | None:
+        got = self.resident_pages(off, n)
+        return None if got is None else got[0] == got[1]
 
     def close(self) -> None:
         if self.addr is not None:
             self.libc.munmap(self.ctypes.c_void_p(self.addr), self.size)
             self.addr = None
+
+
+def resident_fraction(files: Iterable[str | os.PathLike[str]]) -> float | None:
+    """Fraction of the files' pages in the page cache (0.0 = cold), or None where the kernel cannot or would not
+    say (see :class:`_Residency`). Benchmarks report it beside every cold number."""
+    resident = total = 0
+    for f in files:
+        size = os.path.getsize(f)
+        if size == 0:
+            continue
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            res = _Residency(fd, size)
+            try:
+                got = res.resident_pages(0, size)
+            finally:
+                res.close()
+        finally:
+            os.close(fd)
+        if got is None:
+            return None
+        resident += got[0]
+        total += got[1]
+    return resident / total if total else None
 
 
 @dataclass
