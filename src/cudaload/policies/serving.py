@@ -921,17 +921,20 @@ def plan_serving(
         max_blocks_req += max_blocks_req % 2
     if not has_cuda:
         shape = replace(shape, score_bytes=0)  # no device to run out of: the host cache is sized to the work
-    bt_dec = choose_batch_tokens(
-        shape,
-        m_top=m_top,
-        budget=cache_budget_at,
-        io_multiplier=1,
-        max_blocks_per_request=max_blocks_req,
-        need_tokens=need_tokens,
-        goal_tokens=goal_tokens,
-        batch_size=batch_size,
-        dtype=dtype,
-    )
+    def batch_tokens_for(shape: CacheShape) -> Decision:
+        return choose_batch_tokens(
+            shape,
+            m_top=m_top,
+            budget=cache_budget_at,
+            io_multiplier=1,
+            max_blocks_per_request=max_blocks_req,
+            need_tokens=need_tokens,
+            goal_tokens=goal_tokens,
+            batch_size=batch_size,
+            dtype=dtype,
+        )
+
+    bt_dec = batch_tokens_for(shape)
     if bt_dec.choice is None:
         floor = _batch_ladder(m_top)[-1]
         if supports_sdpa:
@@ -945,17 +948,7 @@ def plan_serving(
             paged = kind = "paged|sdpa"
             shape = replace(shape, score_bytes=0)
             notes.append(f"paged|eager rejected: {why}; planned for paged|sdpa (no scores held)")
-            bt_dec = choose_batch_tokens(
-                shape,
-                m_top=m_top,
-                budget=cache_budget_at,
-                io_multiplier=1,
-                max_blocks_per_request=max_blocks_req,
-                need_tokens=need_tokens,
-                goal_tokens=goal_tokens,
-                batch_size=batch_size,
-                dtype=dtype,
-            )
+            bt_dec = batch_tokens_for(shape)
         else:
             bt_dec = Decision(
                 str(floor),
