@@ -17,7 +17,12 @@ Configurations, one model at a time (random bf16 weights built on the device fro
              ``generate()`` on fixed batches in request order, left padding + attention_mask, each batch generating
              its longest request's count; a request's latency is its batch's completion time since t=0; only the
              tokens each request asked for count as generated
-  extra variants (``--variants``): the plan's settings with some keys replaced, run while budget remains
+  extra variants (``--variants``): the plan's settings with some keys replaced, run while budget remains; a
+             variant with ``"bare": true`` starts from transformers' defaults instead of the plan's settings
+
+Agreement: each continuous-batching run keeps every request's first generated tokens; a configuration's
+``agree_first`` is the share of requests whose first token equals the ``plan`` run's (greedy on random weights:
+implementations that compute the same attention agree on nearly every request; a broken path agrees on few).
 
 Per configuration: throughput (requested tokens generated / wall seconds from submission to the last completion),
 per-request latency p50/p95, peak GPU memory (allocated and reserved), OOMs caught and recorded, decode step time
@@ -131,6 +136,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "setup_s": med("setup_s"),
         "peak_alloc_gib": med("peak_alloc_gib"),
         "peak_reserved_gib": med("peak_reserved_gib"),
+        "agree_first": med("agree_first"),
     }
 
 
@@ -358,6 +364,7 @@ class Bench:
             res["error"] = f"{len(errors)} requests failed: {str(errors[0])[:300]}"
             res["oom"] = any(is_oom(e) for e in errors)
         good = [r for r in done.values() if not r.error]
+        res["first_tokens"] = {r.request_id: list(r.generated_tokens[:4]) for r in good}
         wrong = [r.request_id for r in good if len(r.generated_tokens) != reqs[ids[r.request_id]][1]]
         if wrong:
             res["wrong_lengths"] = len(wrong)
@@ -498,6 +505,8 @@ class Bench:
                         "attn_implementation": v.get("attn_implementation", cb_kwargs_from(settings)[0]),
                     },
                 )
+                if not v.get("bare")
+                else (f"default+{name}", {k: x for k, x in v.items() if k != "bare"})
                 for name, v in variants.items()
             ]
             n_main = 2 + len(a.padded)
@@ -542,6 +551,13 @@ class Bench:
                             "trace": traceback.format_exc()[-800:],
                         }
                     r.update({"config": name, "rep": rep})
+                    ref = next(
+                        (x.get("first_tokens") for x in entry["runs"] if x.get("config") == "plan" and x.get("first_tokens")),
+                        None,
+                    )
+                    if ref and r.get("first_tokens"):
+                        same = [ref[k][:1] == t[:1] for k, t in r["first_tokens"].items() if k in ref]
+                        r["agree_first"] = sum(same) / len(same) if same else None
                     entry["runs"].append(r)
                     log(
                         f"  -> {fmt(r.get('tokens_s'))} tok/s p50 {fmt(r.get('p50_s'))}s p95 {fmt(r.get('p95_s'))}s"
@@ -595,8 +611,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             "| config | tok/s (median) | min-max | vs best padded | vs default | p50 s | p95 s | decode ms/step "
-            "| bound ms/step | setup s | tok/s incl. setup | peak alloc GiB | runs ok/all | OOM | partial |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| bound ms/step | setup s | tok/s incl. setup | peak alloc GiB | first token = plan's | runs ok/all | OOM "
+            "| partial |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         cfgs = e.get("configs", {})
         pads = [c.get("tokens_s") for n, c in cfgs.items() if n.startswith("padded") and c.get("tokens_s")]
@@ -609,7 +626,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"| {fmt(t / base_pad if t and base_pad else None)}x | {fmt(t / base_def if t and base_def else None)}x "
                 f"| {fmt(s.get('p50_s'))} | {fmt(s.get('p95_s'))} | {fmt(s.get('decode_step_ms'))} "
                 f"| {fmt(b.get('step_ms'))} | {fmt(s.get('setup_s'))} | {fmt(s.get('tokens_s_incl_setup'), 4)} "
-                f"| {fmt(s.get('peak_alloc_gib'))} "
+                f"| {fmt(s.get('peak_alloc_gib'))} | {fmt(s.get('agree_first'))} "
                 f"| {s.get('ok_runs')}/{s.get('runs')} | {s.get('ooms')} | {s.get('partial')} |"
             )
         errs = [
