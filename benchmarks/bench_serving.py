@@ -552,7 +552,11 @@ class Bench:
                         }
                     r.update({"config": name, "rep": rep})
                     ref = next(
-                        (x.get("first_tokens") for x in entry["runs"] if x.get("config") == "plan" and x.get("first_tokens")),
+                        (
+                            x.get("first_tokens")
+                            for x in entry["runs"]
+                            if x.get("config") == "plan" and x.get("first_tokens")
+                        ),
                         None,
                     )
                     if ref and r.get("first_tokens"):

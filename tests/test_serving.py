@@ -170,7 +170,9 @@ def test_paged_attention_follows_the_attention_decision(choice: str, paged: str,
     assert d.choice == paged
     flex = d.candidate("flex_attention")
     assert flex is not None and not flex.ok
-    s = _direct("Qwen3-0.6B", attention_choice=choice, seq_len=2048, batch_size=32)
+    # flash-attn-4's paged form runs from transformers 5.19 (5.17/5.18 pass its qv argument a tensor by position)
+    tv = "5.22.2" if choice == "flash_attention_4" else "5.17.0"
+    s = _direct("Qwen3-0.6B", attention_choice=choice, seq_len=2048, batch_size=32, transformers_version=tv)
     assert s.attention.choice == paged
     # no mask: graphs are transformers' own default and cudaload's too
     if not masked:
@@ -348,6 +350,45 @@ def test_load_model_serving_returns_a_model_ready_for_continuous_batching(
     assert model.config._attn_implementation == plan.attention.choice
 
 
+@pytest.mark.gpu
+def test_load_model_serving_on_the_gpu_pages_the_planned_attention(tiny_model: Callable[..., Path]) -> None:
+    """On a GPU: the model load_model returns for serving generates through transformers' continuous batching with
+    the plan's config and the attention the serving policy chose (paged FA4 where flash-attn-4 and transformers
+    >= 5.19 are there, as measured in run10-serving-fa4-t522; paged sdpa otherwise)."""
+    import torch
+    import transformers
+
+    from cudaload.detection.versions import version_tuple
+
+    path = tiny_model("qwen3", "bfloat16")
+    model = cudaload.load_model(path, intent="serving", seq_len=128, batch_size=8)
+    plan = model.cudaload_plan
+    assert plan.serving is not None and next(model.parameters()).is_cuda
+    fa4 = (
+        importlib.util.find_spec("flash_attn") is not None
+        and importlib.util.find_spec("flash_attn.cute") is not None
+    )
+    new_tf = (version_tuple(transformers.__version__) or (0,))[:2] >= sv.FA4_PAGED_FROM
+    if fa4 and new_tf and torch.cuda.get_device_capability()[0] in (9, 10):
+        assert plan.attention.choice == "flash_attention_4"
+        assert plan.serving.attention.choice == "paged|flash_attention_4"
+    else:
+        assert plan.serving.attention.choice in (
+            "paged|sdpa",
+            "paged|flash_attention_2",
+            "paged|flash_attention_3",
+        )
+    model.generation_config.eos_token_id = None
+    out = model.generate_batch(
+        [list(range(5, 5 + n)) for n in (4, 17, 33, 60)],
+        continuous_batching_config=model.cudaload_cb_config,
+        max_new_tokens=6,
+    )
+    assert all(r.error is None for r in out.values())
+    assert sorted(len(r.generated_tokens) for r in out.values()) == [6, 6, 6, 6]
+    assert model.config._attn_implementation == plan.attention.choice
+
+
 # -- the benchmark's pure parts and its CPU smoke run ---------------------------------------------------------
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_serving.py"
 
@@ -467,3 +508,85 @@ def test_load_model_refused_by_settle_keeps_no_reference_to_the_model(
     gc.collect()
     assert e.value.fix == "free the GPU memory"
     assert len(refs) == 1 and refs[0]() is None, "the refused model is still referenced"
+
+
+# -- the paged implementation for serving, apart from the one-batch attention choice ------------------------------
+def _h200(tv: str, *installed: str) -> Any:
+    import json
+    from dataclasses import replace
+
+    from cudaload.capabilities import Capabilities
+
+    caps = Capabilities.from_dict(json.loads(Path(H200).read_text()))
+    return replace(caps, transformers_version=tv).with_packages(installed)
+
+
+def test_fa4_paged_form_blocked_before_transformers_5_19() -> None:
+    # measured on the H200 (run9-serving-fa4-t517): transformers 5.17 hands cu_seq_lens_q to FA4's `qv`
+    for tv in ("5.17.0", "5.18.0"):
+        d = sv.choose_paged_attention("flash_attention_4", transformers_version=tv)
+        assert d.choice == "paged|sdpa"
+        assert "qv" in d.reasons[0] and "run9-serving-fa4-t517" in d.reasons[0]
+        c = d.candidate("paged|flash_attention_4")
+        assert c is not None and not c.ok
+        # an auto choice with FA4 usable does not pick it either
+        auto = sv.choose_paged_attention(
+            "sdpa", usable=["sdpa", "eager", "flash_attention_4"], transformers_version=tv
+        )
+        assert auto.choice == "paged|sdpa"
+    for tv in ("5.19.0", "5.22.2", "5.24.0"):
+        d = sv.choose_paged_attention("flash_attention_4", transformers_version=tv)
+        assert d.choice == "paged|flash_attention_4"
+
+
+def test_serving_prefers_a_usable_flash_paged_form_over_the_one_batch_choice() -> None:
+    d = sv.choose_paged_attention(
+        "sdpa", usable=["sdpa", "eager", "flash_attention_4"], transformers_version="5.22.2"
+    )
+    assert d.choice == "paged|flash_attention_4"
+    assert "run10-serving-fa4-t522" in " ".join(d.reasons)
+    # transformers' own order for continuous batching when several flash packages are usable: FA3, FA2, then FA4
+    d = sv.choose_paged_attention(
+        "sdpa", usable=["sdpa", "flash_attention_2", "flash_attention_4"], transformers_version="5.22.2"
+    )
+    assert d.choice == "paged|flash_attention_2"
+    d = sv.choose_paged_attention(
+        "flash_attention_4", usable=["flash_attention_3", "flash_attention_4"], transformers_version="5.22.2"
+    )
+    assert d.choice == "paged|flash_attention_4"  # the attention decision's own flash choice comes first
+    # nothing flash usable: the one-batch choice's paged form, as before
+    assert sv.choose_paged_attention("eager", usable=["eager", "sdpa"]).choice == "paged|eager"
+
+
+def test_serving_plan_loads_the_attention_its_paged_form_needs() -> None:
+    new = _h200("5.22.2", "flash-attn-4")
+    p = cudaload.plan(full_config("Qwen3-8B"), hardware=new, intent="serving", seq_len=2304, batch_size=64)
+    assert p.attention.choice == "flash_attention_4"
+    assert p.attention.reasons[0].startswith("serving: ")
+    assert p.serving is not None and p.serving.attention.choice == "paged|flash_attention_4"
+    # transformers >= 5.22 drops the paged| prefix for flash (the name the model is loaded and served with)
+    assert p.serving.settings()["attn_implementation"] == "flash_attention_4"
+    assert p.serving.cuda_graphs.choice == "on"
+    # the round trip keeps it
+    assert Plan.from_dict(p.to_dict()).attention.choice == "flash_attention_4"
+    # generate() intent on the same machine keeps its own choice
+    inf = cudaload.plan(full_config("Qwen3-8B"), hardware=new, intent="inference")
+    assert inf.attention.choice == "sdpa"
+    # a named attention is respected
+    named = cudaload.plan(
+        full_config("Qwen3-8B"), hardware=new, intent="serving", attn="sdpa", seq_len=2304, batch_size=64
+    )
+    assert named.attention.choice == "sdpa" and named.serving is not None
+    assert named.serving.attention.choice == "paged|sdpa"
+    # transformers 5.17 with FA4 installed: FA4's paged form fails there, so sdpa is loaded and paged
+    old = cudaload.plan(
+        full_config("Qwen3-8B"),
+        hardware=_h200("5.17.0", "flash-attn-4"),
+        intent="serving",
+        seq_len=2304,
+        batch_size=64,
+    )
+    assert old.attention.choice == "sdpa"
+    assert old.serving is not None and old.serving.attention.choice == "paged|sdpa"
+    c = old.serving.attention.candidate("paged|flash_attention_4")
+    assert c is not None and not c.ok and any("qv" in r for r in c.reasons)

@@ -25,7 +25,7 @@ from .policies.load_path import choose_load_path
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
 from .policies.parallelism import decide as decide_parallelism
 from .policies.quantization import fit
-from .policies.serving import ServingPlan, plan_serving
+from .policies.serving import ServingPlan, choose_paged_attention, plan_serving
 from .tuning import Timings, Work
 from .tuning import lookup as lookup_timings
 
@@ -120,6 +120,7 @@ def _serving(
     gpu_devs: list[str],
     seq_len: int | None,
     batch_size: int | None,
+    usable_attention: list[str] | None = None,
 ) -> ServingPlan:
     """The serving section on the first GPU the model is placed on (every rank is alike under tensor parallel)."""
     weights = int(fr.breakdown.terms.get("weights", 0))
@@ -150,6 +151,7 @@ def _serving(
         batch_size=batch_size,
         world_size=world,
         transformers_version=caps.transformers_version,
+        usable_attention=usable_attention,
     )
     if len(gpu_devs) > 1 and world == 1:
         sp = replace(
@@ -161,6 +163,29 @@ def _serving(
             ),
         )
     return sp
+
+
+def _serving_attention(at: Decision, info: ModelInfo, caps: Capabilities, usable: list[str]) -> Decision:
+    """The attention decision for intent="serving": the implementation whose paged form the serving policy
+    prefers, when it differs from the one-batch choice (every candidate kept, the reason stated first)."""
+    paged = choose_paged_attention(
+        at.choice or "sdpa",
+        supports_sdpa=bool(getattr(info, "supports_sdpa", True)),
+        usable=usable,
+        transformers_version=caps.transformers_version,
+    )
+    base = (paged.choice or "").removeprefix("paged|")
+    if not base or base == at.choice or base.startswith("kernels-community/"):
+        return at
+    return replace(
+        at,
+        choice=base,
+        reasons=(
+            f"serving: {paged.reasons[0]}",
+            *paged.reasons[1:],
+            f"(for one generate() batch: {at.choice})",
+        ),
+    )
 
 
 def _first_use_here(caps: Capabilities) -> dict[str, float] | None:
@@ -278,6 +303,16 @@ def plan(
         first_use=_first_use_here(caps),
     )
     assert at.choice is not None
+    usable_attention: list[str] | None = None
+    if intent == "serving" and attn == "auto":
+        # the attention decision weighs one generate() batch; continuous batching pages many requests, where a
+        # flash form attends per request and sdpa/eager mask every key the batch reads: the model is loaded with
+        # the implementation whose paged form serves (transformers pages the model's own attention at the
+        # manager's start, 5.17 continuous_api.py:651-683)
+        usable_attention = [at.choice, *(c.name for c in at.candidates if c.ok)]
+        at = _serving_attention(at, info, caps, usable_attention)
+    attn_choice = at.choice
+    assert attn_choice is not None
     fit_kw: dict[str, Any] = dict(
         dtype=dt.choice,
         intent=base_intent,
@@ -386,7 +421,9 @@ def plan(
         quantization_config=fr.quantization_config,
         peft=_peft(info) if intent in ("lora", "qlora") else None,
         warnings=tuple(warnings),
-        serving=_serving(info, caps, dt.choice, at.choice, fr, gpu_devs, declared_seq, declared_batch)
+        serving=_serving(
+            info, caps, dt.choice, attn_choice, fr, gpu_devs, declared_seq, declared_batch, usable_attention
+        )
         if intent == "serving"
         else None,
         optimizer=fr.optimizer,

@@ -9,7 +9,12 @@ decides the values of those fields and why, and the model is handed to transform
 
 Decided here, each as a :class:`~cudaload.decision.Decision` with every candidate:
 
-* ``attention``: the paged form of the attention decision's choice (same measured truth). transformers 5.17
+* ``attention``: a paged flash form when one is usable here (measured on the H200: paged flash_attention_4
+  served 3.5-5.3x the tokens/s of paged sdpa, run10-serving-fa4-t522), else the paged form of the attention
+  decision's choice. The attention decision weighs one ``generate()`` batch, where masks and padding pick the
+  winner; continuous batching attends per request with flash and through one dense mask with sdpa/eager, so for
+  intent="serving" the planner loads the implementation whose paged form serves. flash-attn-4's paged form needs
+  transformers >= 5.19 (:data:`FA4_PAGED_FROM`). transformers 5.17
   registers ``paged|flash_attention_{2,3,4}``, ``paged|sdpa`` and ``paged|eager`` (modeling_utils.py:5082-5086);
   from 5.22 the prefix is dropped except for ``paged|eager`` (5.22.2 modeling_utils.py:1733-1744 strips it with a
   FutureWarning). sdpa and eager need a dense block-diagonal mask over every key the batch reads
@@ -115,6 +120,10 @@ MEASURED_PLAN_VS_DEFAULTS = (
     "max_memory_percent 0.9) 347-355 and 252. The plan with torch's cuDNN attention switched off decoded as slowly "
     "as the defaults (141 vs 144 ms a step, 304 tok/s, run8-serving): which of the differences carries the gain is "
     "not measured apart"
+)
+MEASURED_FLASH_GRAPHS = (
+    "measured with paged flash_attention_4 on the H200 (run10-serving-fa4-t522, same cache settings): graphs and "
+    "async on 1,617 vs off 935 tok/s (Qwen3-0.6B shape, 11.6 vs 47 ms a decode step), 1,489 vs 657 (8B, 19 vs 56 ms)"
 )
 #: graphs must make the step at least this much faster to be worth their padding
 GRAPH_SPEEDUP_MIN = 1.5
@@ -475,13 +484,65 @@ class ServingPlan:
 # ------------------------------------------------------------------------------------------------------------------
 # the decisions
 # ------------------------------------------------------------------------------------------------------------------
-def choose_paged_attention(attention_choice: str, *, supports_sdpa: bool = True) -> Decision:
-    """The paged implementation continuous batching runs, from the attention decision's choice."""
+#: the first transformers version whose paged flash path calls the varlen kernel with keywords (5.19.0
+#: integrations/flash_paged.py:31 -> modeling_flash_attention_utils.py:828-847, ``cu_seqlens_q=...``). 5.17
+#: (flash_paged.py:72-79) and 5.18 (flash_paged.py:75-82) pass ``cu_seq_lens_q`` 4th by position, where
+#: flash-attn-4 4.0.0b36 takes ``qv`` (flash_attn/cute/interface.py:4214-4222): every request failed with
+#: "'int' object has no attribute 'shape'" on the H200 (benchmarks/results/2026-12-01-h200/run9-serving-fa4-t517)
+FA4_PAGED_FROM = (5, 19)
+#: measured on the H200 (transformers 5.22.2, flash-attn-4 4.0.0b36, torch 2.11; 64 requests, prompts 128-2048,
+#: 128-256 new tokens; benchmarks/results/2026-12-01-h200/run10-serving-fa4-t522)
+MEASURED_FA4_PAGED = (
+    "paged flash_attention_4 against paged sdpa with the same cache settings, H200, 64 requests: 1,617 vs 467 "
+    "tok/s (Qwen3-0.6B shape, 11.6 vs 90 ms a decode step) and 1,489 vs 283 (8B, 19 vs 143 ms); "
+    "benchmarks/results/2026-12-01-h200/run10-serving-fa4-t522"
+)
+#: the order cudaload prefers paged flash forms in when the attention decision chose none of them: transformers'
+#: own order for continuous batching (FA3, then FA2: continuous_api.py:662-668, both with the decode fast path),
+#: then FA4 (varlen only: flash_attn_with_kvcache is None for it, modeling_flash_attention_utils.py:178-181)
+_FLASH_ORDER = ("flash_attention_3", "flash_attention_2", "flash_attention_4")
+
+
+def _paged_blocker(impl: str, transformers_version: str | None) -> str | None:
+    """Why transformers cannot run ``impl``'s paged form at this version (None: it can)."""
+    v = _version(transformers_version) if transformers_version else None
+    if impl == "flash_attention_4" and v is not None and v[:2] < FA4_PAGED_FROM:
+        return (
+            f"transformers {transformers_version} passes cu_seq_lens_q by position into flash-attn-4's qv argument "
+            "(5.17 integrations/flash_paged.py:72-79, flash-attn-4 4.0.0b36 cute/interface.py:4214-4222): every "
+            "request failed on the H200 (run9-serving-fa4-t517); transformers >= 5.19 passes keywords "
+            f"({MEASURED_FA4_PAGED})"
+        )
+    return None
+
+
+def choose_paged_attention(
+    attention_choice: str,
+    *,
+    supports_sdpa: bool = True,
+    usable: Iterable[str] | None = None,
+    transformers_version: str | None = None,
+) -> Decision:
+    """The paged implementation continuous batching runs.
+
+    ``usable``: every attention implementation the attention decision accepted (its ok candidates) when it chose
+    automatically; a paged flash form among them is preferred over the attention decision's own choice, because
+    that choice is made for one ``generate()`` batch, where masks and padding decide, while serving pages many
+    requests, where sdpa and eager need a dense mask over every key the batch reads and flash attends per
+    request. None: the caller named the attention; its paged form is used (where transformers can run it)."""
     base = attention_choice
     if base.startswith("kernels-community/"):
         from .attention import _KERNEL_TO_IMPL
 
         base = _KERNEL_TO_IMPL.get(base, base)
+    ok_impls = {base} | set(usable or ())
+    ok_impls = {i for i in ok_impls if i in _PAGED}
+    preferred: str | None = None
+    if usable is not None:
+        order = ([base] if base.startswith("flash") else []) + [f for f in _FLASH_ORDER if f != base]
+        preferred = next(
+            (f for f in order if f in ok_impls and _paged_blocker(f, transformers_version) is None), None
+        )
     cands: list[Candidate] = []
     for impl, paged in _PAGED.items():
         why: list[str] = []
@@ -496,11 +557,19 @@ def choose_paged_attention(attention_choice: str, *, supports_sdpa: bool = True)
             why.append("no mask: attends per request (varlen)")
         if paged in _FAST_DECODE:
             why.append("decode fast path with a block table (initialization.py:114-146)")
-        if impl.startswith("flash") and impl != base:
+        if impl == "flash_attention_4":
+            why.append(MEASURED_FA4_PAGED)
+        blocker = _paged_blocker(impl, transformers_version)
+        if impl.startswith("flash") and impl not in ok_impls:
             ok = False
             why.append(
                 f"not the attention decision's choice ({attention_choice}): not installed or not supported"
+                if usable is None
+                else "not usable here: see the attention decision"
             )
+        elif blocker is not None:
+            ok = False
+            why.append(blocker)
         if impl == "sdpa" and not supports_sdpa:
             ok = False
             why.append("the model does not support sdpa")
@@ -516,17 +585,36 @@ def choose_paged_attention(attention_choice: str, *, supports_sdpa: bool = True)
             ),
         )
     )
-    if attention_choice.startswith("kernels-community/") and base in _PAGED:
+    fallback = "paged|sdpa" if supports_sdpa else "paged|eager"
+    reasons: list[str]
+    if preferred is not None and preferred != base:
+        choice = _PAGED[preferred]
+        reasons = [
+            f"{preferred} is usable here and its paged form attends per request without a mask; the attention "
+            f"decision's {attention_choice} was chosen for one generate() batch"
+        ]
+        if preferred == "flash_attention_4":
+            reasons.append(MEASURED_FA4_PAGED)
+        else:
+            reasons.append("not measured here; transformers' own first choice for continuous batching")
+    elif attention_choice.startswith("kernels-community/") and base in _PAGED:
         # the Hub kernel itself, paged: transformers registers "paged|<repo>" when it loads the kernel
         # (modeling_flash_attention_utils.py:188-189)
         choice = f"paged|{attention_choice}"
         reasons = [f"paged form of the attention decision's {attention_choice}"]
         cands.insert(0, Candidate(choice, True, (f"the Hub kernel {attention_choice} provides {base}",)))
+    elif base in _PAGED and _paged_blocker(base, transformers_version) is not None:
+        choice = fallback
+        reasons = [
+            f"{base} cannot serve paged here: {_paged_blocker(base, transformers_version)}; {choice} instead"
+        ]
     elif base in _PAGED:
         choice = _PAGED[base]
         reasons = [f"paged form of the attention decision's {attention_choice}"]
+        if base == "flash_attention_4":
+            reasons.append(MEASURED_FA4_PAGED)
     else:  # flex_attention or an unknown kernel string: sdpa, or eager for models without sdpa
-        choice = "paged|sdpa" if supports_sdpa else "paged|eager"
+        choice = fallback
         reasons = [f"{attention_choice} has no paged form in transformers: {choice}"]
     return Decision(choice, tuple(reasons), tuple(cands))
 
@@ -627,6 +715,7 @@ def decide_graphs(
         )
         if not masked:
             on_why.append("no attention mask: padding to graph shapes is cheap (transformers' own default)")
+            on_why.append(MEASURED_FLASH_GRAPHS)
         elif eager < GRAPH_SPEEDUP_MIN * gpu_padded:
             ok_on = False
             on_why.append(f"{step}: not launch-bound enough to repay the padding of a masked kernel")
@@ -817,18 +906,25 @@ def plan_serving(
     world_size: int = 1,
     transformers_version: str | None = None,
     launch_s_per_layer: float | None = None,
+    usable_attention: Iterable[str] | None = None,
 ) -> ServingPlan:
     """The serving section. ``weights_bytes``: the whole model's weights (split over ``world_size`` ranks);
     ``device_total`` / ``device_budget``: one GPU's memory and what it may hold (None: no GPU, planning for the CPU);
     ``seq_len`` / ``batch_size``: the declared longest request (prompt + new tokens) and concurrent requests, or
-    None when the caller did not declare them."""
+    None when the caller did not declare them; ``usable_attention``: the attention decision's accepted
+    implementations when it chose automatically (see :func:`choose_paged_attention`)."""
     s = info.summary
     tp = max(1, int(world_size))
     notes: list[str] = []
     warnings: list[str] = []
 
     supports_sdpa = bool(getattr(info, "supports_sdpa", True))
-    att = choose_paged_attention(attention_choice, supports_sdpa=supports_sdpa)
+    att = choose_paged_attention(
+        attention_choice,
+        supports_sdpa=supports_sdpa,
+        usable=usable_attention,
+        transformers_version=transformers_version,
+    )
     paged = att.choice or "paged|sdpa"
     kind = _PAGED.get(_kind(paged), paged)
     masked = kind in _MASKED
@@ -921,6 +1017,7 @@ def plan_serving(
         max_blocks_req += max_blocks_req % 2
     if not has_cuda:
         shape = replace(shape, score_bytes=0)  # no device to run out of: the host cache is sized to the work
+
     def batch_tokens_for(shape: CacheShape) -> Decision:
         return choose_batch_tokens(
             shape,
