@@ -14,7 +14,7 @@
 #   fresh     benchmarks/bench_fresh.py: process start to first forward, warm and cold (FRESH_ARGS)
 #   memtrain  benchmarks/bench_memory_train.py: training peaks and fit boundaries (quant wheels)
 #   serving   benchmarks/bench_serving.py: 64 mixed requests, both shapes (SERVING_S each; SERVING_VARIANTS JSON,
-#             SERVING_PADDED batch sizes)
+#             SERVING_PADDED batch sizes, SERVING_REPS)
 #   parallel  benchmarks/bench_parallel.py: DDP / FSDP2 / TP / layer split on 2 GPUs
 #   masked    benchmarks/bench_masked_transient.py: one masked paged attention layer, memory vs the plan's formula
 #   servingeager  the serving plan cudaload makes with attn="eager" (0.6B), against the same with paged|sdpa
@@ -54,7 +54,7 @@ for part in "$@"; do
     memtrain) t "${MEMTRAIN_S:-480}" python benchmarks/bench_memory_train.py --out "$dir/memtrain" --budget-s "$(( ${MEMTRAIN_S:-480} - 30 ))" ${MEMTRAIN_ARGS:-} > "$dir/memtrain.log" 2>&1
               tail -30 "$dir/memtrain.log" ;;
     serving) for shape in ${SERVING_SHAPES:-Qwen3-0.6B Qwen3-8B}; do
-               t "${SERVING_S:-270}" python benchmarks/bench_serving.py --out "$dir/serving-$shape" --shapes "$shape" --budget-s "$(( ${SERVING_S:-270} - 20 ))" ${SERVING_VARIANTS:+--variants "$SERVING_VARIANTS"} ${SERVING_PADDED+--padded "$SERVING_PADDED"} > "$dir/serving-$shape.log" 2>&1
+               t "${SERVING_S:-270}" python benchmarks/bench_serving.py --out "$dir/serving-$shape" --shapes "$shape" --budget-s "$(( ${SERVING_S:-270} - 20 ))" --reps "${SERVING_REPS:-1}" ${SERVING_VARIANTS:+--variants "$SERVING_VARIANTS"} ${SERVING_PADDED+--padded "$SERVING_PADDED"} > "$dir/serving-$shape.log" 2>&1
                tail -20 "$dir/serving-$shape.log"; done ;;
     parallel) t "${PARALLEL_S:-300}" python benchmarks/bench_parallel.py --out "$dir/parallel" --budget-s "$(( ${PARALLEL_S:-300} - 20 ))" ${PARALLEL_ARGS:-} > "$dir/parallel.log" 2>&1
               tail -30 "$dir/parallel.log" ;;

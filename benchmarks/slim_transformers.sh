@@ -18,5 +18,6 @@ find "$tmp/x/transformers/models" -mindepth 1 -maxdepth 1 -type d \
   ! -name qwen3 ! -name qwen2 ! -name llama ! -name auto -exec rm -rf {} +
 mkdir -p "$root/.tslim"
 grep -qx '/.tslim/' "$root/.git/info/exclude" 2>/dev/null || echo '/.tslim/' >> "$root/.git/info/exclude"
-tar cJf "$root/.tslim/tslim.tar.xz" -C "$tmp/x" transformers
+# the dist-info too: importlib.metadata (cudaload's detection, transformers' own checks) must see this version
+tar cJf "$root/.tslim/tslim.tar.xz" -C "$tmp/x" transformers "transformers-$ver.dist-info"
 du -h "$root/.tslim/tslim.tar.xz"
