@@ -590,3 +590,104 @@ def test_serving_plan_loads_the_attention_its_paged_form_needs() -> None:
     assert old.serving is not None and old.serving.attention.choice == "paged|sdpa"
     c = old.serving.attention.candidate("paged|flash_attention_4")
     assert c is not None and not c.ok and any("qv" in r for r in c.reasons)
+
+
+def test_a_runtime_fallback_from_the_serving_flash_choice_goes_to_a_pageable_one() -> None:
+    """The attention decision's candidates are the runtime fallback order (execute._next_attention): when serving
+    replaces the one-batch choice by flash_attention_4 and FA4 fails its probe, the next one must be the one-batch
+    choice (sdpa), not an implementation continuous batching refuses (flex_attention: 'is not supported for
+    continuous batching', transformers 5.24 continuous_api.py:779-784)."""
+    from cudaload.execute import _next_attention
+
+    p = cudaload.plan(
+        full_config("Qwen3-0.6B"), hardware=_h200("5.22.2", "flash-attn-4"), intent="serving", seq_len=2304,
+        batch_size=64,
+    )
+    assert p.attention.choice == "flash_attention_4"
+    ok = [c.name for c in p.attention.candidates if c.ok]
+    assert ok[0] == "flash_attention_4"
+    assert _next_attention(p, "flash_attention_4") == "sdpa"
+
+
+def test_fa4_hub_kernel_paged_form_blocked_before_transformers_5_19() -> None:
+    # transformers 5.17 registers "paged|<kernel repo>" with the same positional paged_attention_forward
+    # (modeling_flash_attention_utils.py:279-282 -> integrations/flash_paged.py:72-79): FA4's Hub build takes qv 4th
+    d = sv.choose_paged_attention("kernels-community/flash-attn4", transformers_version="5.17.0")
+    assert d.choice == "paged|sdpa"
+    assert "qv" in d.reasons[0]
+    auto = sv.choose_paged_attention(
+        "kernels-community/flash-attn4", usable=["kernels-community/flash-attn4", "sdpa"], transformers_version="5.18.0"
+    )
+    assert auto.choice == "paged|sdpa"
+    new = sv.choose_paged_attention("kernels-community/flash-attn4", transformers_version="5.22.2")
+    assert new.choice == "paged|kernels-community/flash-attn4"
+
+
+def test_fa4_rejected_by_the_attention_decision_is_not_served() -> None:
+    """A model flash-attn-4 refuses (head dim not a multiple of 8) is not loaded with FA4 for serving even where
+    flash-attn-4 is installed: the serving preference only picks among the attention decision's accepted ones."""
+    cfg = full_config("Qwen3-0.6B")
+    cfg.head_dim = 36
+    p = cudaload.plan(
+        cfg, hardware=_h200("5.22.2", "flash-attn-4"), intent="serving", seq_len=2304, batch_size=64
+    )
+    fa4 = p.attention.candidate("flash_attention_4")
+    assert fa4 is not None and not fa4.ok and any("multiple of 8" in r for r in fa4.reasons)
+    assert p.attention.choice == "sdpa"
+    assert p.serving is not None and p.serving.attention.choice == "paged|sdpa"
+
+
+@pytest.mark.slow
+def test_attach_serving_pages_the_planned_attention_not_a_refused_one(tiny_model: Callable[..., Path]) -> None:
+    """attn="flash_attention_4" with transformers 5.17 for serving: the serving plan pages sdpa (FA4's paged form
+    fails there, run9-serving-fa4-t517); the loaded model must then take sdpa, or the manager pages FA4 anyway
+    (5.17 continuous_api.py:651-683 pages the model's current attention)."""
+    from transformers import AutoModelForCausalLM
+
+    from cudaload.execute import _attach_serving
+
+    path = tiny_model("qwen3", "bfloat16")
+    p = cudaload.plan(
+        path, hardware=_h200("5.17.0", "flash-attn-4"), intent="serving", attn="flash_attention_4", seq_len=64,
+        batch_size=4,
+    )
+    assert p.attention.choice == "flash_attention_4"
+    assert p.serving is not None and p.serving.attention.choice == "paged|sdpa"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    model.config._attn_implementation = "flash_attention_4"  # what from_pretrained sets on a machine with FA4
+    verified: dict[str, Any] = {}
+    _attach_serving(model, p, verified)
+    assert model.config._attn_implementation == "sdpa"
+    assert verified["serving_attention"] == "sdpa"
+
+
+@pytest.mark.slow
+def test_the_installed_transformers_serves_with_the_name_the_plan_gives(tiny_model: Callable[..., Path]) -> None:
+    """With the installed transformers (5.17 .. 5.24): the model loaded with the plan's attention keeps, through
+    the manager's start (switch_to_cb_friendly_attn), exactly the name settings()["attn_implementation"] says.
+    FA4 cannot run on this CPU, but transformers' check of the name before any kernel runs is real."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from cudaload.detection.versions import version_tuple
+    from cudaload.execute import _attach_serving
+
+    tv = transformers.__version__
+    path = tiny_model("qwen3", "bfloat16")
+    for attn in ("auto", "sdpa", "eager"):
+        p = cudaload.plan(
+            path, hardware=_h200(tv, "flash-attn-4"), intent="serving", attn=attn, seq_len=64, batch_size=4
+        )
+        assert p.serving is not None
+        if attn == "auto":
+            expect = "flash_attention_4" if (version_tuple(tv) or (0,))[:2] >= sv.FA4_PAGED_FROM else "sdpa"
+            assert p.attention.choice == expect
+        name = p.serving.settings()["attn_implementation"]
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+        model.config._attn_implementation = p.attention.choice  # as from_pretrained(attn_implementation=...) sets
+        _attach_serving(model, p, {})
+        model.init_continuous_batching(
+            continuous_batching_config=ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=64)
+        )
+        assert model.config._attn_implementation == name, (attn, tv)
