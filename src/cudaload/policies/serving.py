@@ -484,10 +484,13 @@ class ServingPlan:
 # ------------------------------------------------------------------------------------------------------------------
 # the decisions
 # ------------------------------------------------------------------------------------------------------------------
-#: the first transformers version whose paged flash path calls the varlen kernel with keywords (5.19.0
-#: integrations/flash_paged.py:31 -> modeling_flash_attention_utils.py:828-847, ``cu_seqlens_q=...``). 5.17
-#: (flash_paged.py:72-79) and 5.18 (flash_paged.py:75-82) pass ``cu_seq_lens_q`` 4th by position, where
-#: flash-attn-4 4.0.0b36 takes ``qv`` (flash_attn/cute/interface.py:4214-4222): every request failed with
+#: the first transformers version whose paged flash path calls the varlen kernel with keywords: 5.19.0 strips the
+#: "paged|" prefix (modeling_utils.py:5135-5140), so continuous batching runs the plain flash_attention_forward
+#: (integrations/flash_attention.py:59-88, the paged cache updated there) -> modeling_flash_attention_utils.py
+#: :828-847, ``cu_seqlens_q=...`` (same in 5.22.2 :840-859, 5.24.0 :842-861). 5.17 (flash_paged.py:72-79) and 5.18
+#: (flash_paged.py:75-82, registered for "paged|flash_attention_4" and for a Hub kernel's "paged|<repo>",
+#: 5.17 modeling_flash_attention_utils.py:279-282) pass ``cu_seq_lens_q`` 4th by position, where flash-attn-4
+#: 4.0.0b36 takes ``qv`` (flash_attn/cute/interface.py:4214-4222): every request failed with
 #: "'int' object has no attribute 'shape'" on the H200 (benchmarks/results/2026-12-01-h200/run9-serving-fa4-t517)
 FA4_PAGED_FROM = (5, 19)
 #: measured on the H200 (transformers 5.22.2, flash-attn-4 4.0.0b36, torch 2.11; 64 requests, prompts 128-2048,
@@ -597,17 +600,19 @@ def choose_paged_attention(
             reasons.append(MEASURED_FA4_PAGED)
         else:
             reasons.append("not measured here; transformers' own first choice for continuous batching")
+    elif base in _PAGED and _paged_blocker(base, transformers_version) is not None:
+        # before the Hub-kernel branch: a Hub FA4 build goes through the same positional call (FA4_PAGED_FROM)
+        choice = fallback
+        reasons = [
+            f"{attention_choice} cannot serve paged here: {_paged_blocker(base, transformers_version)}; "
+            f"{choice} instead"
+        ]
     elif attention_choice.startswith("kernels-community/") and base in _PAGED:
         # the Hub kernel itself, paged: transformers registers "paged|<repo>" when it loads the kernel
         # (modeling_flash_attention_utils.py:188-189)
         choice = f"paged|{attention_choice}"
         reasons = [f"paged form of the attention decision's {attention_choice}"]
         cands.insert(0, Candidate(choice, True, (f"the Hub kernel {attention_choice} provides {base}",)))
-    elif base in _PAGED and _paged_blocker(base, transformers_version) is not None:
-        choice = fallback
-        reasons = [
-            f"{base} cannot serve paged here: {_paged_blocker(base, transformers_version)}; {choice} instead"
-        ]
     elif base in _PAGED:
         choice = _PAGED[base]
         reasons = [f"paged form of the attention decision's {attention_choice}"]
