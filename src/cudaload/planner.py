@@ -177,9 +177,15 @@ def _serving_attention(at: Decision, info: ModelInfo, caps: Capabilities, usable
     base = (paged.choice or "").removeprefix("paged|")
     if not base or base == at.choice or base.startswith("kernels-community/"):
         return at
+    # the candidates are the runtime fallback order (execute._next_attention walks the ok ones after a failed
+    # probe): the serving choice first, then the one-batch order, whose head is the one-batch choice and sdpa.
+    # Left as it was, a failed FA4 would fall to the candidates after it (flex_attention), which continuous
+    # batching refuses ("not supported for continuous batching", 5.24 continuous_api.py:779-784)
+    first = [c for c in at.candidates if c.name == base]
     return replace(
         at,
         choice=base,
+        candidates=(*first, *(c for c in at.candidates if c.name != base)),
         reasons=(
             f"serving: {paged.reasons[0]}",
             *paged.reasons[1:],
