@@ -488,7 +488,8 @@ def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     the pure policy), then transformers' own ``ContinuousBatchingConfig`` at ``model.cudaload_cb_config`` for
     ``generate_batch`` / ``continuous_batching_context_manager``. At the manager's start transformers switches the
     model's attention to its paged form (5.17 continuous_api.py:651-683) and back at stop, so the model keeps its
-    planned attention unless the serving plan replaced paged|eager by paged|sdpa: then it takes sdpa here."""
+    planned attention unless the serving plan pages another one (paged|sdpa for paged|eager's memory, or for a flash
+    form transformers cannot run paged, e.g. flash-attn-4 before 5.19): then it takes that one here."""
     from dataclasses import fields
 
     import torch
@@ -499,10 +500,11 @@ def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     section = plan.serving
     assert section is not None
     # transformers pages the model's current attention at the manager's start (continuous_api.py:651-683): where
-    # the serving policy replaced paged|eager by paged|sdpa for memory, the model takes sdpa so that it does
+    # the serving policy pages sdpa or eager instead of the loaded one (paged|eager's scores do not fit; an
+    # explicit flash_attention_4 that transformers < 5.19 cannot run paged), the model takes it so that it does
     base = (section.attention.choice or "").removeprefix("paged|")
     current = getattr(model.config, "_attn_implementation", None)
-    if base in ("sdpa", "eager") and current in ("sdpa", "eager") and current != base:
+    if base in ("sdpa", "eager") and current is not None and current != base:
         model.set_attn_implementation(base)
         verified["serving_attention"] = base
     device = getattr(model, "device", None)
