@@ -691,3 +691,37 @@ def test_the_installed_transformers_serves_with_the_name_the_plan_gives(tiny_mod
             continuous_batching_config=ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=64)
         )
         assert model.config._attn_implementation == name, (attn, tv)
+
+
+def test_after_a_runtime_fallback_the_serving_section_is_planned_for_the_attention_loaded() -> None:
+    """FA4 chosen for serving fails its probe and the model falls back to sdpa (execute._probe_and_fallback): the
+    serving section planned for paged FA4 (no mask counted, graphs for an unmasked step) no longer describes the
+    model; it is planned again for paged sdpa, whose dense mask and repeated K/V the memory must hold."""
+    from dataclasses import replace
+
+    from cudaload.decision import Decision
+    from cudaload.execute import _serving_after_fallback
+
+    cfg = full_config("Qwen3-0.6B")
+    kw: dict[str, Any] = dict(
+        hardware=_h200("5.22.2", "flash-attn-4"), intent="serving", seq_len=2304, batch_size=64, attn="auto"
+    )
+    p = cudaload.plan(cfg, **kw)
+    assert p.serving is not None and p.serving.attention.choice == "paged|flash_attention_4"
+    fell = replace(
+        p,
+        attention=Decision(
+            "sdpa",
+            (*p.attention.reasons, "runtime fallback: flash_attention_4 -> sdpa: probe failed"),
+            p.attention.candidates,
+        ),
+    )
+    out = _serving_after_fallback(fell, cfg, kw)
+    assert out.attention == fell.attention  # the fallback is kept as it happened
+    assert out.serving is not None and out.serving.attention.choice == "paged|sdpa"
+    assert out.serving.settings()["attn_implementation"] == "sdpa"
+    direct = cudaload.plan(cfg, **{**kw, "attn": "sdpa"}).serving
+    assert direct is not None and out.serving.num_blocks == direct.num_blocks
+    assert any("fallback" in n for n in out.serving.notes)
+    # no fallback, or one that keeps the paged form: the section stands
+    assert _serving_after_fallback(p, cfg, kw) is p
