@@ -483,6 +483,27 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
     return get_peft_model(model, LoraConfig(**(plan.peft or {"target_modules": "all-linear"})))
 
 
+def _serving_after_fallback(plan: Plan, model: Any, plan_kwargs: Mapping[str, Any]) -> Plan:
+    """After a runtime attention fallback (:func:`_probe_and_fallback`) the serving section is planned again for
+    the attention the model now has, where it pages another one: a section planned for paged flash counts no
+    dense mask and turns graphs on for an unmasked step, neither true of paged sdpa/eager. The attention decision
+    (with its fallback) and the rest of the plan stay as they are."""
+    from .planner import plan as make_plan
+
+    current = plan.attention.choice
+    if plan.serving is None or current is None:
+        return plan
+    if (plan.serving.attention.choice or "").removeprefix("paged|") == current:
+        return plan
+    again = make_plan(model, **{**plan_kwargs, "attn": current}).serving
+    assert again is not None
+    note = (
+        f"planned again for {current}: the runtime attention fallback replaced "
+        f"{plan.serving.attention.choice} (see the attention decision)"
+    )
+    return replace(plan, serving=replace(again, notes=(*again.notes, note)))
+
+
 def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     """intent="serving": the plan's cache settled against the memory free after loading (measured here, passed to
     the pure policy), then transformers' own ``ContinuousBatchingConfig`` at ``model.cudaload_cb_config`` for
@@ -687,6 +708,8 @@ def load_model(
             fallbacks: list[dict[str, str]] = []
         else:
             plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
+            if fallbacks and plan.serving is not None:
+                plan = _serving_after_fallback(plan, model, plan_kwargs)
         phases.mark("probe")
         verified = verify(loaded, plan, allow_offload=allow_offload)
         phases.mark("verify")
