@@ -17,7 +17,10 @@ python3 -m pip download -q --no-deps "transformers==$ver" -d "$tmp"
 find "$tmp/x/transformers/models" -mindepth 1 -maxdepth 1 -type d \
   ! -name qwen3 ! -name qwen2 ! -name llama ! -name auto -exec rm -rf {} +
 mkdir -p "$root/.tslim"
-grep -qx '/.tslim/' "$root/.git/info/exclude" 2>/dev/null || echo '/.tslim/' >> "$root/.git/info/exclude"
+# in a git worktree .git is a file: ask git where the (shared) exclude file is
+exclude=$(git -C "$root" rev-parse --path-format=absolute --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.tslim/' "$exclude" 2>/dev/null || echo '/.tslim/' >> "$exclude"
 # the dist-info too: importlib.metadata (cudaload's detection, transformers' own checks) must see this version
 tar cJf "$root/.tslim/tslim.tar.xz" -C "$tmp/x" transformers "transformers-$ver.dist-info"
 du -h "$root/.tslim/tslim.tar.xz"
