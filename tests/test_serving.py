@@ -725,3 +725,22 @@ def test_after_a_runtime_fallback_the_serving_section_is_planned_for_the_attenti
     assert any("fallback" in n for n in out.serving.notes)
     # no fallback, or one that keeps the paged form: the section stands
     assert _serving_after_fallback(p, cfg, kw) is p
+
+
+def test_the_plan_keeps_transformers_from_switching_the_served_attention() -> None:
+    """From 5.19 the manager replaces an sdpa/eager model's attention by FA3 or FA2 (a package, or the Hub kernel)
+    at its start unless ``auto_switch_to_flash`` is False (5.19 continuous_api.py:746-764, 5.24 :755-773): the
+    served attention would then be one the plan did not size the cache for, or one the attention decision refused
+    (FA3 drops attention sinks). The plan's config turns it off wherever the installed class has the field."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    s = _serving_plan("Qwen3-0.6B", seq_len=2048, batch_size=32).serving
+    assert s is not None
+    names = [f.name for f in fields(ContinuousBatchingConfig)]
+    kw = s.continuous_batching_config(names)
+    assert ("auto_switch_to_flash" in kw) == ("auto_switch_to_flash" in names)
+    assert kw.get("auto_switch_to_flash", False) is False
+    assert ContinuousBatchingConfig(**kw).__dict__.get("auto_switch_to_flash", False) is False
+    # the 5.19+ field set, as a 5.24 install lists it
+    assert s.continuous_batching_config(["num_blocks", "auto_switch_to_flash"])["auto_switch_to_flash"] is False
+    assert "auto_switch_to_flash" not in s.continuous_batching_config(["num_blocks", "use_cuda_graph"])
