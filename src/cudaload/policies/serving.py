@@ -392,6 +392,12 @@ class ServingPlan:
         if fields is None:
             return kw
         names = set(fields)
+        if "auto_switch_to_flash" in names:
+            # from 5.19 the manager swaps an sdpa/eager model to FA3/FA2 (package or Hub kernel) at its start unless
+            # told not to (5.19 continuous_api.py:746-764, 5.24 :755-773): the plan's attention is the one served,
+            # the one the cache was sized for and the attention decision checked (FA3 drops sinks, for one). 5.17
+            # and 5.18 have no such field and switch whenever FA3/FA2 is available (5.17 continuous_api.py:660-668)
+            kw["auto_switch_to_flash"] = False
         if "block_size" in kw and "page_size" in names:
             kw["page_size"] = kw.pop("block_size")
         return {k: v for k, v in kw.items() if k in names}
