@@ -600,7 +600,10 @@ def test_a_runtime_fallback_from_the_serving_flash_choice_goes_to_a_pageable_one
     from cudaload.execute import _next_attention
 
     p = cudaload.plan(
-        full_config("Qwen3-0.6B"), hardware=_h200("5.22.2", "flash-attn-4"), intent="serving", seq_len=2304,
+        full_config("Qwen3-0.6B"),
+        hardware=_h200("5.22.2", "flash-attn-4"),
+        intent="serving",
+        seq_len=2304,
         batch_size=64,
     )
     assert p.attention.choice == "flash_attention_4"
@@ -616,7 +619,9 @@ def test_fa4_hub_kernel_paged_form_blocked_before_transformers_5_19() -> None:
     assert d.choice == "paged|sdpa"
     assert "qv" in d.reasons[0]
     auto = sv.choose_paged_attention(
-        "kernels-community/flash-attn4", usable=["kernels-community/flash-attn4", "sdpa"], transformers_version="5.18.0"
+        "kernels-community/flash-attn4",
+        usable=["kernels-community/flash-attn4", "sdpa"],
+        transformers_version="5.18.0",
     )
     assert auto.choice == "paged|sdpa"
     new = sv.choose_paged_attention("kernels-community/flash-attn4", transformers_version="5.22.2")
@@ -638,7 +643,9 @@ def test_fa4_rejected_by_the_attention_decision_is_not_served() -> None:
 
 
 @pytest.mark.slow
-def test_attach_serving_pages_the_planned_attention_not_a_refused_one(tiny_model: Callable[..., Path]) -> None:
+def test_attach_serving_pages_the_planned_attention_not_a_refused_one(
+    tiny_model: Callable[..., Path],
+) -> None:
     """attn="flash_attention_4" with transformers 5.17 for serving: the serving plan pages sdpa (FA4's paged form
     fails there, run9-serving-fa4-t517); the loaded model must then take sdpa, or the manager pages FA4 anyway
     (5.17 continuous_api.py:651-683 pages the model's current attention)."""
@@ -648,7 +655,11 @@ def test_attach_serving_pages_the_planned_attention_not_a_refused_one(tiny_model
 
     path = tiny_model("qwen3", "bfloat16")
     p = cudaload.plan(
-        path, hardware=_h200("5.17.0", "flash-attn-4"), intent="serving", attn="flash_attention_4", seq_len=64,
+        path,
+        hardware=_h200("5.17.0", "flash-attn-4"),
+        intent="serving",
+        attn="flash_attention_4",
+        seq_len=64,
         batch_size=4,
     )
     assert p.attention.choice == "flash_attention_4"
@@ -662,7 +673,9 @@ def test_attach_serving_pages_the_planned_attention_not_a_refused_one(tiny_model
 
 
 @pytest.mark.slow
-def test_the_installed_transformers_serves_with_the_name_the_plan_gives(tiny_model: Callable[..., Path]) -> None:
+def test_the_installed_transformers_serves_with_the_name_the_plan_gives(
+    tiny_model: Callable[..., Path],
+) -> None:
     """With the installed transformers (5.17 .. 5.24): the model loaded with the plan's attention keeps, through
     the manager's start (switch_to_cb_friendly_attn), exactly the name settings()["attn_implementation"] says.
     FA4 cannot run on this CPU, but transformers' check of the name before any kernel runs is real."""
@@ -685,7 +698,8 @@ def test_the_installed_transformers_serves_with_the_name_the_plan_gives(tiny_mod
             assert p.attention.choice == expect
         name = p.serving.settings()["attn_implementation"]
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
-        model.config._attn_implementation = p.attention.choice  # as from_pretrained(attn_implementation=...) sets
+        # as from_pretrained(attn_implementation=...) sets it (FA4 cannot be loaded on this CPU)
+        model.config._attn_implementation = p.attention.choice
         _attach_serving(model, p, {})
         model.init_continuous_batching(
             continuous_batching_config=ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=64)
@@ -742,5 +756,7 @@ def test_the_plan_keeps_transformers_from_switching_the_served_attention() -> No
     assert kw.get("auto_switch_to_flash", False) is False
     assert ContinuousBatchingConfig(**kw).__dict__.get("auto_switch_to_flash", False) is False
     # the 5.19+ field set, as a 5.24 install lists it
-    assert s.continuous_batching_config(["num_blocks", "auto_switch_to_flash"])["auto_switch_to_flash"] is False
+    assert (
+        s.continuous_batching_config(["num_blocks", "auto_switch_to_flash"])["auto_switch_to_flash"] is False
+    )
     assert "auto_switch_to_flash" not in s.continuous_batching_config(["num_blocks", "use_cuda_graph"])
