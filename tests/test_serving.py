@@ -191,6 +191,9 @@ def test_flash_decode_path_keeps_256_token_blocks() -> None:
 def test_attention_name_follows_the_transformers_version() -> None:
     assert sv.transformers_name("paged|sdpa", "5.17.0") == "paged|sdpa"
     assert sv.transformers_name("paged|sdpa", "5.22.2") == "sdpa"
+    # 5.19 already strips the prefix with a FutureWarning (modeling_utils.py:1737-1749); 5.18 registers it
+    assert sv.transformers_name("paged|flash_attention_4", "5.19.0") == "flash_attention_4"
+    assert sv.transformers_name("paged|flash_attention_4", "5.18.0") == "paged|flash_attention_4"
     assert sv.transformers_name("paged|flash_attention_3", "5.24.0") == "flash_attention_3"
     assert sv.transformers_name("paged|eager", "5.24.0") == "paged|eager"
     s = _direct("Qwen3-0.6B", transformers_version="5.24.0")
