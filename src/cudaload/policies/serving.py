@@ -16,8 +16,8 @@ Decided here, each as a :class:`~cudaload.decision.Decision` with every candidat
   intent="serving" the planner loads the implementation whose paged form serves. flash-attn-4's paged form needs
   transformers >= 5.19 (:data:`FA4_PAGED_FROM`). transformers 5.17
   registers ``paged|flash_attention_{2,3,4}``, ``paged|sdpa`` and ``paged|eager`` (modeling_utils.py:5082-5086);
-  from 5.22 the prefix is dropped except for ``paged|eager`` (5.22.2 modeling_utils.py:1733-1744 strips it with a
-  FutureWarning). sdpa and eager need a dense block-diagonal mask over every key the batch reads
+  from 5.19 the prefix is dropped except for ``paged|eager`` (5.19.0 modeling_utils.py:1737-1749 strips it with a
+  FutureWarning, as 5.22.2 :1732-1744 and 5.24.0 :1733-1745 still do). sdpa and eager need a dense block-diagonal mask over every key the batch reads
   (continuous_batching/utils.py:54-56, ``attn_mask_is_needed``); flash does not.
 * ``cuda_graphs``: transformers' own rule turns graphs on iff no mask is needed (continuous_batching/
   initialization.py:228-247): padded shapes cost masked kernels more. cudaload decides with the numbers instead:
@@ -137,9 +137,11 @@ GRAPH_Q_SIZES = 4
 HBM_BYTES_S = {"H200": 4.8e12, "H100": 3.35e12, "H20": 4.0e12, "A100": 2.0e12, "B200": 8.0e12, "L40": 0.86e12}
 HBM_FALLBACK = 1.0e12
 
-#: the first transformers version whose flash/sdpa paged forms drop the "paged|" prefix (5.22.2
-#: modeling_utils.py:1733-1744 strips it with a FutureWarning and removes it in 5.23)
-PLAIN_NAMES_FROM = (5, 22)
+#: the first transformers version whose flash/sdpa paged forms drop the "paged|" prefix: 5.19.0
+#: modeling_utils.py:1737-1749 strips it with a FutureWarning announcing its removal in 5.23 (5.22.2 :1732-1744 and
+#: 5.24.0 :1733-1745 still strip it), and its manager accepts "sdpa" and flash names as they are (5.19.0
+#: continuous_api.py:770-775); 5.18 registers the prefixed names (modeling_utils.py:5125-5129)
+PLAIN_NAMES_FROM = (5, 19)
 #: ContinuousBatchingConfig with use_async_batching / use_cuda_graph exists from transformers 5.17 (the oldest
 #: cudaload supports); before it the knobs lived on GenerationConfig
 CB_CONFIG_FROM = (5, 17)
