@@ -1,0 +1,327 @@
+"""cudaload.fastload.sharded: FSDP2 ranks that read only their own shards of the checkpoint (issue 17).
+
+Each multi-rank test starts gloo ranks on this CPU (torch.multiprocessing.spawn, as tests/test_parallelism.py
+does), runs one job on every rank and checks what the ranks wrote: every parameter's full tensor and every
+buffer equal from_pretrained's bit for bit, the logits of one forward too, each rank read exactly its rows of
+each weight (the ranks together read the checkpoint once), and one optimizer step trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+# -- helpers run inside the ranks ------------------------------------------------------------------------
+def _rank_main(rank: int, world: int, port: int, job: str, args: dict[str, Any], out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    if job != "load_model":  # load_model starts its own group from this environment
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        res = _JOBS[job](rank, world, args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(f"{out}/rank{rank}.json", "w") as fh:
+        json.dump(res, fh)
+
+
+def _count_preadv() -> list[int]:
+    """Count the bytes the fast path's reader reads (it reads checkpoint data with os.preadv only)."""
+    counted = [0]
+    real = os.preadv
+
+    def preadv(fd: int, buffers: Any, offset: int, *a: Any) -> int:
+        n = real(fd, buffers, offset, *a)
+        counted[0] += n
+        return n
+
+    os.preadv = preadv
+    return counted
+
+
+def _expected_bytes(path: str, world: int, rank: int, buffers: set[str], tied: set[str]) -> int:
+    """This rank's rows of every checkpoint weight by torch.chunk (FSDP2's split), whole buffers."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name in tied:
+                    continue
+                sl = st.get_slice(name)
+                shape = sl.get_shape()
+                nbytes = st.get_tensor(name).nbytes
+                if name in buffers or not shape:
+                    total += nbytes
+                    continue
+                pieces = list(torch.chunk(torch.arange(shape[0]), world))
+                rows = len(pieces[rank]) if rank < len(pieces) else 0
+                total += nbytes // shape[0] * rows
+    return total
+
+
+def _job_parity(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from cudaload.fastload.sharded import load_fsdp2
+
+    path = args["path"]
+    dtype = getattr(torch, args["dtype"])
+    counted = _count_preadv()
+    model = load_fsdp2(path, dtype=dtype, device="cpu", threads=2)
+    read = counted[0]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    res: dict[str, Any] = {"fsdp_module": isinstance(model, FSDPModule), "report": model.cudaload_fastload}
+    res["read"] = read
+    ref_buffers = {n for n, _ in ref.named_buffers()}
+    tied_in_ck = set()
+    if getattr(ref.config, "tie_word_embeddings", False):
+        tied_in_ck = set(getattr(ref, "all_tied_weights_keys", {}) or {})
+    res["expected_read"] = _expected_bytes(path, world, rank, ref_buffers, tied_in_ck)
+    ref_params = dict(ref.named_parameters(remove_duplicate=False))
+    got_params = dict(model.named_parameters(remove_duplicate=False))
+    res["param_names_equal"] = sorted(ref_params) == sorted(got_params)
+    bad: list[str] = []
+    for name, p in got_params.items():
+        if not isinstance(p, DTensor):
+            bad.append(f"{name}: not sharded")
+            continue
+        full = p.full_tensor()
+        r = ref_params[name]
+        if full.dtype != r.dtype or not torch.equal(full, r):
+            bad.append(f"{name}: values differ")
+    ref_b = dict(ref.named_buffers())
+    got_b = dict(model.named_buffers())
+    res["buffer_names_equal"] = sorted(ref_b) == sorted(got_b)
+    for name, b in got_b.items():
+        r = ref_b[name]
+        if b.dtype != r.dtype or not torch.equal(b, r):
+            bad.append(f"buffer {name}: values differ")
+    res["bad"] = bad
+    res["local_elems"] = sum(p.to_local().numel() for p in model.parameters())  # tied ones once
+    res["total_elems"] = sum(p.numel() for p in ref.parameters())
+    # tied weights stay one parameter, sharded once
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    res["tied"] = emb.weight is head.weight
+    res["ref_tied"] = ref.get_input_embeddings().weight is ref.get_output_embeddings().weight
+    # one forward: the same logits
+    ids = torch.arange(3, 3 + 12).reshape(1, 12) % ref.config.vocab_size
+    with torch.no_grad():
+        got = model(input_ids=ids).logits
+        want = ref(input_ids=ids).logits
+    res["logits_equal"] = bool(torch.equal(got, want))
+    res["logits_max_diff"] = float((got.float() - want.float()).abs().max())
+    # one optimizer step (the root keeps its parameters gathered after forward: FSDP2's root default, torch 2.13
+    # distributed/fsdp/_fully_shard/_fully_shard.py:187-190; reshard() puts the DTensors back)
+    model.reshard()
+    model.train()
+    before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    res["loss"] = float(loss.detach())
+    model.reshard()
+    after = {n: p.full_tensor() for n, p in model.named_parameters()}
+    res["changed"] = sum(not torch.equal(before[n], after[n]) for n in before)
+    res["n_params"] = len(before)
+    return res
+
+
+def _job_bad_input(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    from cudaload.errors import CudaloadError
+    from cudaload.fastload import StepAside
+    from cudaload.fastload.sharded import load_fsdp2
+
+    out: dict[str, Any] = {}
+    for key, path in args.items():
+        try:
+            load_fsdp2(path, dtype=torch.float32, device="cpu")
+            out[key] = "loaded"
+        except StepAside as e:
+            out[key] = f"StepAside: {e.message}"
+        except CudaloadError as e:
+            out[key] = f"{type(e).__name__}: {e.message}"
+    return out
+
+
+def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    import cudaload
+
+    caps = _small_gpus(rank, world, args["gpu_bytes"])
+    model = cudaload.load_model(
+        args["path"], hardware=caps, intent="training", seq_len=64, allow_offload=True, prefetch=False
+    )
+    p = model.cudaload_plan
+    ref = transformers.AutoModelForCausalLM.from_pretrained(args["path"], dtype=torch.bfloat16)
+    ref_params = dict(ref.named_parameters())
+    equal = all(torch.equal(q.full_tensor(), ref_params[n]) for n, q in model.named_parameters())
+    args_t = cudaload.training_arguments(p)
+    return {
+        "fsdp_module": isinstance(model, FSDPModule),
+        "equal": equal,
+        "group": dist.is_initialized(),
+        "load_path": p.verified["load_path"],
+        "notes": p.verified["notes"],
+        "reasons": list(p.parallelism.reasons) if p.parallelism is not None else [],
+        "host": (p.parallelism.config.get("host_bytes_per_node") if p.parallelism is not None else None),
+        "bytes": model.cudaload_fastload["bytes"],
+        "checkpoint_bytes": model.cudaload_fastload["checkpoint_bytes"],
+        "fsdp_args": {k: v for k, v in args_t.items() if k.startswith("fsdp")},
+    }
+
+
+_JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
+    "parity": _job_parity,
+    "bad_input": _job_bad_input,
+    "load_model": _job_load_model,
+}
+
+
+def _small_gpus(rank: int, world: int, gpu_bytes: int) -> Any:
+    import dataclasses
+
+    from cudaload.profiles import hardware, torchrun
+
+    caps = torchrun(hardware("2xH200"), world, rank=rank)
+    gpus = tuple(dataclasses.replace(g, total_memory=gpu_bytes, free_memory=gpu_bytes) for g in caps.gpus)
+    return dataclasses.replace(caps, gpus=gpus, source="snapshot:small-gpus")
+
+
+def _spawn(world: int, job: str, args: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(world, port, job, args, str(tmp)), nprocs=world, join=True)
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _save(kind: str, path: Path, dtype: str = "float32", **overrides: Any) -> Path:
+    """A tiny ``kind`` checkpoint with config overrides (make_tiny has none)."""
+    from cudaload.testing.models import _TINY, make_tokenizer, tiny_config
+
+    config = tiny_config(kind)
+    for k, v in overrides.items():  # tiny_config's own overrides= is shadowed by the family's (models.py:68)
+        setattr(config, k, v)
+    torch.manual_seed(0)
+    model = getattr(transformers, _TINY[kind][1]).from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(path)
+    make_tokenizer(config.vocab_size).save_pretrained(path)
+    return path
+
+
+# -- tests -------------------------------------------------------------------------------------------------
+def test_shard_rows_are_fsdp2s_chunks() -> None:
+    """The rows each rank gets equal FSDP2's own split (torch.chunk, padded with empty chunks), uneven and
+    empty ranks included."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from cudaload.fastload.sharded import shard_rows
+
+    for rows in (0, 1, 2, 5, 7, 64, 320, 321):
+        for world in (1, 2, 3, 4, 8):
+            chunks = _chunk_with_empty(torch.arange(rows), world, dim=0)
+            for rank in range(world):
+                start, stop = shard_rows(rows, world, rank)
+                assert torch.equal(torch.arange(rows)[start:stop], chunks[rank]), (rows, world, rank)
+
+
+def test_without_a_process_group_the_error_names_the_fix(tiny_model: Callable[..., Path]) -> None:
+    import torch.distributed as dist
+
+    from cudaload.errors import ConfigurationError
+    from cudaload.fastload.sharded import load_fsdp2
+
+    assert not dist.is_initialized()
+    with pytest.raises(ConfigurationError) as e:
+        load_fsdp2(tiny_model("qwen3"), dtype=torch.float32)
+    assert "init_process_group" in (e.value.fix or "") and "torchrun" in (e.value.fix or "")
+
+
+def _check_parity(res: list[dict[str, Any]], world: int) -> None:
+    for r, x in enumerate(res):
+        assert x["fsdp_module"], r
+        assert x["param_names_equal"] and x["buffer_names_equal"], r
+        assert x["bad"] == [], (r, x["bad"][:5])
+        assert x["logits_equal"], (r, x["logits_max_diff"])
+        # exactly this rank's rows were read (counted at os.preadv), as the loader reports
+        assert x["read"] == x["expected_read"] == x["report"]["bytes"], r
+        assert x["report"]["sharded"] == {**x["report"]["sharded"], "world": world, "rank": r}
+        assert x["loss"] == x["loss"] and abs(x["loss"]) < 1e6  # finite
+        assert x["changed"] == x["n_params"], r
+        assert x["tied"] == x["ref_tied"], r
+    # the ranks together held every parameter element once, and read each weight byte once
+    assert sum(x["local_elems"] for x in res) == res[0]["total_elems"]
+    ck = res[0]["report"]["checkpoint_bytes"]
+    assert sum(x["read"] for x in res) == ck
+    assert max(x["read"] for x in res) < ck / world * 1.2
+
+
+def test_qwen3_tied_two_ranks(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """Qwen3 with tie_word_embeddings: the embedding and lm_head stay one parameter, sharded once."""
+    res = _spawn(2, "parity", {"path": str(tiny_model("qwen3")), "dtype": "float32"}, tmp_path)
+    assert all(x["tied"] for x in res)
+    _check_parity(res, 2)
+
+
+def test_qwen3_untied_bf16_checkpoint_loaded_as_float32(tmp_path: Path) -> None:
+    """Untied Qwen3, bf16 checkpoint loaded in float32 (the reader converts each shard)."""
+    path = _save("qwen3", tmp_path / "ck", dtype="bfloat16", tie_word_embeddings=False)
+    res = _spawn(2, "parity", {"path": str(path), "dtype": "float32"}, tmp_path)
+    assert not any(x["tied"] for x in res)
+    _check_parity(res, 2)
+
+
+def test_llama_three_ranks_uneven_shards(tmp_path: Path) -> None:
+    """3 ranks: vocab 320 and hidden 64 split unevenly (107/107/106, 22/22/20 rows), exactly."""
+    path = _save("llama", tmp_path / "ck")
+    res = _spawn(3, "parity", {"path": str(path), "dtype": "float32"}, tmp_path)
+    _check_parity(res, 3)
+
+
+def test_mistral_two_ranks_bf16(tmp_path: Path) -> None:
+    path = _save("mistral", tmp_path / "ck", dtype="bfloat16")
+    res = _spawn(2, "parity", {"path": str(path), "dtype": "bfloat16"}, tmp_path)
+    _check_parity(res, 2)
+
+
+def test_what_the_fast_path_cannot_do_steps_aside(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """Fused MoE experts (a weight converter), remote code, a bad checkpoint: StepAside or the fast path's own
+    error, on every rank, before anything is allocated."""
+    remote = _save("llama", tmp_path / "remote")
+    cfg = json.loads((remote / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.X"}
+    (remote / "config.json").write_text(json.dumps(cfg))
+    args = {"moe": str(tiny_model("qwen3_moe")), "remote": str(remote), "missing": str(tmp_path / "nope")}
+    res = _spawn(2, "bad_input", args, tmp_path)
+    for x in res:
+        assert x["moe"].startswith("StepAside") and "conversion" in x["moe"], x["moe"]
+        assert x["remote"].startswith("StepAside") and "remote code" in x["remote"], x["remote"]
+        assert x["missing"].startswith("ModelNotFoundError"), x["missing"]
