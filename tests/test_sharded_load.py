@@ -90,8 +90,11 @@ def _job_parity(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     path = args["path"]
     dtype = getattr(torch, args["dtype"])
     counted = _count_preadv()
+    # seeded per rank: what is initialised rather than read must still be one tensor (rank 0's draw)
+    torch.manual_seed(rank)
     model = load_fsdp2(path, dtype=dtype, device="cpu", threads=2)
     read = counted[0]
+    torch.manual_seed(0)
     ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     res: dict[str, Any] = {"fsdp_module": isinstance(model, FSDPModule), "report": model.cudaload_fastload}
     res["read"] = read
@@ -310,6 +313,23 @@ def test_mistral_two_ranks_bf16(tmp_path: Path) -> None:
     path = _save("mistral", tmp_path / "ck", dtype="bfloat16")
     res = _spawn(2, "parity", {"path": str(path), "dtype": "bfloat16"}, tmp_path)
     _check_parity(res, 2)
+
+
+def test_missing_keys_are_initialised_as_from_pretrained_does(tmp_path: Path) -> None:
+    """A checkpoint without the final norm (initialised to ones by transformers' _init_weights) and without the
+    untied lm_head (drawn at random): every rank ends with rank 0's draw, which is from_pretrained's for the
+    same seed; the load report names both as missing."""
+    from safetensors.torch import load_file, save_file
+
+    path = _save("llama", tmp_path / "ck")
+    f = path / "model.safetensors"
+    sd = load_file(str(f))
+    del sd["model.norm.weight"], sd["lm_head.weight"]
+    save_file(sd, str(f), metadata={"format": "pt"})
+    res = _spawn(2, "parity", {"path": str(path), "dtype": "float32"}, tmp_path)
+    _check_parity(res, 2)
+    for x in res:
+        assert x["report"]["missing_keys"] == ["lm_head.weight", "model.norm.weight"]
 
 
 def test_what_the_fast_path_cannot_do_steps_aside(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
