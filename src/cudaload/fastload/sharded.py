@@ -163,6 +163,7 @@ def load_fsdp2(
     device: str | torch.device | None = None,
     mesh: Any = None,
     mp_policy: Any = None,
+    offload_policy: Any = None,
     reshard_after_forward: bool = True,
     attn_implementation: str | None = None,
     threads: int | None = None,
@@ -175,6 +176,8 @@ def load_fsdp2(
     ``device``: where this rank's shards live (default: the current CUDA device under nccl, else the CPU).
     ``mesh``: a 1-D DeviceMesh to shard over (default: the whole world on ``device``'s type).
     ``mp_policy``: a ``torch.distributed.fsdp.MixedPrecisionPolicy`` for every ``fully_shard`` call.
+    ``offload_policy``: a ``CPUOffloadPolicy`` keeps the shards in host memory (FSDP2 copies them to ``device``
+    for compute); buffers, which FSDP2 does not shard, stay on ``device``.
     ``reshard_after_forward``: for the decoder layers (the root keeps FSDP2's default).
     ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``, as for :func:`cudaload.fastload.load`.
 
@@ -187,7 +190,7 @@ def load_fsdp2(
     from torch.distributed.device_mesh import init_device_mesh
 
     try:
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     except ImportError as e:
         raise DependencyError(
             f"this torch ({torch.__version__}) has no FSDP2 (torch.distributed.fsdp.fully_shard)",
@@ -234,25 +237,36 @@ def load_fsdp2(
         info = _finish_on_meta(model, keys, prep, dev, dtype)
         _agree_on_initialised(model, dist, mesh)
         t_build = time.perf_counter()
-        kw: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+        kw: dict[str, Any] = {
+            "mesh": mesh,
+            "mp_policy": mp_policy or MixedPrecisionPolicy(),
+            "offload_policy": offload_policy or OffloadPolicy(),
+        }
         for layer in layers:
             fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
         fully_shard(model, **kw)
+        # CPU offload: the sharded parameters live in host memory (torch 2.13 _fsdp_param.py:311-314 moves an
+        # initialised shard there the same way)
+        shard_dev = torch.device("cpu") if isinstance(offload_policy, CPUOffloadPolicy) else dev
         kept = _real_tensors(model)
-        model.to_empty(device=dev)
-        _restore(model, kept)
+        model.to_empty(device=shard_dev)
+        _restore(model, kept, dev)
         t_alloc = time.perf_counter()
         shards = _plan_shards(model, keys, prep.header.tensors, world, rank, root)
-        targets = [staging.Target(s.name, s.target, torch_dtype(s.source.dtype)) for s in shards]
-        sources = [s.source for s in shards]
+        fill_times: dict[str, float] = {}
         with torch.no_grad():
-            if dev.type == "cuda":
-                fill_times = staging.fill_cuda(
-                    targets, sources, device=dev, threads=threads, buffer_bytes=buffer_bytes
-                )
-            else:
-                staging.fill_cpu(targets, sources, threads=threads, buffer_bytes=buffer_bytes)
-                fill_times = {}
+            for on_cuda in (False, True):
+                part = [s for s in shards if (s.target.device.type == "cuda") == on_cuda]
+                if not part:
+                    continue
+                targets = [staging.Target(s.name, s.target, torch_dtype(s.source.dtype)) for s in part]
+                sources = [s.source for s in part]
+                if on_cuda:
+                    fill_times = staging.fill_cuda(
+                        targets, sources, device=dev, threads=threads, buffer_bytes=buffer_bytes
+                    )
+                else:
+                    staging.fill_cpu(targets, sources, threads=threads, buffer_bytes=buffer_bytes)
         t_fill = time.perf_counter()
     except BaseException as e:
         model = None
@@ -273,7 +287,14 @@ def load_fsdp2(
         **fill_times,
         "bytes": read_bytes,
         "checkpoint_bytes": prep.header.total_bytes,
-        "sharded": {"world": world, "rank": rank, "layers": len(layers), "tensors": len(shards)},
+        "sharded": {
+            "world": world,
+            "rank": rank,
+            "layers": len(layers),
+            "tensors": len(shards),
+            # what forward computes in: the mixed-precision policy's parameter dtype, else the load dtype
+            "param_dtype": str(getattr(mp_policy, "param_dtype", None) or dtype).removeprefix("torch."),
+        },
         **load_report(prep.header, info, threads, buffer_bytes, dev),
     }
     logger.info(
@@ -333,18 +354,27 @@ def _real_tensors(model: Any) -> dict[str, Any]:
     return out
 
 
-def _restore(model: Any, kept: Mapping[str, Any]) -> None:
+def _restore(model: Any, kept: Mapping[str, Any], buffer_device: torch.device) -> None:
+    """Put back what ``to_empty`` replaced: parameters' values into their new local shards, buffers as they
+    were; the other buffers (read from the checkpoint next) get uninitialised storage on ``buffer_device``."""
     import torch
 
-    buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    made: dict[int, Any] = {}  # a buffer under two names stays one tensor
     with torch.no_grad():
         for name, old in kept.items():
+            if name not in buffers:
+                owner, _, leaf = name.rpartition(".")
+                _local(getattr(model.get_submodule(owner), leaf)).copy_(old)
+        for name, buf in buffers.items():
             owner, _, leaf = name.rpartition(".")
             module = model.get_submodule(owner)
-            if name in buffers:
-                module._buffers[leaf] = old.to(module._buffers[leaf].device)
-            else:
-                _local(getattr(module, leaf)).copy_(old)
+            if name in kept:
+                module._buffers[leaf] = kept[name]
+            elif buf.device != buffer_device:
+                if id(buf) not in made:
+                    made[id(buf)] = torch.empty_like(buf, device=buffer_device)
+                module._buffers[leaf] = made[id(buf)]
 
 
 def _local(t: Any) -> Any:
