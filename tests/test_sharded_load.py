@@ -176,30 +176,55 @@ def _job_bad_input(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any
 
 def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
     from torch.distributed.fsdp import FSDPModule
 
     import cudaload
 
     caps = _small_gpus(rank, world, args["gpu_bytes"])
+    counted = _count_preadv()
     model = cudaload.load_model(
         args["path"], hardware=caps, intent="training", seq_len=64, allow_offload=True, prefetch=False
     )
+    read = counted[0]
     p = model.cudaload_plan
     ref = transformers.AutoModelForCausalLM.from_pretrained(args["path"], dtype=torch.bfloat16)
     ref_params = dict(ref.named_parameters())
-    equal = all(torch.equal(q.full_tensor(), ref_params[n]) for n, q in model.named_parameters())
-    args_t = cudaload.training_arguments(p)
+    bad = []
+    for n, q in model.named_parameters():
+        full = q.full_tensor()
+        if full.dtype != torch.float32 or not torch.equal(full, ref_params[n].float()):
+            bad.append(n)
+    # a Trainer's accelerate hands an FSDPModule back as it is (accelerate 1.15 utils/fsdp_utils.py:763-767):
+    # the accelerator is not even looked at
+    untouched = fsdp2_prepare_model(None, model) is model
+    model.train()
+    ids = torch.arange(3, 3 + 16).reshape(1, 16)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    par = p.parallelism
+    assert par is not None
     return {
         "fsdp_module": isinstance(model, FSDPModule),
-        "equal": equal,
+        "bad": bad[:5],
+        "untouched": untouched,
+        "loss": float(loss.detach()),
         "group": dist.is_initialized(),
         "load_path": p.verified["load_path"],
+        "plan_load_path": [p.load_path.choice, *p.load_path.reasons],
         "notes": p.verified["notes"],
-        "reasons": list(p.parallelism.reasons) if p.parallelism is not None else [],
-        "host": (p.parallelism.config.get("host_bytes_per_node") if p.parallelism is not None else None),
+        "devices": p.verified["devices"],
+        "placement": list(p.placement.devices),
+        "choice": par.choice,
+        "reasons": list(par.decision.reasons),
+        "host": par.config.get("host_bytes_per_node"),
+        "host_staged": par.config.get("host_bytes_per_node_if_stepped_aside"),
+        "params": sum(q.numel() for q in ref.parameters()),
+        "read": read,
         "bytes": model.cudaload_fastload["bytes"],
         "checkpoint_bytes": model.cudaload_fastload["checkpoint_bytes"],
-        "fsdp_args": {k: v for k, v in args_t.items() if k.startswith("fsdp")},
+        "fsdp_args": cudaload.training_arguments(p).get("fsdp_config"),
     }
 
 
@@ -213,9 +238,12 @@ _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
 def _small_gpus(rank: int, world: int, gpu_bytes: int) -> Any:
     import dataclasses
 
-    from cudaload.profiles import hardware, torchrun
+    from cudaload.capabilities import Distributed
+    from cudaload.profiles import hardware
 
-    caps = torchrun(hardware("2xH200"), world, rank=rank)
+    # as a torchrun rank sees 2 x H200 shrunk to gpu_bytes each (tests/test_parallelism.py _small_gpus)
+    d = Distributed(local_rank=rank, rank=rank, world_size=world, local_world_size=world)
+    caps = dataclasses.replace(hardware("2xH200"), distributed=d)
     gpus = tuple(dataclasses.replace(g, total_memory=gpu_bytes, free_memory=gpu_bytes) for g in caps.gpus)
     return dataclasses.replace(caps, gpus=gpus, source="snapshot:small-gpus")
 
@@ -350,3 +378,50 @@ def test_what_the_fast_path_cannot_do_steps_aside(tiny_model: Callable[..., Path
         assert x["moe"].startswith("StepAside") and "conversion" in x["moe"], x["moe"]
         assert x["remote"].startswith("StepAside") and "remote code" in x["remote"], x["remote"]
         assert x["missing"].startswith("ModelNotFoundError"), x["missing"]
+
+
+@pytest.mark.slow
+def test_load_model_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> None:
+    """The whole load_model on two torchrun-like ranks for a plan whose weights (165 M params, bf16) fit no GPU
+    whole (FSDP2 with CPU offload): load_model starts the gloo group from the torchrun environment, each rank
+    reads only its half of every weight (float32 master shards, as accelerate's upcast would give), the values
+    equal from_pretrained's, the plan says where the shards are and what the node's host memory holds, accelerate
+    takes the FSDPModule as it is, and one training step runs."""
+    from cudaload.policies.parallelism import SHARDED_STAGING_BYTES
+    from cudaload.testing.models import make_tokenizer
+
+    cfg = transformers.Qwen3Config(
+        vocab_size=1024,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=52,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    path = tmp_path / "model"
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    make_tokenizer(1024).save_pretrained(path)
+    res = _spawn(2, "load_model", {"path": str(path), "gpu_bytes": 1050 * 10**6}, tmp_path)
+    ck = res[0]["checkpoint_bytes"]
+    for r, x in enumerate(res):
+        assert x["fsdp_module"] and x["bad"] == [] and x["untouched"], (r, x["bad"])
+        assert x["group"] and x["load_path"] == "fast_sharded", r
+        assert x["plan_load_path"][0] == "fast" and "reads only its own rows" in x["plan_load_path"][1]
+        assert any("initialised the default process group (gloo)" in n for n in x["notes"])
+        assert any(f"this rank read {x['bytes'] / 1e9:.3f} of" in n for n in x["notes"])
+        assert x["read"] == x["bytes"] and x["bytes"] < ck / 2 * 1.05, r
+        assert x["placement"] == ["cpu"] and x["devices"] == ["cpu"], r
+        assert x["choice"] == "fsdp2_offload"
+        assert any("reads and holds only its 1/2 of the weights" in t for t in x["reasons"])
+        # the node holds 2 ranks' float32 shards (offloaded) and staging buffers, not 2 ranks' upcast models
+        assert x["host"] == 2 * (SHARDED_STAGING_BYTES + 4 * x["params"] // 2), r
+        assert x["host_staged"] == 2 * 4 * x["params"], r
+        assert x["fsdp_args"]["version"] == 2 and x["fsdp_args"]["cpu_offload"] is True
+        assert x["loss"] == x["loss"] and 0 < x["loss"] < 100
+    assert sum(x["bytes"] for x in res) == ck

@@ -290,7 +290,7 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
     fsdp2_prepare_model hands an FSDPModule back untouched (utils/fsdp_utils.py:763-767)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     from .fastload.sharded import load_fsdp2
 
@@ -308,6 +308,13 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
     if want != "float32":
         bf = _torch_dtype(want)
         policy = MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf)
+    # fsdp2_offload: fsdp_config cpu_offload, which accelerate turns into CPUOffloadPolicy() (1.15
+    # utils/dataclasses.py:2184-2189); pinning needs CUDA
+    offload = (
+        CPUOffloadPolicy(pin_memory=cuda)
+        if plan.parallelism is not None and plan.parallelism.choice == "fsdp2_offload"
+        else None
+    )
     path = plan.model.local_path or plan.model.name
     with _BUILD_LOCK:
         model = load_fsdp2(
@@ -316,6 +323,7 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
             auto_class=auto_class,
             device=f"cuda:{local}" if cuda else "cpu",
             mp_policy=policy,
+            offload_policy=offload,
             attn_implementation=plan.attention.choice,
             **passthrough,
         )
@@ -324,6 +332,7 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
         f"FSDP2: this rank read {info['bytes'] / 1e9:.3f} of {info['checkpoint_bytes'] / 1e9:.3f} GB (its rows of "
         f"each weight, 1/{info['sharded']['world']}) onto {info['device']}; float32 master parameters"
         + (f", computed in {want} (MixedPrecisionPolicy)" if policy is not None else "")
+        + ("; the shards stay in host memory (CPUOffloadPolicy)" if offload is not None else "")
     )
     return model, notes
 
@@ -748,12 +757,15 @@ def load_model(
         if path_taken == "fast_sharded":
             # the plan placed the weights on the CPU for the whole-model fallback; they are this rank's shards
             dev = str(loaded.cudaload_fastload["device"])
+            offloaded = plan.parallelism is not None and plan.parallelism.choice == "fsdp2_offload"
+            where = f"in host memory (computed on {dev})" if offloaded and dev != "cpu" else f"on {dev}"
             plan = replace(
                 plan,
                 placement=Placement(
                     dev,
-                    (dev,),
-                    reasons=(f"FSDP2: this rank's shards of every weight on {dev} (cudaload.fastload.sharded)",),
+                    tuple(dict.fromkeys((dev, "cpu") if offloaded else (dev,))),
+                    offload=offloaded,
+                    reasons=(f"FSDP2: this rank's shards of every weight {where} (cudaload.fastload.sharded)",),
                 ),
             )
         if _fsdp_weights_on_cpu(plan):

@@ -190,8 +190,8 @@ def sharded_load_blockers(info: Any, chosen: str, *, intent: str, dtype: str, qu
     experts) makes the load step aside at load time, to the whole-model CPU load."""
     s = info.summary
     out: list[str] = []
-    if chosen != "fsdp2":
-        out.append(f"{chosen}: the sharded loader does not offload to the CPU")
+    if chosen not in ("fsdp2", "fsdp2_offload"):
+        out.append(f"{chosen} is not FSDP2")
     if intent != "training":
         out.append(f"intent {intent}: PEFT wraps the model after loading, which a sharded model cannot take")
     if dtype not in ("bfloat16", "float32"):
@@ -568,12 +568,18 @@ def choose_parallelism(
                 # GPUs; the whole-model CPU load stays the fallback when the fast path steps aside at load time
                 config["sharded_load"] = True
                 config["host_bytes_per_node_if_stepped_aside"] = host
-                config["host_bytes_per_node"] = local * SHARDED_STAGING_BYTES
+                # float32 master shards (what accelerate's upcast gives), in host memory under CPU offload
+                params = int(info.counts.total or info.summary.params)
+                held = 4 * params // n if chosen == "fsdp2_offload" else 0
+                sharded_host = local * (SHARDED_STAGING_BYTES + held)
+                config["host_bytes_per_node"] = sharded_host
+                where = "into host memory (CPU offload)" if held else "onto its GPU"
                 reasons.append(
                     f"{SHARDED_REASON} 1/{n} of the weights: load_model builds the model on the "
                     "meta device, shards it with FSDP2 and reads each rank's rows of every weight from the "
-                    f"safetensors files onto its GPU (host memory ~{_gib(local * SHARDED_STAGING_BYTES)} per node "
-                    "of staging buffers)"
+                    f"safetensors files {where} (host memory ~{_gib(sharded_host)} per node: "
+                    + (f"{local} ranks' float32 shards and " if held else "")
+                    + "staging buffers)"
                 )
                 host_why = SHARDED_STEPPED_ASIDE
             else:
