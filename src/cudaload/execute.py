@@ -280,7 +280,12 @@ _STAGED_NOTE = (
 def _fsdp_sharded(plan: Plan) -> bool:
     """The plan's FSDP2 ranks each read only their own shards (cudaload.fastload.sharded.load_fsdp2)."""
     par = plan.parallelism
-    return bool(_fsdp_weights_on_cpu(plan) and par and par.config.get("sharded_load") and plan.load_path.choice == "fast")
+    return bool(
+        _fsdp_weights_on_cpu(plan)
+        and par
+        and par.config.get("sharded_load")
+        and plan.load_path.choice == "fast"
+    )
 
 
 def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, list[str]]:
@@ -352,7 +357,9 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
         except (CheckpointError, LoadError):
             raise  # from_pretrained fails on these too
         except StepAside as e:
-            notes.append(f"sharded FSDP2 load stepped aside ({e}); every rank loads the whole model on its CPU")
+            notes.append(
+                f"sharded FSDP2 load stepped aside ({e}); every rank loads the whole model on its CPU"
+            )
             logger.warning("%s", notes[-1])
             del e
             _release_memory()
@@ -765,7 +772,9 @@ def load_model(
                     dev,
                     tuple(dict.fromkeys((dev, "cpu") if offloaded else (dev,))),
                     offload=offloaded,
-                    reasons=(f"FSDP2: this rank's shards of every weight {where} (cudaload.fastload.sharded)",),
+                    reasons=(
+                        f"FSDP2: this rank's shards of every weight {where} (cudaload.fastload.sharded)",
+                    ),
                 ),
             )
         if _fsdp_weights_on_cpu(plan):

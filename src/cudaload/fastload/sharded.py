@@ -148,11 +148,10 @@ def _fsdp_env_on() -> bool:
     """transformers' FSDP1 loading switch (5.17 distributed/fsdp.py:41-47): when it is on, its
     ``_finalize_model_loading`` zero-fills every tensor on the CPU on ranks other than each node's local 0
     (modeling_utils.py:4718-4724) and skips initialising them (:4757-4769): neither is wanted here."""
-    try:
-        from transformers.integrations import is_fsdp_enabled
-    except ImportError:
-        return False
-    return bool(is_fsdp_enabled())
+    import transformers.integrations as hf_integrations
+
+    is_fsdp_enabled = getattr(hf_integrations, "is_fsdp_enabled", None)
+    return bool(is_fsdp_enabled is not None and is_fsdp_enabled())
 
 
 def load_fsdp2(
@@ -190,7 +189,13 @@ def load_fsdp2(
     from torch.distributed.device_mesh import init_device_mesh
 
     try:
-        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
     except ImportError as e:
         raise DependencyError(
             f"this torch ({torch.__version__}) has no FSDP2 (torch.distributed.fsdp.fully_shard)",
@@ -275,7 +280,8 @@ def load_fsdp2(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         raise
-    if not isinstance(model, FSDPModule):  # fully_shard on the root makes it one
+    is_fsdp = isinstance(model, FSDPModule)  # fully_shard on the root makes it one
+    if not is_fsdp:
         raise _step_aside(root, "fully_shard did not make the root an FSDPModule")
     read_bytes = sum(s.source.nbytes for s in shards)
     t_end = time.perf_counter()

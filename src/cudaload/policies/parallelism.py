@@ -184,7 +184,9 @@ SHARDED_REASON = "each rank reads and holds only its"
 SHARDED_STEPPED_ASIDE = "if the sharded load steps aside (a checkpoint the fast path cannot read exactly)"
 
 
-def sharded_load_blockers(info: Any, chosen: str, *, intent: str, dtype: str, quantization: str | None) -> list[str]:
+def sharded_load_blockers(
+    info: Any, chosen: str, *, intent: str, dtype: str, quantization: str | None
+) -> list[str]:
     """Why the FSDP ranks of this plan cannot each read only their own shards (cudaload.fastload.sharded);
     empty when they can. What only the files tell (weights needing transformers' converters, e.g. fused MoE
     experts) makes the load step aside at load time, to the whole-model CPU load."""
@@ -562,7 +564,9 @@ def choose_parallelism(
             config["training_arguments"]["fsdp_config"]["cpu_ram_efficient_loading"] = True
             host = _staged_host_bytes(info, t, intent, local)
             config["host_bytes_per_node"] = host
-            sharded = sharded_load_blockers(info, chosen, intent=intent, dtype=dtype, quantization=quantization)
+            sharded = sharded_load_blockers(
+                info, chosen, intent=intent, dtype=dtype, quantization=quantization
+            )
             if launched and not sharded:
                 # cudaload.fastload.sharded.load_fsdp2: the ranks read their own rows of each weight onto their
                 # GPUs; the whole-model CPU load stays the fallback when the fast path steps aside at load time
