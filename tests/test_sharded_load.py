@@ -163,7 +163,10 @@ def _job_bad_input(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any
     from cudaload.fastload.sharded import load_fsdp2
 
     out: dict[str, Any] = {}
-    for key, path in args.items():
+    for key, path in args.items():  # fsdp_env last: it changes the environment
+        if key == "fsdp_env":
+            # what TrainingArguments(fsdp_config={"cpu_ram_efficient_loading": True}) sets (training_args.py:2808)
+            os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
         try:
             load_fsdp2(path, dtype=torch.float32, device="cpu")
             out[key] = "loaded"
@@ -366,15 +369,22 @@ def test_missing_keys_are_initialised_as_from_pretrained_does(tmp_path: Path) ->
 
 
 def test_what_the_fast_path_cannot_do_steps_aside(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
-    """Fused MoE experts (a weight converter), remote code, a bad checkpoint: StepAside or the fast path's own
-    error, on every rank, before anything is allocated."""
+    """Fused MoE experts (a weight converter), remote code, transformers' FSDP1 loading switched on by the
+    environment, a bad checkpoint: StepAside or the fast path's own error, on every rank, before anything is
+    allocated."""
     remote = _save("llama", tmp_path / "remote")
     cfg = json.loads((remote / "config.json").read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.X"}
     (remote / "config.json").write_text(json.dumps(cfg))
-    args = {"moe": str(tiny_model("qwen3_moe")), "remote": str(remote), "missing": str(tmp_path / "nope")}
+    args = {
+        "moe": str(tiny_model("qwen3_moe")),
+        "remote": str(remote),
+        "missing": str(tmp_path / "nope"),
+        "fsdp_env": str(tiny_model("qwen3")),
+    }
     res = _spawn(2, "bad_input", args, tmp_path)
     for x in res:
+        assert x["fsdp_env"].startswith("StepAside") and "FSDP_CPU_RAM_EFFICIENT_LOADING" in x["fsdp_env"]
         assert x["moe"].startswith("StepAside") and "conversion" in x["moe"], x["moe"]
         assert x["remote"].startswith("StepAside") and "remote code" in x["remote"], x["remote"]
         assert x["missing"].startswith("ModelNotFoundError"), x["missing"]
@@ -390,20 +400,7 @@ def test_load_model_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> No
     from cudaload.policies.parallelism import SHARDED_STAGING_BYTES
     from cudaload.testing.models import make_tokenizer
 
-    cfg = transformers.Qwen3Config(
-        vocab_size=1024,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=52,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    cfg = _e2e_config()
     path = tmp_path / "model"
     transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
     make_tokenizer(1024).save_pretrained(path)
@@ -425,3 +422,79 @@ def test_load_model_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> No
         assert x["fsdp_args"]["version"] == 2 and x["fsdp_args"]["cpu_offload"] is True
         assert x["loss"] == x["loss"] and 0 < x["loss"] < 100
     assert sum(x["bytes"] for x in res) == ck
+
+
+def _sparse_checkpoint(path: Path, config: Any) -> Path:
+    """config.json and a model.safetensors whose header is real and whose data is a hole (a sparse file):
+    planning reads headers only."""
+    import struct
+
+    path.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(path)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    header: dict[str, Any] = {}
+    at = 0
+    for name, t in model.state_dict().items():
+        n = t.numel() * 2
+        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [at, at + n]}
+        at += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        fh.truncate(8 + len(raw) + at)
+    return path
+
+
+def _e2e_config() -> Any:
+    """165 M parameters: in bf16 they fit no GPU of 1050 MB whole, FSDP2 with CPU offload fits 2 of them."""
+    return transformers.Qwen3Config(
+        vocab_size=1024,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=52,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+def test_the_plan_says_each_rank_reads_its_shards_and_when_it_cannot(tmp_path: Path) -> None:
+    """A torchrun rank's FSDP2 plan for weights that fit no GPU whole: the load path is the sharded fast path,
+    the node's host memory is the ranks' shards and staging buffers; fast=False, a keyword only from_pretrained
+    honours, or LoRA put back the whole-model CPU load with its host figure and reasons."""
+    from cudaload import plan
+    from cudaload.policies.parallelism import SHARDED_REASON, SHARDED_STAGING_BYTES
+
+    path = _sparse_checkpoint(tmp_path / "ck", _e2e_config())
+    caps = _small_gpus(1, 2, 1050 * 10**6)
+    kw: dict[str, Any] = dict(hardware=caps, intent="training", seq_len=64, allow_offload=True)
+    p = plan(str(path), **kw)
+    par = p.parallelism
+    assert par is not None and par.choice == "fsdp2_offload" and par.launched
+    assert par.config["weights_on_cpu"] and par.config["sharded_load"]
+    n = p.model.params
+    assert par.config["host_bytes_per_node"] == 2 * (SHARDED_STAGING_BYTES + 4 * n // 2)
+    assert par.config["host_bytes_per_node_if_stepped_aside"] == 2 * 4 * n
+    assert p.load_path.choice == "fast" and "reads only its own rows" in p.load_path.reasons[0]
+    assert any(r.startswith(SHARDED_REASON) for r in par.decision.reasons)
+    # the plan's placement is the fallback's (the CPU); load_model records the shards' device once loaded
+    assert p.placement.devices == ("cpu",)
+    for refused, why in (
+        (plan(str(path), fast=False, **kw), "fast=False was passed"),
+        (plan(str(path), from_pretrained_kwargs={"key_mapping": {"a": "b"}}, **kw), "key_mapping"),
+    ):
+        rp = refused.parallelism
+        assert rp is not None and not rp.config.get("sharded_load")
+        assert rp.config["host_bytes_per_node"] == 2 * 4 * n
+        assert refused.load_path.choice == "from_pretrained" and why in refused.load_path.reasons[0]
+        text = " ".join(rp.decision.reasons)
+        assert SHARDED_REASON not in text and "host memory while the Trainer shards" in text
+    lora = plan(str(path), **{**kw, "intent": "lora"}).parallelism
+    assert lora is not None and not lora.config.get("sharded_load")
