@@ -196,11 +196,28 @@ def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, An
     bad = []
     for n, q in model.named_parameters():
         full = q.full_tensor()
+        n = n.replace("_checkpoint_wrapped_module.", "")  # the planned activation checkpointing's wrapper
         if full.dtype != torch.float32 or not torch.equal(full, ref_params[n].float()):
             bad.append(n)
-    # a Trainer's accelerate hands an FSDPModule back as it is (accelerate 1.15 utils/fsdp_utils.py:763-767):
-    # the accelerator is not even looked at
-    untouched = fsdp2_prepare_model(None, model) is model
+    # What a Trainer built from training_arguments(plan) does to the model before training (accelerate 1.15
+    # Accelerator._prepare_fsdp2, accelerator.py:1694-1732), with the plugin TrainingArguments makes: the wrap
+    # policy (by class name), activation checkpointing if asked, then fsdp2_prepare_model, which hands an
+    # FSDPModule back as it is (utils/fsdp_utils.py:763-767). A real Trainer cannot run here: on the CPU
+    # accelerate picks DDP, not FSDP.
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_apply_ac
+
+    targs = cudaload.training_arguments(p)
+    targs.pop("tf32", None)
+    ta = transformers.TrainingArguments(output_dir=f"{args['path']}/out{rank}", use_cpu=True, **targs)
+    plugin = FullyShardedDataParallelPlugin(**ta.fsdp_plugin_args)
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin))
+    plugin.set_auto_wrap_policy(model)
+    prepared = fsdp2_apply_ac(accelerator, model) if plugin.activation_checkpointing else model
+    untouched = fsdp2_prepare_model(accelerator, prepared) is model
+    wrapped = sum(type(m).__name__.endswith("CheckpointWrapper") for m in model.modules())
     model.train()
     ids = torch.arange(3, 3 + 16).reshape(1, 16)
     loss = model(input_ids=ids, labels=ids).loss
@@ -212,6 +229,9 @@ def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, An
         "fsdp_module": isinstance(model, FSDPModule),
         "bad": bad[:5],
         "untouched": untouched,
+        "wrapped": wrapped,
+        "layers": model.config.num_hidden_layers,
+        "plan_checkpointing": par.config["training_arguments"]["fsdp_config"]["activation_checkpointing"],
         "loss": float(loss.detach()),
         "group": dist.is_initialized(),
         "load_path": p.verified["load_path"],
@@ -231,10 +251,45 @@ def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, An
     }
 
 
+def _job_checkpointing(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Activation checkpointing applied by the loader (as accelerate applies it): the same parameters, and one
+    training step gives what the same step without it gives."""
+    from cudaload.fastload.sharded import load_fsdp2
+
+    ids = torch.arange(5, 5 + 12).reshape(1, 12)
+    out: dict[str, Any] = {}
+    sds = []
+    for ac in (False, True):
+        model = load_fsdp2(args["path"], dtype=torch.float32, device="cpu", activation_checkpointing=ac)
+        if ac:
+            out["wrapped"] = sum(type(m).__name__.endswith("CheckpointWrapper") for m in model.modules())
+            out["state_dict_keys"] = sorted(model.state_dict())
+        else:
+            out["plain_keys"] = sorted(model.state_dict())
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        model.reshard()
+        out[f"loss{int(ac)}"] = float(loss.detach())
+        sds.append(
+            {
+                n.replace("_checkpoint_wrapped_module.", ""): p.full_tensor()
+                for n, p in model.named_parameters()
+            }
+        )
+    a, b = sds
+    out["same_names"] = sorted(a) == sorted(b)
+    out["max_diff"] = max(float((a[n] - b[n]).abs().max()) for n in a)
+    return out
+
+
 _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "parity": _job_parity,
     "bad_input": _job_bad_input,
     "load_model": _job_load_model,
+    "checkpointing": _job_checkpointing,
 }
 
 
@@ -351,6 +406,20 @@ def test_mistral_two_ranks_bf16_with_cpu_offload(tmp_path: Path) -> None:
     _check_parity(res, 2)
 
 
+def test_activation_checkpointing_on_the_sharded_model_trains_the_same(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Activation checkpointing (what fsdp_config asks of accelerate) applied by the loader before sharding:
+    one SGD step with it equals the step without it, and state_dict keys stay the checkpoint's."""
+    res = _spawn(2, "checkpointing", {"path": str(tiny_model("qwen3"))}, tmp_path)
+    for x in res:
+        assert x["wrapped"] == 2 and x["same_names"]  # the tiny model's 2 decoder layers
+        assert x["state_dict_keys"] == x["plain_keys"]
+        assert x["loss0"] == x["loss1"] and x["max_diff"] < 1e-6, {
+            k: x[k] for k in ("loss0", "loss1", "max_diff")
+        }
+
+
 def test_missing_keys_are_initialised_as_from_pretrained_does(tmp_path: Path) -> None:
     """A checkpoint without the final norm (initialised to ones by transformers' _init_weights) and without the
     untied lm_head (drawn at random): every rank ends with rank 0's draw, which is from_pretrained's for the
@@ -420,6 +489,11 @@ def test_load_model_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> No
         assert x["host"] == 2 * (SHARDED_STAGING_BYTES + 4 * x["params"] // 2), r
         assert x["host_staged"] == 2 * 4 * x["params"], r
         assert x["fsdp_args"]["version"] == 2 and x["fsdp_args"]["cpu_offload"] is True
+        # the loader applied the planned activation checkpointing once; the Trainer's arguments wrap nothing
+        assert x["plan_checkpointing"] and x["wrapped"] == x["layers"], r
+        assert (
+            x["fsdp_args"]["auto_wrap_policy"] == "NO_WRAP" and not x["fsdp_args"]["activation_checkpointing"]
+        )
         assert x["loss"] == x["loss"] and 0 < x["loss"] < 100
     assert sum(x["bytes"] for x in res) == ck
 

@@ -320,6 +320,8 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
         if plan.parallelism is not None and plan.parallelism.choice == "fsdp2_offload"
         else None
     )
+    par = plan.parallelism
+    fsdp_config = dict((par.config.get("training_arguments") or {}).get("fsdp_config") or {}) if par else {}
     path = plan.model.local_path or plan.model.name
     with _BUILD_LOCK:
         model = load_fsdp2(
@@ -329,6 +331,8 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
             device=f"cuda:{local}" if cuda else "cpu",
             mp_policy=policy,
             offload_policy=offload,
+            # what fsdp_config asks accelerate for; training_arguments(plan) then leaves it out
+            activation_checkpointing=bool(fsdp_config.get("activation_checkpointing")),
             attn_implementation=plan.attention.choice,
             **passthrough,
         )

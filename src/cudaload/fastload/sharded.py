@@ -131,6 +131,28 @@ def _layer_modules(model: Any) -> list[Any]:
     return [m for m in model.modules() if m is not model and type(m).__name__ in names]
 
 
+#: the attribute torch's CheckpointWrapper keeps the wrapped module under; it appears in parameter names
+#: (torch 2.13 distributed/algorithms/_checkpoint/checkpoint_wrapper.py _CHECKPOINT_WRAPPED_MODULE), not in
+#: state_dict keys, which the wrapper's state_dict hook strips
+_WRAPPED = "_checkpoint_wrapped_module."
+
+
+def _checkpoint_layers(model: Any, layers: list[Any]) -> list[Any]:
+    """Each layer replaced in its parent by ``checkpoint_wrapper(layer, preserve_rng_state=False)``, exactly as
+    accelerate's fsdp2_apply_ac does (1.15 utils/fsdp_utils.py:719-727, ``model.set_submodule``); returns the
+    wrappers, which FSDP2 then shards as the units."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    wanted = {id(m) for m in layers}
+    names = [n for n, m in model.named_modules() if id(m) in wanted]
+    out = []
+    for name in names:
+        wrapped = checkpoint_wrapper(model.get_submodule(name), preserve_rng_state=False)
+        model.set_submodule(name, wrapped)
+        out.append(wrapped)
+    return out
+
+
 def _check_shardable(model: Any, root: str) -> list[Any]:
     layers = _layer_modules(model)
     if not layers:
@@ -164,6 +186,7 @@ def load_fsdp2(
     mp_policy: Any = None,
     offload_policy: Any = None,
     reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
     attn_implementation: str | None = None,
     threads: int | None = None,
     buffer_bytes: int | None = None,
@@ -178,6 +201,11 @@ def load_fsdp2(
     ``offload_policy``: a ``CPUOffloadPolicy`` keeps the shards in host memory (FSDP2 copies them to ``device``
     for compute); buffers, which FSDP2 does not shard, stay on ``device``.
     ``reshard_after_forward``: for the decoder layers (the root keeps FSDP2's default).
+    ``activation_checkpointing``: wrap each decoder layer in torch's ``checkpoint_wrapper`` before sharding it,
+    as accelerate does for ``fsdp_config["activation_checkpointing"]`` (1.15 utils/fsdp_utils.py:701-727,
+    applied before ``fully_shard`` at accelerator.py:1696-1698; its wrap policy looks through the wrapper,
+    fsdp_utils.py:959-962). A Trainer given the result must not wrap again (see
+    ``cudaload.policies.parallelism.parallel_training_arguments``).
     ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``, as for :func:`cudaload.fastload.load`.
 
     Returns the model (an ``FSDPModule``), in eval mode like ``from_pretrained``'s; ``model.cudaload_fastload``
@@ -247,6 +275,8 @@ def load_fsdp2(
             "mp_policy": mp_policy or MixedPrecisionPolicy(),
             "offload_policy": offload_policy or OffloadPolicy(),
         }
+        if activation_checkpointing:
+            layers = _checkpoint_layers(model, layers)
         for layer in layers:
             fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
         fully_shard(model, **kw)
@@ -395,8 +425,8 @@ def _plan_shards(
     shard; for each buffer, the whole tensor. A tensor reached under two names (tied) is read once."""
     from torch.distributed.tensor import DTensor, Shard
 
-    params = dict(model.named_parameters(remove_duplicate=False))
-    buffers = dict(model.named_buffers(remove_duplicate=False))
+    params = {n.replace(_WRAPPED, ""): p for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n.replace(_WRAPPED, ""): b for n, b in model.named_buffers(remove_duplicate=False)}
     seen: set[int] = set()
     out: list[_Shard] = []
     for name, src in keys.load.items():

@@ -934,10 +934,23 @@ def parallel_training_arguments(plan: Plan) -> dict[str, Any]:
     par = plan.parallelism
     if par is None or par.choice is None:
         return {}
-    return {
+    out = {
         k: (dict(v) if isinstance(v, dict) else v)
         for k, v in par.config.get("training_arguments", {}).items()
     }
+    if out.get("fsdp") and (plan.verified or {}).get("load_path") == "fast_sharded":
+        # load_model returned an FSDPModule (cudaload.fastload.sharded): accelerate hands it back as it is (1.15
+        # utils/fsdp_utils.py:763-767), but first looks the wrap classes up by name (accelerator.py:1694,
+        # utils/dataclasses.py:2088-2096), names fully_shard changed to FSDP<Name> (torch 2.13
+        # _fully_shard/_fsdp_init.py:426-427), so it would raise; and it would wrap the layers in activation
+        # checkpointing (accelerator.py:1697-1698) that the loader already applied. Nothing is left to wrap.
+        cfg = dict(out["fsdp_config"])
+        cfg.pop("transformer_layer_cls_to_wrap", None)
+        cfg.update(
+            auto_wrap_policy="NO_WRAP", activation_checkpointing=False, cpu_ram_efficient_loading=False
+        )
+        out["fsdp_config"] = cfg
+    return out
 
 
 def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
