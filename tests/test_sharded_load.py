@@ -572,3 +572,28 @@ def test_the_plan_says_each_rank_reads_its_shards_and_when_it_cannot(tmp_path: P
         assert SHARDED_REASON not in text and "host memory while the Trainer shards" in text
     lora = plan(str(path), **{**kw, "intent": "lora"}).parallelism
     assert lora is not None and not lora.config.get("sharded_load")
+
+
+@pytest.mark.slow
+def test_bench_sharded_load_smoke_runs_on_this_cpu(tmp_path: Path) -> None:
+    """benchmarks/bench_sharded_load.py --smoke: torchrun with 2 gloo ranks, both load modes and the load_model
+    part; the sharded ranks read half the checkpoint each and their rows equal the checkpoint's."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_sharded_load.py"), "--smoke", "--out", str(out),
+         "--work", str(tmp_path / "work"), "--reps", "1", "--budget-s", "240"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    (rnd,) = res["compare"]
+    sharded, staged = rnd["sharded"], rnd["staged"]
+    assert all("error" not in x for x in [*sharded, *staged, *res["wiring"]]), res
+    assert sum(x["bytes"] for x in sharded) == sharded[0]["checkpoint_bytes"] == staged[0]["bytes"]
+    assert not any(x["bad_rows"] for x in sharded)
+    assert all(x["load_path"] == "fast_sharded" for x in res["wiring"])
+    assert (out / "results.md").read_text().startswith("# FSDP2 sharded loading")
