@@ -288,18 +288,18 @@ def _fsdp_sharded(plan: Plan) -> bool:
     )
 
 
-def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, list[str]]:
+def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], notes: list[str]) -> Any:
     """load_fsdp2 as the Trainer's FSDP2 set-up would have left the model: under bf16, float32 master
     parameters (accelerate 1.15 utils/fsdp_utils.py:815-820 upcasts the trainable ones) computed in bf16
     (the MixedPrecisionPolicy accelerate builds from mixed_precision, utils/dataclasses.py:2135-2143), because
-    fsdp2_prepare_model hands an FSDPModule back untouched (utils/fsdp_utils.py:763-767)."""
+    fsdp2_prepare_model hands an FSDPModule back untouched (utils/fsdp_utils.py:763-767). What it did is
+    appended to ``notes`` (also when the load then steps aside)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     from .fastload.sharded import load_fsdp2
 
-    notes: list[str] = []
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
@@ -315,12 +315,8 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
         policy = MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf)
     # fsdp2_offload: fsdp_config cpu_offload, which accelerate turns into CPUOffloadPolicy() (1.15
     # utils/dataclasses.py:2184-2189); pinning needs CUDA
-    offload = (
-        CPUOffloadPolicy(pin_memory=cuda)
-        if plan.parallelism is not None and plan.parallelism.choice == "fsdp2_offload"
-        else None
-    )
     par = plan.parallelism
+    offload = CPUOffloadPolicy(pin_memory=cuda) if par is not None and par.choice == "fsdp2_offload" else None
     fsdp_config = dict((par.config.get("training_arguments") or {}).get("fsdp_config") or {}) if par else {}
     path = plan.model.local_path or plan.model.name
     with _BUILD_LOCK:
@@ -343,7 +339,7 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -
         + (f", computed in {want} (MixedPrecisionPolicy)" if policy is not None else "")
         + ("; the shards stay in host memory (CPUOffloadPolicy)" if offload is not None else "")
     )
-    return model, notes
+    return model
 
 
 def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
@@ -356,8 +352,7 @@ def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> t
         from .fastload import StepAside
 
         try:
-            model, more = _load_sharded(plan, auto_class, passthrough)
-            return model, "fast_sharded", [*notes, *more]
+            return _load_sharded(plan, auto_class, passthrough, notes), "fast_sharded", notes
         except (CheckpointError, LoadError):
             raise  # from_pretrained fails on these too
         except StepAside as e:

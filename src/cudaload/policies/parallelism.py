@@ -586,6 +586,11 @@ def choose_parallelism(
                     + "staging buffers)"
                 )
                 host_why = SHARDED_STEPPED_ASIDE
+                if caps.host_memory is not None and sharded_host > caps.host_memory:
+                    reasons.append(
+                        f"this host has {_gib(caps.host_memory)}, less than the sharded load's "
+                        f"{_gib(sharded_host)}: launch fewer ranks per node (more nodes)"
+                    )
             else:
                 host_why = "while the Trainer shards"
                 if launched:
