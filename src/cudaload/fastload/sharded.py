@@ -263,6 +263,12 @@ def load_fsdp2(
     keys = plan_keys(model, prep.header)
     check_keys(keys, prep)
     layers = _check_shardable(model, root)
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    both = [f"{t} and {src}" for t, src in tied.items() if t in keys.load and src in keys.load]
+    if both:
+        # from_pretrained ties them only when their values are equal, and leaves them untied when both are on
+        # meta (transformers 5.17 modeling_utils.py:2553-2573): the skeleton cannot decide it
+        raise _step_aside(root, f"the checkpoint holds both sides of tied weights ({both[0]})")
     # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
     model._weight_conversions = [c for c in keys.conversions if c.was_used()]
     shards: list[_Shard] = []
@@ -434,7 +440,7 @@ def _plan_shards(
         if t is None:
             raise _step_aside(root, f"{name!r} is neither a parameter nor a buffer after sharding")
         if id(t) in seen:
-            continue  # tied to a tensor already planned (transformers keeps the first; the values are one)
+            continue  # one tensor under two names: read once
         seen.add(id(t))
         info = tensors[src]
         if isinstance(t, DTensor):
