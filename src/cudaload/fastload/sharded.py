@@ -19,9 +19,12 @@ model on 8 ranks: over 1 TiB). Here the model never exists whole anywhere:
    by FSDP2) are read whole.
 
 Each rank thus reads about ``1/world`` of the weights and holds only its shards. The parameters' full values
-equal ``from_pretrained(path, dtype=...)``'s bit for bit. What cannot be done exactly this way (quantization,
-keys that need transformers' weight converters such as fused MoE experts, remote code, a model with no decoder
-layer classes to shard by) raises :class:`~cudaload.fastload.StepAside` before any weight storage is allocated.
+equal ``from_pretrained(path, dtype=...)``'s bit for bit, and so do the buffers. What cannot be done exactly
+this way (quantization, keys that need transformers' weight converters such as fused MoE experts, remote code,
+a model with no decoder layer classes to shard by, a checkpoint holding both sides of a tie, transformers'
+own FSDP loading switched on by ACCELERATE_USE_FSDP + FSDP_CPU_RAM_EFFICIENT_LOADING) raises
+:class:`~cudaload.fastload.StepAside` before the weights get storage. Missing keys are initialised as
+from_pretrained initialises them, rank 0's draw broadcast to the others.
 
 Importing this module does not import torch or transformers.
 """
@@ -356,7 +359,7 @@ def _finish_on_meta(model: Any, keys: KeyPlan, prep: Any, dev: torch.device, dty
     ``allocate`` on the meta device), then run from_pretrained's finishing (``materialize.finish``) with those
     stand-ins left on meta: tying, the initialisation of missing keys and non-persistent buffers (on ``dev``,
     whole) and the load report are transformers' own. transformers' init functions skip a tensor flagged
-    ``_is_hf_initialized`` (transformers 5.17 initialization.py ``_is_hf_initialized`` guards), so the meta
+    ``_is_hf_initialized`` (transformers 5.17 initialization.py:45-71, e.g. ``normal_`` at :53), so the meta
     stand-ins are left alone."""
     import torch
 
