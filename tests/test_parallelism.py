@@ -732,8 +732,9 @@ def _load_model_staged_worker(rank: int, world: int, port: int, path: str, gpu_b
 
     fsdp_vars = ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
     before = [os.environ.get(k) for k in fsdp_vars]  # a TrainingArguments earlier in pytest may have set one
+    # fast=False: the whole-model CPU load (the fast path's sharded FSDP2 load is tests/test_sharded_load.py's)
     model = cudaload.load_model(
-        path, hardware=caps, intent="training", seq_len=64, allow_offload=True, prefetch=False
+        path, hardware=caps, intent="training", seq_len=64, allow_offload=True, prefetch=False, fast=False
     )
     p = model.cudaload_plan
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, f"{out}/load{rank}.pt")

@@ -31,7 +31,7 @@ from .errors import (
     ModelNotFoundError,
     VerificationError,
 )
-from .plans import Plan
+from .plans import Placement, Plan
 from .prefetch import MODES as _PREFETCH_MODES
 
 if TYPE_CHECKING:
@@ -277,13 +277,92 @@ _STAGED_NOTE = (
 )
 
 
+def _fsdp_sharded(plan: Plan) -> bool:
+    """The plan's FSDP2 ranks each read only their own shards (cudaload.fastload.sharded.load_fsdp2)."""
+    par = plan.parallelism
+    return bool(
+        _fsdp_weights_on_cpu(plan)
+        and par
+        and par.config.get("sharded_load")
+        and plan.load_path.choice == "fast"
+    )
+
+
+def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], notes: list[str]) -> Any:
+    """load_fsdp2 as the Trainer's FSDP2 set-up would have left the model: under bf16, float32 master
+    parameters (accelerate 1.15 utils/fsdp_utils.py:815-820 upcasts the trainable ones) computed in bf16
+    (the MixedPrecisionPolicy accelerate builds from mixed_precision, utils/dataclasses.py:2135-2143), because
+    fsdp2_prepare_model hands an FSDPModule back untouched (utils/fsdp_utils.py:763-767). What it did is
+    appended to ``notes`` (also when the load then steps aside)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    from .fastload.sharded import load_fsdp2
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        backend = "nccl" if cuda else "gloo"
+        dist.init_process_group(backend)  # env://: torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        notes.append(f"initialised the default process group ({backend}) from torchrun's environment")
+    want = plan.dtype.choice or "float32"
+    policy = None
+    if want != "float32":
+        bf = _torch_dtype(want)
+        policy = MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf)
+    # fsdp2_offload: fsdp_config cpu_offload, which accelerate turns into CPUOffloadPolicy() (1.15
+    # utils/dataclasses.py:2184-2189); pinning needs CUDA
+    par = plan.parallelism
+    offload = CPUOffloadPolicy(pin_memory=cuda) if par is not None and par.choice == "fsdp2_offload" else None
+    fsdp_config = dict((par.config.get("training_arguments") or {}).get("fsdp_config") or {}) if par else {}
+    path = plan.model.local_path or plan.model.name
+    with _BUILD_LOCK:
+        model = load_fsdp2(
+            path,
+            dtype=torch.float32,
+            auto_class=auto_class,
+            device=f"cuda:{local}" if cuda else "cpu",
+            mp_policy=policy,
+            offload_policy=offload,
+            # what fsdp_config asks accelerate for; training_arguments(plan) then leaves it out
+            activation_checkpointing=bool(fsdp_config.get("activation_checkpointing")),
+            attn_implementation=plan.attention.choice,
+            **passthrough,
+        )
+    info = model.cudaload_fastload
+    notes.append(
+        f"FSDP2: this rank read {info['bytes'] / 1e9:.3f} of {info['checkpoint_bytes'] / 1e9:.3f} GB (its rows of "
+        f"each weight, 1/{info['sharded']['world']}) onto {info['device']}; float32 master parameters"
+        + (f", computed in {want} (MixedPrecisionPolicy)" if policy is not None else "")
+        + ("; the shards stay in host memory (CPUOffloadPolicy)" if offload is not None else "")
+    )
+    return model
+
+
 def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
     """Load by the planned path; the fast path steps aside to from_pretrained on anything it cannot do
     exactly as from_pretrained does, and fails only where from_pretrained fails too (corrupt checkpoint,
     mismatched shapes without ignore_mismatched_sizes)."""
     path = plan.model.local_path or plan.model.name
     notes: list[str] = []
-    if plan.load_path.choice == "fast":
+    if _fsdp_sharded(plan):
+        from .fastload import StepAside
+
+        try:
+            return _load_sharded(plan, auto_class, passthrough, notes), "fast_sharded", notes
+        except (CheckpointError, LoadError):
+            raise  # from_pretrained fails on these too
+        except StepAside as e:
+            notes.append(
+                f"sharded FSDP2 load stepped aside ({e}); every rank loads the whole model on its CPU"
+            )
+            logger.warning("%s", notes[-1])
+            del e
+            _release_memory()
+    elif plan.load_path.choice == "fast":
         from . import fastload
 
         try:
@@ -361,7 +440,9 @@ def verify(model: Any, plan: Plan, *, allow_offload: bool) -> dict[str, Any]:
         by_dtype[name] = by_dtype.get(name, 0) + p.numel()
     floating = {k: v for k, v in by_dtype.items() if getattr(torch, k).is_floating_point}
     mostly = max(floating, key=lambda k: floating[k]) if floating else None
-    if mostly is not None and mostly != want:
+    # a sharded FSDP2 load keeps float32 master parameters and computes in the plan's dtype
+    compute = ((getattr(model, "cudaload_fastload", None) or {}).get("sharded") or {}).get("param_dtype")
+    if mostly is not None and mostly != want and compute != want:
         problems.append(f"parameters are mostly {mostly}, the plan said {want}")
 
     attn = getattr(model.config, "_attn_implementation", None)
@@ -702,6 +783,22 @@ def load_model(
             apply_kernels(loaded, plan.kernels)
         seconds = time.perf_counter() - t0
         phases.mark("load")
+        if path_taken == "fast_sharded":
+            # the plan placed the weights on the CPU for the whole-model fallback; they are this rank's shards
+            dev = str(loaded.cudaload_fastload["device"])
+            offloaded = plan.parallelism is not None and plan.parallelism.choice == "fsdp2_offload"
+            where = f"in host memory (computed on {dev})" if offloaded and dev != "cpu" else f"on {dev}"
+            plan = replace(
+                plan,
+                placement=Placement(
+                    dev,
+                    tuple(dict.fromkeys((dev, "cpu") if offloaded else (dev,))),
+                    offload=offloaded,
+                    reasons=(
+                        f"FSDP2: this rank's shards of every weight {where} (cudaload.fastload.sharded)",
+                    ),
+                ),
+            )
         if _fsdp_weights_on_cpu(plan):
             # the model is on the CPU until the Trainer shards it: a forward
             # here would test nothing about the GPU backend, and a 70B CPU forward takes minutes

@@ -21,8 +21,9 @@ from .model_info import ModelInfo, model_info
 from .plans import INTENTS, MemoryEstimate, Plan
 from .policies.attention import choose_attention
 from .policies.dtype import choose_dtype
-from .policies.load_path import choose_load_path
+from .policies.load_path import choose_load_path, fast_kwargs_blockers
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
+from .policies.parallelism import SHARDED_REASON, SHARDED_STEPPED_ASIDE
 from .policies.parallelism import decide as decide_parallelism
 from .policies.quantization import fit
 from .policies.serving import ServingPlan, choose_paged_attention, plan_serving
@@ -379,11 +380,40 @@ def plan(
             "FSDP with weights that fit no GPU whole: from_pretrained loads them on each rank's CPU; the fast "
             "path fills a GPU"
         )
-        lp = Decision(
-            "from_pretrained",
-            (why,),
-            (Candidate("fast", False, (why,)), Candidate("from_pretrained", True, (why,))),
-        )
+        blocked = fast_kwargs_blockers(from_pretrained_kwargs or {})
+        if fast is False:
+            blocked.append("fast=False was passed")
+        if par.config.get("sharded_load") and not blocked:
+            # cudaload.fastload.sharded.load_fsdp2 under this rank's process group (execute._load_once)
+            sharded = (
+                f"FSDP2 with weights that fit no GPU whole: each rank builds the model on the meta device, shards "
+                f"it and reads only its own rows of each weight (1/{par.world_size}) from the safetensors files "
+                "onto its GPU; if the fast path steps aside at load time, from_pretrained loads the whole model "
+                "on each rank's CPU"
+            )
+            lp = Decision(
+                "fast",
+                (sharded,),
+                (Candidate("fast", True, (sharded,)), Candidate("from_pretrained", True, (why,))),
+            )
+        else:
+            if par.config.get("sharded_load"):
+                # the ranks will load whole on their CPUs after all: the host figure is the staged one
+                cfg = dict(par.config)
+                cfg["host_bytes_per_node"] = cfg.pop("host_bytes_per_node_if_stepped_aside")
+                cfg.pop("sharded_load")
+                staged = tuple(
+                    r.replace(SHARDED_STEPPED_ASIDE, "while the Trainer shards")
+                    for r in par.decision.reasons
+                    if not r.startswith(SHARDED_REASON)
+                )
+                par = replace(par, config=cfg, decision=replace(par.decision, reasons=staged))
+                why += f" (no sharded loading: {'; '.join(blocked)})"
+            lp = Decision(
+                "from_pretrained",
+                (why,),
+                (Candidate("fast", False, (why,)), Candidate("from_pretrained", True, (why,))),
+            )
     else:
         lp = choose_load_path(
             info,
@@ -434,7 +464,7 @@ def plan(
         else None,
         optimizer=fr.optimizer,
         gradient_checkpointing=fr.gradient_checkpointing,
-        parallelism=pd.parallelism,
+        parallelism=par,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",

@@ -379,6 +379,7 @@ def finish(
     dtype: torch.dtype,
     *,
     hf_quantizer: Any = None,
+    pending: Collection[str] = (),
 ) -> Any:
     """Finish as from_pretrained finishes, by calling its own ``_finalize_model_loading``: flag tied weights,
     move what is missing (and mismatched) off meta, initialise it, recompute non-persistent buffers, tie,
@@ -387,6 +388,9 @@ def finish(
     ``hf_quantizer``: the quantizer of a quantized load, handed to ``_finalize_model_loading`` as
     from_pretrained hands it (it decides how missing keys leave meta and that initialisation knows the model
     is quantized).
+
+    ``pending``: model keys that may still be on meta afterwards because the caller fills them later (the
+    sharded loader, :mod:`cudaload.fastload.sharded`, finishes on the meta skeleton before sharding it).
 
     Returns transformers' ``LoadStateDictInfo`` (missing, unexpected, mismatched keys after adjustment)."""
     import dataclasses
@@ -412,7 +416,12 @@ def finish(
         hf_quantizer=hf_quantizer,
     )
     info = type(model)._finalize_model_loading(model, load_config, info)
-    leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    waiting = frozenset(pending)
+    leftover = [
+        n
+        for n, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.device.type == "meta" and n not in waiting
+    ]
     if leftover:
         raise _step_aside(
             options.path, f"after loading, {len(leftover)} tensors are still on meta, e.g. {leftover[0]!r}"

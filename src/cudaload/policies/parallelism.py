@@ -173,6 +173,40 @@ def _staged_host_bytes(info: Any, terms: dict[str, int], intent: str, local: int
     return local * max(weights, 4 * trainable)
 
 
+#: Host memory one rank needs for a sharded FSDP2 load onto its GPU: the fast path's pinned staging pool
+#: (cudaload.fastload.staging: at most default_threads() + 2 = 10 buffers of DEFAULT_BUFFER_BYTES, 16 MiB).
+SHARDED_STAGING_BYTES = 10 * (16 << 20)
+
+
+#: How the plan's reasons begin the sharded-load statements (the planner drops or rewrites them when the
+#: load path cannot take the sharded loader after all: from_pretrained keywords, fast=False)
+SHARDED_REASON = "each rank reads and holds only its"
+SHARDED_STEPPED_ASIDE = "if the sharded load steps aside (a checkpoint the fast path cannot read exactly)"
+
+
+def sharded_load_blockers(
+    info: Any, chosen: str, *, intent: str, dtype: str, quantization: str | None
+) -> list[str]:
+    """Why the FSDP ranks of this plan cannot each read only their own shards (cudaload.fastload.sharded);
+    empty when they can. What only the files tell (weights needing transformers' converters, e.g. fused MoE
+    experts) makes the load step aside at load time, to the whole-model CPU load."""
+    s = info.summary
+    out: list[str] = []
+    if chosen not in ("fsdp2", "fsdp2_offload"):
+        out.append(f"{chosen} is not FSDP2")
+    if intent != "training":
+        out.append(f"intent {intent}: PEFT wraps the model after loading, which a sharded model cannot take")
+    if dtype not in ("bfloat16", "float32"):
+        out.append(f"{dtype}: the sharded loader mirrors accelerate's bf16 or fp32 FSDP2 set-up only")
+    if quantization:
+        out.append(f"{quantization} quantization happens inside from_pretrained")
+    if not s.local_path or not s.safetensors:
+        out.append("not a local safetensors checkpoint")
+    if info.remote_code:
+        out.append("the model needs remote code (auto_map)")
+    return out
+
+
 def _working_set(info: Any, bd: Breakdown, dtype: str, trainable: bool) -> int:
     """Bytes FSDP2 / ZeRO-3 hold unsharded on each GPU at the peak.
 
@@ -530,9 +564,40 @@ def choose_parallelism(
             config["training_arguments"]["fsdp_config"]["cpu_ram_efficient_loading"] = True
             host = _staged_host_bytes(info, t, intent, local)
             config["host_bytes_per_node"] = host
+            sharded = sharded_load_blockers(
+                info, chosen, intent=intent, dtype=dtype, quantization=quantization
+            )
+            if launched and not sharded:
+                # cudaload.fastload.sharded.load_fsdp2: the ranks read their own rows of each weight onto their
+                # GPUs; the whole-model CPU load stays the fallback when the fast path steps aside at load time
+                config["sharded_load"] = True
+                config["host_bytes_per_node_if_stepped_aside"] = host
+                # float32 master shards (what accelerate's upcast gives), in host memory under CPU offload
+                params = int(info.counts.total or info.summary.params)
+                held = 4 * params // n if chosen == "fsdp2_offload" else 0
+                sharded_host = local * (SHARDED_STAGING_BYTES + held)
+                config["host_bytes_per_node"] = sharded_host
+                where = "into host memory (CPU offload)" if held else "onto its GPU"
+                reasons.append(
+                    f"{SHARDED_REASON} 1/{n} of the weights: load_model builds the model on the "
+                    "meta device, shards it with FSDP2 and reads each rank's rows of every weight from the "
+                    f"safetensors files {where} (host memory ~{_gib(sharded_host)} per node: "
+                    + (f"{local} ranks' float32 shards and " if held else "")
+                    + "staging buffers)"
+                )
+                host_why = SHARDED_STEPPED_ASIDE
+                if caps.host_memory is not None and sharded_host > caps.host_memory:
+                    reasons.append(
+                        f"this host has {_gib(caps.host_memory)}, less than the sharded load's "
+                        f"{_gib(sharded_host)}: launch fewer ranks per node (more nodes)"
+                    )
+            else:
+                host_why = "while the Trainer shards"
+                if launched:
+                    notes.append(f"no sharded loading: {'; '.join(sharded)}")
             over = caps.host_memory is not None and host > caps.host_memory
-            (notes if not over else reasons).append(
-                f"host memory while the Trainer shards: ~{_gib(host)} per node ({local} ranks: the weights on "
+            (notes if not over or config.get("sharded_load") else reasons).append(
+                f"host memory {host_why}: ~{_gib(host)} per node ({local} ranks: the weights on "
                 "each rank's CPU, and the trainable ones upcast to fp32 on every rank before sharding, accelerate "
                 "1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
                 + (
@@ -874,10 +939,23 @@ def parallel_training_arguments(plan: Plan) -> dict[str, Any]:
     par = plan.parallelism
     if par is None or par.choice is None:
         return {}
-    return {
+    out = {
         k: (dict(v) if isinstance(v, dict) else v)
         for k, v in par.config.get("training_arguments", {}).items()
     }
+    if out.get("fsdp") and (plan.verified or {}).get("load_path") == "fast_sharded":
+        # load_model returned an FSDPModule (cudaload.fastload.sharded): accelerate hands it back as it is (1.15
+        # utils/fsdp_utils.py:763-767), but first looks the wrap classes up by name (accelerator.py:1694,
+        # utils/dataclasses.py:2088-2096), names fully_shard changed to FSDP<Name> (torch 2.13
+        # _fully_shard/_fsdp_init.py:426-427), so it would raise; and it would wrap the layers in activation
+        # checkpointing (accelerator.py:1697-1698) that the loader already applied. Nothing is left to wrap.
+        cfg = dict(out["fsdp_config"])
+        cfg.pop("transformer_layer_cls_to_wrap", None)
+        cfg.update(
+            auto_wrap_policy="NO_WRAP", activation_checkpointing=False, cpu_ram_efficient_loading=False
+        )
+        out["fsdp_config"] = cfg
+    return out
 
 
 def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, Any]:

@@ -1,0 +1,467 @@
+"""FSDP2 loading in which every rank reads only its own shard of each weight from the checkpoint files.
+
+    import torch.distributed as dist
+    dist.init_process_group("nccl")          # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR...
+    model = cudaload.fastload.sharded.load_fsdp2(path, dtype=torch.bfloat16)   # an FSDPModule
+
+Loading a model whole on every rank and then sharding it needs ``local ranks x model`` of host memory (a 70B
+model on 8 ranks: over 1 TiB). Here the model never exists whole anywhere:
+
+1. the skeleton is built on the meta device exactly as the fast path builds it (:mod:`.materialize`:
+   ``prepare``, ``build_skeleton``, ``plan_keys``, ``check_keys``), and finished on meta the way
+   ``from_pretrained`` finishes (transformers' own ``_finalize_model_loading``: tied weights tied, missing keys
+   initialised, non-persistent buffers such as rotary ``inv_freq`` recomputed by transformers' ``_init_weights``);
+2. torch's FSDP2 ``fully_shard`` is applied to every decoder layer (the classes in ``_no_split_modules``), then
+   to the root, still on meta;
+3. ``to_empty`` gives each rank storage for its own shards only, and each shard is filled from the safetensors
+   files by reading that rank's rows (FSDP2 shards dim 0 in ``torch.chunk`` pieces, so a rank's rows are one
+   contiguous byte range of the tensor) with the fast path's reader and dtype conversion. Buffers (not sharded
+   by FSDP2) are read whole.
+
+Each rank thus reads about ``1/world`` of the weights and holds only its shards. The parameters' full values
+equal ``from_pretrained(path, dtype=...)``'s bit for bit, and so do the buffers. What cannot be done exactly
+this way (quantization, keys that need transformers' weight converters such as fused MoE experts, remote code,
+a model with no decoder layer classes to shard by, a checkpoint holding both sides of a tie, transformers'
+own FSDP loading switched on by ACCELERATE_USE_FSDP + FSDP_CPU_RAM_EFFICIENT_LOADING) raises
+:class:`~cudaload.fastload.StepAside` before the weights get storage. Missing keys are initialised as
+from_pretrained initialises them, rank 0's draw broadcast to the others.
+
+Importing this module does not import torch or transformers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError, DependencyError
+from .materialize import (
+    KeyPlan,
+    StepAside,
+    _step_aside,
+    allocate,
+    build_skeleton,
+    check_keys,
+    clear_tracebacks,
+    finish,
+    load_report,
+    model_class,
+    plan_keys,
+    prepare,
+    resolve_device,
+    torch_dtype,
+)
+from .reader import TensorInfo
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StepAside", "load_fsdp2", "shard_rows"]
+
+
+def shard_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """The rows ``[start, stop)`` of dim 0 that FSDP2 gives ``rank`` of ``world``.
+
+    FSDP2 splits dim 0 with ``torch.chunk`` and pads the missing chunks with empty ones (torch 2.13
+    distributed/fsdp/_fully_shard/_fsdp_common.py:134-140 ``_chunk_with_empty``, used at
+    _fsdp_param.py:298): every chunk has ``ceil(rows / world)`` rows except the last non-empty one, and the
+    ranks after it get none (7 rows on 3 ranks: 3, 3, 1; 5 rows on 4 ranks: 2, 2, 1, 0)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigurationError(f"rank {rank} of world {world}", fix="use 0 <= rank < world")
+    per = -(-rows // world) if rows else 0
+    start = min(rank * per, rows)
+    return start, min(start + per, rows)
+
+
+def _rows_info(info: TensorInfo, start: int, stop: int) -> TensorInfo:
+    """The byte range of rows ``[start, stop)`` of a row-major checkpoint tensor, as a TensorInfo of its own."""
+    rows = info.shape[0]
+    row_bytes = info.nbytes // rows if rows else 0
+    return TensorInfo(
+        info.name,
+        info.dtype,
+        (stop - start, *info.shape[1:]),
+        info.file,
+        info.start + start * row_bytes,
+        info.start + stop * row_bytes,
+    )
+
+
+@dataclass
+class _Shard:
+    name: str  # model key
+    target: Any  # the contiguous local tensor to fill
+    source: TensorInfo  # the byte range to read into it
+
+
+def _process_group_or_fail() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError as e:  # a torch built without distributed support
+        raise DependencyError(
+            "torch.distributed is not available in this torch build", fix="install a torch with distributed"
+        ) from e
+    if not dist.is_available() or not dist.is_initialized():
+        raise ConfigurationError(
+            "sharded FSDP2 loading needs an initialised default process group, and there is none",
+            fix="launch with torchrun and call torch.distributed.init_process_group() (nccl on GPUs, gloo on "
+            "the CPU) before load_fsdp2, or load in one process with cudaload.fastload.load",
+        )
+    return dist
+
+
+def _default_device(dist: Any) -> torch.device:
+    import torch
+
+    backend = str(dist.get_backend())
+    if torch.cuda.is_available() and "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _layer_modules(model: Any) -> list[Any]:
+    """The decoder layers FSDP2 wraps one by one: modules whose class is in ``_no_split_modules`` (the blocks
+    transformers never splits across devices; accelerate's TRANSFORMER_BASED_WRAP uses the same classes,
+    accelerate 1.15 utils/dataclasses.py FullyShardedDataParallelPlugin.set_auto_wrap_policy)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
+
+#: the attribute torch's CheckpointWrapper keeps the wrapped module under; it appears in parameter names
+#: (torch 2.13 distributed/algorithms/_checkpoint/checkpoint_wrapper.py _CHECKPOINT_WRAPPED_MODULE), not in
+#: state_dict keys, which the wrapper's state_dict hook strips
+_WRAPPED = "_checkpoint_wrapped_module."
+
+
+def _checkpoint_layers(model: Any, layers: list[Any]) -> list[Any]:
+    """Each layer replaced in its parent by ``checkpoint_wrapper(layer, preserve_rng_state=False)``, exactly as
+    accelerate's fsdp2_apply_ac does (1.15 utils/fsdp_utils.py:719-727, ``model.set_submodule``); returns the
+    wrappers, which FSDP2 then shards as the units."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    wanted = {id(m) for m in layers}
+    names = [n for n, m in model.named_modules() if id(m) in wanted]
+    out = []
+    for name in names:
+        wrapped = checkpoint_wrapper(model.get_submodule(name), preserve_rng_state=False)
+        model.set_submodule(name, wrapped)
+        out.append(wrapped)
+    return out
+
+
+def _check_shardable(model: Any, root: str) -> list[Any]:
+    layers = _layer_modules(model)
+    if not layers:
+        raise _step_aside(
+            root, "the model declares no decoder layer classes (_no_split_modules) for FSDP2 to shard by"
+        )
+    scalars = [n for n, p in model.named_parameters() if p.ndim == 0]
+    if scalars:
+        # FSDP2 shards dim 0 and rejects a 0-dim parameter (torch 2.13 _fsdp_param.py:276-279)
+        raise _step_aside(root, f"0-dim parameters FSDP2 cannot shard: {scalars[:4]}")
+    return layers
+
+
+def _fsdp_env_on() -> bool:
+    """transformers' FSDP1 loading switch (5.17 distributed/fsdp.py:41-47): when it is on, its
+    ``_finalize_model_loading`` zero-fills every tensor on the CPU on ranks other than each node's local 0
+    (modeling_utils.py:4718-4724) and skips initialising them (:4757-4769): neither is wanted here."""
+    import transformers.integrations as hf_integrations
+
+    is_fsdp_enabled = getattr(hf_integrations, "is_fsdp_enabled", None)
+    return bool(is_fsdp_enabled is not None and is_fsdp_enabled())
+
+
+def load_fsdp2(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype,
+    auto_class: str = "AutoModelForCausalLM",
+    device: str | torch.device | None = None,
+    mesh: Any = None,
+    mp_policy: Any = None,
+    offload_policy: Any = None,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+    attn_implementation: str | None = None,
+    threads: int | None = None,
+    buffer_bytes: int | None = None,
+    **from_pretrained_kwargs: Any,
+) -> Any:
+    """Load a safetensors checkpoint as an FSDP2-sharded model, each rank reading only its own shards.
+
+    Call it on every rank of an initialised default process group (``torch.distributed.init_process_group``).
+    ``device``: where this rank's shards live (default: the current CUDA device under nccl, else the CPU).
+    ``mesh``: a 1-D DeviceMesh to shard over (default: the whole world on ``device``'s type).
+    ``mp_policy``: a ``torch.distributed.fsdp.MixedPrecisionPolicy`` for every ``fully_shard`` call.
+    ``offload_policy``: a ``CPUOffloadPolicy`` keeps the shards in host memory (FSDP2 copies them to ``device``
+    for compute); buffers, which FSDP2 does not shard, stay on ``device``.
+    ``reshard_after_forward``: for the decoder layers (the root keeps FSDP2's default).
+    ``activation_checkpointing``: wrap each decoder layer in torch's ``checkpoint_wrapper`` before sharding it,
+    as accelerate does for ``fsdp_config["activation_checkpointing"]`` (1.15 utils/fsdp_utils.py:701-727,
+    applied before ``fully_shard`` at accelerator.py:1696-1698; its wrap policy looks through the wrapper,
+    fsdp_utils.py:959-962). A Trainer given the result must not wrap again (see
+    ``cudaload.policies.parallelism.parallel_training_arguments``).
+    ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``, as for :func:`cudaload.fastload.load`.
+
+    Returns the model (an ``FSDPModule``), in eval mode like ``from_pretrained``'s; ``model.cudaload_fastload``
+    says what this rank read (``bytes``), its rank, world and the shards it holds. Raises
+    :class:`~cudaload.fastload.StepAside` before allocating any weight storage when the load cannot be exact,
+    ConfigurationError when there is no process group."""
+    dist = _process_group_or_fail()
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    try:
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+    except ImportError as e:
+        raise DependencyError(
+            f"this torch ({torch.__version__}) has no FSDP2 (torch.distributed.fsdp.fully_shard)",
+            fix="upgrade torch to 2.6 or newer",
+        ) from e
+    from . import staging
+
+    t0 = time.perf_counter()
+    dev = resolve_device(device) if device is not None else _default_device(dist)
+    threads = threads or staging.default_threads()
+    buffer_bytes = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
+    if threads < 1 or buffer_bytes < 1 << 16:
+        raise ConfigurationError(
+            f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
+            fix="use threads >= 1 and buffer_bytes >= 64 KiB",
+        )
+    if mesh is None:
+        mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+    if mesh.ndim != 1:
+        raise ConfigurationError(
+            f"load_fsdp2 shards over a 1-D device mesh, not {mesh.ndim}-D", fix="pass a 1-D DeviceMesh"
+        )
+    world, rank = mesh.size(), mesh.get_local_rank()
+    prep = prepare(path, from_pretrained_kwargs)
+    root = prep.options.path
+    if _fsdp_env_on():
+        raise _step_aside(
+            root,
+            "ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING are set: transformers' own FSDP loading "
+            "would zero the weights on all but local rank 0",
+        )
+    config = prep.config
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    config.name_or_path = root  # as from_pretrained sets it
+    model = build_skeleton(config, model_class(config, auto_class), dtype, prep.model_kwargs)
+    keys = plan_keys(model, prep.header)
+    check_keys(keys, prep)
+    layers = _check_shardable(model, root)
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    both = [f"{t} and {src}" for t, src in tied.items() if t in keys.load and src in keys.load]
+    if both:
+        # from_pretrained ties them only when their values are equal, and leaves them untied when both are on
+        # meta (transformers 5.17 modeling_utils.py:2553-2573): the skeleton cannot decide it
+        raise _step_aside(root, f"the checkpoint holds both sides of tied weights ({both[0]})")
+    # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
+    model._weight_conversions = [c for c in keys.conversions if c.was_used()]
+    shards: list[_Shard] = []
+    try:
+        info = _finish_on_meta(model, keys, prep, dev, dtype)
+        _agree_on_initialised(model, dist, mesh)
+        t_build = time.perf_counter()
+        kw: dict[str, Any] = {
+            "mesh": mesh,
+            "mp_policy": mp_policy or MixedPrecisionPolicy(),
+            "offload_policy": offload_policy or OffloadPolicy(),
+        }
+        if activation_checkpointing:
+            layers = _checkpoint_layers(model, layers)
+        for layer in layers:
+            fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
+        fully_shard(model, **kw)
+        # CPU offload: the sharded parameters live in host memory (torch 2.13 _fsdp_param.py:311-314 moves an
+        # initialised shard there the same way)
+        shard_dev = torch.device("cpu") if isinstance(offload_policy, CPUOffloadPolicy) else dev
+        kept = _real_tensors(model)
+        model.to_empty(device=shard_dev)
+        _restore(model, kept, dev)
+        t_alloc = time.perf_counter()
+        shards = _plan_shards(model, keys, prep.header.tensors, world, rank, root)
+        fill_times: dict[str, float] = {}
+        with torch.no_grad():
+            for on_cuda in (False, True):
+                part = [s for s in shards if (s.target.device.type == "cuda") == on_cuda]
+                if not part:
+                    continue
+                targets = [staging.Target(s.name, s.target, torch_dtype(s.source.dtype)) for s in part]
+                sources = [s.source for s in part]
+                if on_cuda:
+                    fill_times = staging.fill_cuda(
+                        targets, sources, device=dev, threads=threads, buffer_bytes=buffer_bytes
+                    )
+                else:
+                    staging.fill_cpu(targets, sources, threads=threads, buffer_bytes=buffer_bytes)
+        t_fill = time.perf_counter()
+    except BaseException as e:
+        model = None
+        shards = []
+        clear_tracebacks(e)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        raise
+    is_fsdp = isinstance(model, FSDPModule)  # fully_shard on the root makes it one
+    if not is_fsdp:
+        raise _step_aside(root, "fully_shard did not make the root an FSDPModule")
+    read_bytes = sum(s.source.nbytes for s in shards)
+    t_end = time.perf_counter()
+    model.cudaload_fastload = {
+        "seconds": round(t_end - t0, 4),
+        "build_s": round(t_build - t0, 4),
+        "alloc_s": round(t_alloc - t_build, 4),
+        "fill_s": round(t_fill - t_alloc, 4),
+        **fill_times,
+        "bytes": read_bytes,
+        "checkpoint_bytes": prep.header.total_bytes,
+        "sharded": {
+            "world": world,
+            "rank": rank,
+            "layers": len(layers),
+            "tensors": len(shards),
+            # what forward computes in: the mixed-precision policy's parameter dtype, else the load dtype
+            "param_dtype": str(getattr(mp_policy, "param_dtype", None) or dtype).removeprefix("torch."),
+        },
+        **load_report(prep.header, info, threads, buffer_bytes, dev),
+    }
+    logger.info(
+        "rank %d/%d loaded its FSDP2 shards of %s: read %.3f of %.3f GB in %.2f s",
+        rank,
+        world,
+        root,
+        read_bytes / 1e9,
+        prep.header.total_bytes / 1e9,
+        t_end - t0,
+    )
+    return model
+
+
+def _finish_on_meta(model: Any, keys: KeyPlan, prep: Any, dev: torch.device, dtype: torch.dtype) -> Any:
+    """Give every checkpoint-loaded tensor a meta stand-in of its load dtype, flagged loaded (the fast path's
+    ``allocate`` on the meta device), then run from_pretrained's finishing (``materialize.finish``) with those
+    stand-ins left on meta: tying, the initialisation of missing keys and non-persistent buffers (on ``dev``,
+    whole) and the load report are transformers' own. transformers' init functions skip a tensor flagged
+    ``_is_hf_initialized`` (transformers 5.17 initialization.py:45-71, e.g. ``normal_`` at :53), so the meta
+    stand-ins are left alone."""
+    import torch
+
+    allocate(model, keys, prep.header, torch.device("meta"), dtype)
+    try:
+        return finish(model, keys, prep.options, prep.model_kwargs, dev, dtype, pending=keys.load.keys())
+    except (StepAside, ConfigurationError):
+        raise
+    except Exception as e:  # e.g. a model's _init_weights that reads values: it needs real tensors
+        raise _step_aside(
+            prep.options.path, f"finishing the load on the meta device failed ({type(e).__name__}: {e})"
+        ) from e
+
+
+def _agree_on_initialised(model: Any, dist: Any, mesh: Any) -> None:
+    """Parameters initialised here rather than read (missing or size-mismatched keys) were drawn from each
+    rank's own random generator: take rank 0's, so every rank shards the same tensor."""
+    real = [p for p in model.parameters() if p.device.type != "meta"]
+    group = mesh.get_group()
+    src = dist.get_global_rank(group, 0)
+    for p in real:
+        dist.broadcast(p.data, src=src, group=group)
+
+
+def _real_tensors(model: Any) -> dict[str, Any]:
+    """Tensors already holding values after ``fully_shard`` (non-persistent buffers, initialised missing
+    parameters' local shards): ``to_empty`` replaces them with uninitialised storage, so keep them to put back.
+    Keyed by every name (tied parameters under each)."""
+    out: dict[str, Any] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        local = _local(p)
+        if local.device.type != "meta":
+            out[name] = local
+    for name, b in model.named_buffers(remove_duplicate=False):
+        if b.device.type != "meta":
+            out[name] = b
+    return out
+
+
+def _restore(model: Any, kept: Mapping[str, Any], buffer_device: torch.device) -> None:
+    """Put back what ``to_empty`` replaced: parameters' values into their new local shards, buffers as they
+    were; the other buffers (read from the checkpoint next) get uninitialised storage on ``buffer_device``."""
+    import torch
+
+    buffers = dict(model.named_buffers(remove_duplicate=False))
+    made: dict[int, Any] = {}  # a buffer under two names stays one tensor
+    with torch.no_grad():
+        for name, old in kept.items():
+            if name not in buffers:
+                owner, _, leaf = name.rpartition(".")
+                _local(getattr(model.get_submodule(owner), leaf)).copy_(old)
+        for name, buf in buffers.items():
+            owner, _, leaf = name.rpartition(".")
+            module = model.get_submodule(owner)
+            if name in kept:
+                module._buffers[leaf] = kept[name]
+            elif buf.device != buffer_device:
+                if id(buf) not in made:
+                    made[id(buf)] = torch.empty_like(buf, device=buffer_device)
+                module._buffers[leaf] = made[id(buf)]
+
+
+def _local(t: Any) -> Any:
+    """The local shard of an FSDP2 parameter (a DTensor), or the tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def _plan_shards(
+    model: Any, keys: KeyPlan, tensors: Mapping[str, TensorInfo], world: int, rank: int, root: str
+) -> list[_Shard]:
+    """What this rank reads: for each sharded parameter, its rows of the checkpoint tensor into its local
+    shard; for each buffer, the whole tensor. A tensor reached under two names (tied) is read once."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    params = {n.replace(_WRAPPED, ""): p for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n.replace(_WRAPPED, ""): b for n, b in model.named_buffers(remove_duplicate=False)}
+    seen: set[int] = set()
+    out: list[_Shard] = []
+    for name, src in keys.load.items():
+        t = params.get(name, buffers.get(name))
+        if t is None:
+            raise _step_aside(root, f"{name!r} is neither a parameter nor a buffer after sharding")
+        if id(t) in seen:
+            continue  # one tensor under two names: read once
+        seen.add(id(t))
+        info = tensors[src]
+        if isinstance(t, DTensor):
+            if tuple(t.placements) != (Shard(0),):
+                raise _step_aside(root, f"{name!r} is sharded as {t.placements}, not on dim 0")
+            local = t._local_tensor
+            start, stop = shard_rows(info.shape[0], world, rank)
+            expect = (stop - start, *info.shape[1:])
+            if tuple(local.shape) != expect or not local.is_contiguous():
+                raise _step_aside(
+                    root,
+                    f"{name!r}: FSDP2 gave rank {rank} a local shard of {tuple(local.shape)}, "
+                    f"rows {start}:{stop} of {info.shape} expected",
+                )
+            if stop > start:
+                out.append(_Shard(name, local, _rows_info(info, start, stop)))
+        else:
+            if math.prod(t.shape) and not t.is_contiguous():
+                raise _step_aside(root, f"buffer {name!r} is not contiguous")
+            out.append(_Shard(name, t, info))
+    return out
