@@ -35,7 +35,10 @@ def _rank_main(rank: int, world: int, port: int, job: str, args: dict[str, Any],
     import torch.distributed as dist
 
     if job != "load_model":  # load_model starts its own group from this environment
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        gpu = bool(args.get("cuda"))
+        if gpu:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
     res = _JOBS[job](rank, world, args)
     with open(f"{out}/rank{rank}.json", "w") as fh:
         json.dump(res, fh)
@@ -288,8 +291,66 @@ def _job_checkpointing(rank: int, world: int, args: dict[str, Any]) -> dict[str,
     return out
 
 
+def _job_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """One rank (world 1, so its shard is the whole tensor): shards on cuda:rank with NCCL when args["cuda"]
+    (else the CPU with gloo), and second kept in host memory by CPUOffloadPolicy (pinned on CUDA); float32
+    masters computed in bf16 as load_model asks; every tensor against from_pretrained's; one AdamW step."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy
+
+    from cudaload.fastload.sharded import load_fsdp2
+
+    path = args["path"]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref_params = dict(ref.named_parameters(remove_duplicate=False))
+    ref_buffers = dict(ref.named_buffers())
+    assert world == 1  # to_local() below is the whole tensor only then (full_tensor() would gather offloaded
+    # CPU shards through NCCL)
+    cuda = bool(args.get("cuda"))
+    dev = f"cuda:{rank}" if cuda else "cpu"
+    bf = torch.bfloat16
+    out: dict[str, Any] = {}
+    for label, offload in (("device", None), ("offload", CPUOffloadPolicy(pin_memory=cuda))):
+        model = load_fsdp2(
+            path,
+            dtype=torch.float32,
+            device=dev,
+            mp_policy=MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf),
+            offload_policy=offload,
+        )
+        bad = [
+            n
+            for n, p in model.named_parameters(remove_duplicate=False)
+            if not torch.equal(p.to_local().cpu(), ref_params[n])
+        ]
+        bad += [f"buffer {n}" for n, b in model.named_buffers() if not torch.equal(b.cpu(), ref_buffers[n])]
+        devices = sorted({str(p.to_local().device) for p in model.parameters()})
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        before = [p.to_local().detach().cpu().clone() for p in model.parameters()]
+        ids = (torch.arange(3, 3 + 32).reshape(1, 32) % ref.config.vocab_size).to(dev)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        changed = sum(
+            not torch.equal(a, p.to_local().detach().cpu())
+            for a, p in zip(before, model.parameters(), strict=True)
+        )
+        out[label] = {
+            "fsdp_module": isinstance(model, FSDPModule),
+            "bad": bad,
+            "param_devices": devices,
+            "loss": float(loss),
+            "changed": changed,
+            "params": len(before),
+        }
+        del model, opt
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
 _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "parity": _job_parity,
+    "one_rank": _job_one_rank,
     "bad_input": _job_bad_input,
     "load_model": _job_load_model,
     "checkpointing": _job_checkpointing,
@@ -613,3 +674,21 @@ def test_bench_sharded_load_smoke_runs_on_this_cpu(tmp_path: Path) -> None:
     assert not any(x["bad_rows"] for x in sharded)
     assert all(x["load_path"] == "fast_sharded" for x in res["wiring"])
     assert (out / "results.md").read_text().startswith("# FSDP2 sharded loading")
+
+
+@pytest.mark.parametrize(
+    "cuda", [pytest.param(True, marks=pytest.mark.gpu), False], ids=["nccl-cuda", "gloo-cpu"]
+)
+def test_one_rank_loads_its_shards_on_its_device_and_offloaded(
+    cuda: bool, tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The CUDA side the gloo tests cannot reach (NCCL, shards allocated and filled on cuda:0, pinned CPU offload,
+    an optimizer step) on this machine's one GPU; two ranks need the 2-GPU machine. The CPU case runs the same job."""
+    import math
+
+    res = _spawn(1, "one_rank", {"path": str(tiny_model("qwen3", "bfloat16")), "cuda": cuda}, tmp_path)[0]
+    for label, want in (("device", ["cuda:0" if cuda else "cpu"]), ("offload", ["cpu"])):
+        r = res[label]
+        assert r["fsdp_module"] and r["bad"] == [], (label, r["bad"])
+        assert r["param_devices"] == want, (label, r["param_devices"])
+        assert math.isfinite(r["loss"]) and r["changed"] == r["params"], (label, r)
