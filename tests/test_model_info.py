@@ -136,3 +136,13 @@ def test_unknown_model_type_is_short_with_close_names(tmp_path: Path) -> None:
         model_info(tmp_path)
     text = str(ei.value)
     assert len(text) < 600 and "llama" in text
+
+
+def test_tiny_config_overrides_are_applied() -> None:
+    """cudaload.testing.tiny_config's keyword overrides replace its keys (they were shadowed by the family's)."""
+    from cudaload.testing.models import tiny_config
+
+    c = tiny_config("qwen3", vocab_size=999, tie_word_embeddings=False)
+    assert (c.vocab_size, c.tie_word_embeddings) == (999, False)
+    assert tiny_config("gpt2", n_layer=3).n_layer == 3
+    assert tiny_config("qwen3").vocab_size != 999

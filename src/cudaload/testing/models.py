@@ -68,13 +68,13 @@ def tiny_config(kind: str, **overrides: Any) -> Any:
 
     if kind not in _TINY:
         raise ValueError(f"unknown tiny model kind {kind!r}; choose from {', '.join(TINY_KINDS)}")
-    cls_name, _, overrides = _TINY[kind]
+    cls_name, _, family = _TINY[kind]
     if kind == "gpt2":
         kw = dict(_GPT2_KEYS)
     elif kind == "bert":
         kw = dict(_BERT_KEYS)
     else:
-        kw = {**_COMMON, **overrides}
+        kw = {**_COMMON, **family}
     kw.update({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, **overrides)
     return getattr(transformers, cls_name)(**kw)
 
