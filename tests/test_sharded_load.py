@@ -183,6 +183,25 @@ def _job_bad_input(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def _job_disagree(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Each case gives each rank its own checkpoint (args[case][rank]): what one rank cannot load, no rank
+    loads, so that no rank goes on to train (and wait in a collective) while another loaded otherwise."""
+    from cudaload.errors import CudaloadError
+    from cudaload.fastload import StepAside
+    from cudaload.fastload.sharded import load_fsdp2
+
+    out: dict[str, Any] = {}
+    for case, paths in args.items():
+        try:
+            load_fsdp2(paths[rank], dtype=torch.float32, device="cpu")
+            out[case] = "loaded"
+        except StepAside as e:
+            out[case] = f"StepAside: {e.message}"
+        except CudaloadError as e:
+            out[case] = f"{type(e).__name__}: {e.message}"
+    return out
+
+
 def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
     from accelerate.utils.fsdp_utils import fsdp2_prepare_model
@@ -354,6 +373,7 @@ _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "bad_input": _job_bad_input,
     "load_model": _job_load_model,
     "checkpointing": _job_checkpointing,
+    "disagree": _job_disagree,
 }
 
 
@@ -534,6 +554,28 @@ def test_what_the_fast_path_cannot_do_steps_aside(tiny_model: Callable[..., Path
         assert x["moe"].startswith("StepAside") and "conversion" in x["moe"], x["moe"]
         assert x["remote"].startswith("StepAside") and "remote code" in x["remote"], x["remote"]
         assert x["missing"].startswith("ModelNotFoundError"), x["missing"]
+
+
+def test_a_rank_that_cannot_load_takes_the_others_with_it(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """Ranks that see different files (a node's copy out of date, a file missing on one node): when one rank
+    steps aside or fails, every rank does, before any weight is read; one rank loading sharded while another
+    falls back to a whole-model load would leave them in different collectives (a hung job, not an error)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    good = tiny_model("qwen3")
+    both = tmp_path / "both"
+    shutil.copytree(good, both)
+    sd = load_file(str(both / "model.safetensors"))
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    save_file(sd, str(both / "model.safetensors"), metadata={"format": "pt"})
+    args = {"step_aside": [str(good), str(both)], "missing": [str(good), str(tmp_path / "nope")]}
+    res = _spawn(2, "disagree", args, tmp_path)
+    assert res[1]["step_aside"].startswith("StepAside") and "both sides of tied" in res[1]["step_aside"]
+    assert res[0]["step_aside"].startswith("StepAside") and "rank 1" in res[0]["step_aside"], res[0]
+    assert res[1]["missing"].startswith("ModelNotFoundError"), res[1]
+    assert res[0]["missing"].startswith("LoadError") and "rank 1" in res[0]["missing"], res[0]
 
 
 @pytest.mark.slow
