@@ -556,7 +556,9 @@ def test_what_the_fast_path_cannot_do_steps_aside(tiny_model: Callable[..., Path
         assert x["missing"].startswith("ModelNotFoundError"), x["missing"]
 
 
-def test_a_rank_that_cannot_load_takes_the_others_with_it(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+def test_a_rank_that_cannot_load_takes_the_others_with_it(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
     """Ranks that see different files (a node's copy out of date, a file missing on one node): when one rank
     steps aside or fails, every rank does, before any weight is read; one rank loading sharded while another
     falls back to a whole-model load would leave them in different collectives (a hung job, not an error)."""
@@ -570,8 +572,20 @@ def test_a_rank_that_cannot_load_takes_the_others_with_it(tiny_model: Callable[.
     sd = load_file(str(both / "model.safetensors"))
     sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
     save_file(sd, str(both / "model.safetensors"), metadata={"format": "pt"})
-    args = {"step_aside": [str(good), str(both)], "missing": [str(good), str(tmp_path / "nope")]}
+    # rank 1's copy lacks the final norm: it would initialise it and broadcast it, rank 0 would not listen
+    older = tmp_path / "older"
+    shutil.copytree(good, older)
+    sd = load_file(str(older / "model.safetensors"))
+    del sd["model.norm.weight"]
+    save_file(sd, str(older / "model.safetensors"), metadata={"format": "pt"})
+    args = {
+        "step_aside": [str(good), str(both)],
+        "missing": [str(good), str(tmp_path / "nope")],
+        "differ": [str(good), str(older)],
+    }
     res = _spawn(2, "disagree", args, tmp_path)
+    for x in res:
+        assert x["differ"].startswith("LoadError") and "different checkpoints: ranks [1]" in x["differ"], x
     assert res[1]["step_aside"].startswith("StepAside") and "both sides of tied" in res[1]["step_aside"]
     assert res[0]["step_aside"].startswith("StepAside") and "rank 1" in res[0]["step_aside"], res[0]
     assert res[1]["missing"].startswith("ModelNotFoundError"), res[1]

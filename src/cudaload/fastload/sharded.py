@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, DependencyError
+from ..errors import ConfigurationError, DependencyError, LoadError
 from .materialize import (
     KeyPlan,
     StepAside,
@@ -250,68 +250,87 @@ def load_fsdp2(
             f"load_fsdp2 shards over a 1-D device mesh, not {mesh.ndim}-D", fix="pass a 1-D DeviceMesh"
         )
     world, rank = mesh.size(), mesh.get_local_rank()
-    prep = prepare(path, from_pretrained_kwargs)
-    root = prep.options.path
-    if _fsdp_env_on():
-        raise _step_aside(
-            root,
-            "ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING are set: transformers' own FSDP loading "
-            "would zero the weights on all but local rank 0",
-        )
-    config = prep.config
-    if attn_implementation is not None:
-        config._attn_implementation = attn_implementation
-    config.name_or_path = root  # as from_pretrained sets it
-    model = build_skeleton(config, model_class(config, auto_class), dtype, prep.model_kwargs)
-    keys = plan_keys(model, prep.header)
-    check_keys(keys, prep)
-    layers = _check_shardable(model, root)
-    tied = getattr(model, "all_tied_weights_keys", None) or {}
-    both = [f"{t} and {src}" for t, src in tied.items() if t in keys.load and src in keys.load]
-    if both:
-        # from_pretrained ties them only when their values are equal, and leaves them untied when both are on
-        # meta (transformers 5.17 modeling_utils.py:2553-2573): the skeleton cannot decide it
-        raise _step_aside(root, f"the checkpoint holds both sides of tied weights ({both[0]})")
-    # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
-    model._weight_conversions = [c for c in keys.conversions if c.was_used()]
+    vote = _Vote(dist, mesh, rank, world)
+    # Every rank reaches each vote whatever happened before it on that rank: a StepAside or an error raised on
+    # one rank only (its own copy of the files differs, a read fails) is then raised on every rank, before the
+    # next collective, instead of one rank falling back to a whole-model load (or leaving) while the others go
+    # on into FSDP2's collectives and wait there for it.
+    model: Any = None
+    failure: Exception | None = None
+    try:
+        prep = prepare(path, from_pretrained_kwargs)
+        root = prep.options.path
+        if _fsdp_env_on():
+            raise _step_aside(
+                root,
+                "ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING are set: transformers' own FSDP loading "
+                "would zero the weights on all but local rank 0",
+            )
+        config = prep.config
+        if attn_implementation is not None:
+            config._attn_implementation = attn_implementation
+        config.name_or_path = root  # as from_pretrained sets it
+        model = build_skeleton(config, model_class(config, auto_class), dtype, prep.model_kwargs)
+        keys = plan_keys(model, prep.header)
+        check_keys(keys, prep)
+        layers = _check_shardable(model, root)
+        tied = getattr(model, "all_tied_weights_keys", None) or {}
+        both = [f"{t} and {src}" for t, src in tied.items() if t in keys.load and src in keys.load]
+        if both:
+            # from_pretrained ties them only when their values are equal, and leaves them untied when both are
+            # on meta (transformers 5.17 modeling_utils.py:2553-2573): the skeleton cannot decide it
+            raise _step_aside(root, f"the checkpoint holds both sides of tied weights ({both[0]})")
+        # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
+        model._weight_conversions = [c for c in keys.conversions if c.was_used()]
+        info = _finish_on_meta(model, keys, prep, dev, dtype)
+        fingerprint = _fingerprint(model, keys, prep.header.tensors)
+    except Exception as e:
+        failure, model = e, None
+        fingerprint = 0
     shards: list[_Shard] = []
     try:
-        info = _finish_on_meta(model, keys, prep, dev, dtype)
-        _agree_on_initialised(model, dist, mesh)
-        t_build = time.perf_counter()
-        kw: dict[str, Any] = {
-            "mesh": mesh,
-            "mp_policy": mp_policy or MixedPrecisionPolicy(),
-            "offload_policy": offload_policy or OffloadPolicy(),
-        }
-        if activation_checkpointing:
-            layers = _checkpoint_layers(model, layers)
-        for layer in layers:
-            fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
-        fully_shard(model, **kw)
-        # CPU offload: the sharded parameters live in host memory (torch 2.13 _fsdp_param.py:311-314 moves an
-        # initialised shard there the same way)
-        shard_dev = torch.device("cpu") if isinstance(offload_policy, CPUOffloadPolicy) else dev
-        kept = _real_tensors(model)
-        model.to_empty(device=shard_dev)
-        _restore(model, kept, dev)
-        t_alloc = time.perf_counter()
-        shards = _plan_shards(model, keys, prep.header.tensors, world, rank, root)
-        fill_times: dict[str, float] = {}
-        with torch.no_grad():
-            for on_cuda in (False, True):
-                part = [s for s in shards if (s.target.device.type == "cuda") == on_cuda]
-                if not part:
-                    continue
-                targets = [staging.Target(s.name, s.target, torch_dtype(s.source.dtype)) for s in part]
-                sources = [s.source for s in part]
-                if on_cuda:
-                    fill_times = staging.fill_cuda(
-                        targets, sources, device=dev, threads=threads, buffer_bytes=buffer_bytes
-                    )
-                else:
-                    staging.fill_cpu(targets, sources, threads=threads, buffer_bytes=buffer_bytes)
-        t_fill = time.perf_counter()
+        vote.agree(failure, fingerprint, "building the model")
+        try:
+            _agree_on_initialised(model, dist, mesh)
+            t_build = time.perf_counter()
+            kw: dict[str, Any] = {
+                "mesh": mesh,
+                "mp_policy": mp_policy or MixedPrecisionPolicy(),
+                "offload_policy": offload_policy or OffloadPolicy(),
+            }
+            if activation_checkpointing:
+                layers = _checkpoint_layers(model, layers)
+            for layer in layers:
+                fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
+            fully_shard(model, **kw)
+            # CPU offload: the sharded parameters live in host memory (torch 2.13 _fsdp_param.py:311-314 moves an
+            # initialised shard there the same way)
+            shard_dev = torch.device("cpu") if isinstance(offload_policy, CPUOffloadPolicy) else dev
+            kept = _real_tensors(model)
+            model.to_empty(device=shard_dev)
+            _restore(model, kept, dev)
+            t_alloc = time.perf_counter()
+            shards = _plan_shards(model, keys, prep.header.tensors, world, rank, root)
+            fill_times: dict[str, float] = {}
+            with torch.no_grad():
+                for on_cuda in (False, True):
+                    part = [s for s in shards if (s.target.device.type == "cuda") == on_cuda]
+                    if not part:
+                        continue
+                    targets = [staging.Target(s.name, s.target, torch_dtype(s.source.dtype)) for s in part]
+                    sources = [s.source for s in part]
+                    if on_cuda:
+                        fill_times = staging.fill_cuda(
+                            targets, sources, device=dev, threads=threads, buffer_bytes=buffer_bytes
+                        )
+                    else:
+                        staging.fill_cpu(targets, sources, threads=threads, buffer_bytes=buffer_bytes)
+            t_fill = time.perf_counter()
+            if not isinstance(model, FSDPModule):  # fully_shard on the root makes it one
+                raise _step_aside(root, "fully_shard did not make the root an FSDPModule")
+        except Exception as e:
+            failure = e
+        vote.agree(failure, 0, "sharding and reading the weights")
     except BaseException as e:
         model = None
         shards = []
@@ -319,9 +338,6 @@ def load_fsdp2(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         raise
-    is_fsdp = isinstance(model, FSDPModule)  # fully_shard on the root makes it one
-    if not is_fsdp:
-        raise _step_aside(root, "fully_shard did not make the root an FSDPModule")
     read_bytes = sum(s.source.nbytes for s in shards)
     t_end = time.perf_counter()
     model.cudaload_fastload = {
@@ -352,6 +368,78 @@ def load_fsdp2(
         t_end - t0,
     )
     return model
+
+
+class _Vote:
+    """Where the ranks agree that all of them got this far: each rank's outcome (ok, stepped aside, failed) and a
+    fingerprint of what it built, summed over the mesh's group in one all_reduce (gloo and NCCL both have it;
+    a tensor on the mesh's device type, which NCCL needs)."""
+
+    OK, STEPPED_ASIDE, FAILED = 0, 1, 2
+
+    def __init__(self, dist: Any, mesh: Any, rank: int, world: int) -> None:
+        import torch
+
+        self.dist, self.group, self.rank, self.world = dist, mesh.get_group(), rank, world
+        kind = mesh.device_type
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+        )
+
+    def agree(self, failure: Exception | None, fingerprint: int, stage: str) -> None:
+        """Raise ``failure`` on its rank, and on every other rank a StepAside (when every rank that stopped
+        stepped aside: the whole-model load is then taken on every rank alike) or a LoadError naming the rank."""
+        import torch
+
+        code = (
+            self.OK
+            if failure is None
+            else self.STEPPED_ASIDE
+            if isinstance(failure, StepAside)
+            else self.FAILED
+        )
+        t = torch.zeros(2 * self.world, dtype=torch.int64, device=self.device)
+        t[self.rank] = code
+        t[self.world + self.rank] = fingerprint
+        self.dist.all_reduce(t, group=self.group)
+        codes, prints = t[: self.world].tolist(), t[self.world :].tolist()
+        if failure is not None:
+            raise failure
+        stopped = [r for r, c in enumerate(codes) if c != self.OK]
+        if stopped:
+            first = stopped[0]
+            why = f"rank {first} of {self.world} could not go on {stage}"
+            if all(codes[r] == self.STEPPED_ASIDE for r in stopped):
+                raise StepAside(
+                    f"fast loading steps aside: {why} (it stepped aside)", fix="load it with from_pretrained"
+                )
+            raise LoadError(
+                f"sharded FSDP2 loading stopped: {why} (it raised an error; its log says which)",
+                fix=f"fix what rank {first} reports (every rank must see the same checkpoint files)",
+            )
+        if len(set(prints)) > 1:
+            odd = [r for r, f in enumerate(prints) if f != prints[0]]
+            raise LoadError(
+                f"the ranks read different checkpoints: ranks {odd[:8]} see other tensors than rank 0 "
+                "(names, shapes, dtypes or missing keys differ)",
+                fix="give every rank the same checkpoint files (one path on a shared file system, or identical "
+                "copies on every node)",
+            )
+
+
+def _fingerprint(model: Any, keys: KeyPlan, tensors: Mapping[str, TensorInfo]) -> int:
+    """What this rank will read and what it initialised itself, as 62 bits (hashlib, not hash(): that is salted
+    per process). Ranks that agree on it read the same tensors and broadcast the same initialised ones."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(keys.load):
+        t = tensors[keys.load[name]]
+        h.update(f"{name}={t.name}:{t.dtype}:{tuple(t.shape)};".encode())
+    for name, p in model.named_parameters():
+        if p.device.type != "meta":
+            h.update(f"init {name}:{p.dtype}:{tuple(p.shape)};".encode())
+    return int.from_bytes(h.digest()[:8], "little") >> 2
 
 
 def _finish_on_meta(model: Any, keys: KeyPlan, prep: Any, dev: torch.device, dtype: torch.dtype) -> Any:
