@@ -34,7 +34,7 @@ def _rank_main(rank: int, world: int, port: int, job: str, args: dict[str, Any],
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    if job != "load_model":  # load_model starts its own group from this environment
+    if job not in ("load_model", "sharded_fails"):  # these start their own group from this environment
         gpu = bool(args.get("cuda"))
         if gpu:
             torch.cuda.set_device(rank)
@@ -200,6 +200,24 @@ def _job_disagree(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]
         except CudaloadError as e:
             out[case] = f"{type(e).__name__}: {e.message}"
     return out
+
+
+def _job_sharded_fails(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """execute's sharded branch for a plan whose checkpoint is gone by load time: the error, and whether the
+    process group it started is still there."""
+    import torch.distributed as dist
+
+    from cudaload.execute import _load_sharded
+    from cudaload.plans import Plan
+
+    plan = Plan.from_json(args["plan"])
+    notes: list[str] = []
+    try:
+        _load_sharded(plan, "AutoModelForCausalLM", {}, notes)
+        error = None
+    except Exception as e:
+        error = type(e).__name__
+    return {"error": error, "group": dist.is_initialized(), "notes": notes}
 
 
 def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -374,6 +392,7 @@ _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "load_model": _job_load_model,
     "checkpointing": _job_checkpointing,
     "disagree": _job_disagree,
+    "sharded_fails": _job_sharded_fails,
 }
 
 
@@ -705,6 +724,24 @@ def test_the_plan_says_each_rank_reads_its_shards_and_when_it_cannot(tmp_path: P
         assert SHARDED_REASON not in text and "host memory while the Trainer shards" in text
     lora = plan(str(path), **{**kw, "intent": "lora"}).parallelism
     assert lora is not None and not lora.config.get("sharded_load")
+
+
+def test_a_failed_sharded_load_destroys_the_group_it_started(tmp_path: Path) -> None:
+    """load_model's sharded branch starts the default process group from torchrun's environment; when the load
+    then fails on every rank, that group is destroyed again (a caller that catches the error is not left with
+    it, and torch does not warn at exit about a group never destroyed)."""
+    from cudaload import plan
+
+    path = _sparse_checkpoint(tmp_path / "ck", _e2e_config())
+    p = plan(
+        str(path), hardware=_small_gpus(0, 2, 1050 * 10**6), intent="training", seq_len=64, allow_offload=True
+    )
+    assert p.parallelism is not None and p.parallelism.config["sharded_load"]
+    (path / "model.safetensors").unlink()
+    res = _spawn(2, "sharded_fails", {"plan": p.to_json()}, tmp_path)
+    for x in res:
+        assert x["error"] is not None and not x["group"], x
+        assert any("initialised the default process group (gloo)" in n for n in x["notes"]), x
 
 
 @pytest.mark.slow
