@@ -296,18 +296,42 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], n
     appended to ``notes`` (also when the load then steps aside)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-    from .fastload.sharded import load_fsdp2
+    from .fastload import StepAside
 
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local)
-    if not dist.is_initialized():
+    created = not dist.is_initialized()
+    if created:
         backend = "nccl" if cuda else "gloo"
-        dist.init_process_group(backend)  # env://: torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        # env://: torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. device_id binds NCCL to this rank's GPU:
+        # the communicator is formed now (a broken NCCL set-up fails here, not in the first collective) and
+        # barriers know their device (torch 2.13 distributed_c10d.py:1741-1750, :5311-5332)
+        device_id = torch.device("cuda", local) if cuda else None
+        dist.init_process_group(backend, device_id=device_id)
         notes.append(f"initialised the default process group ({backend}) from torchrun's environment")
+    try:
+        return _load_fsdp2_for_plan(plan, auto_class, passthrough, notes, local, cuda)
+    except StepAside:
+        raise  # every rank steps aside alike (load_fsdp2's votes): the whole-model load still needs the group
+    except BaseException:
+        # every rank fails alike (load_fsdp2's votes): a group started here is not left behind for a caller that
+        # catches the error (torch warns at exit about a group never destroyed)
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+
+
+def _load_fsdp2_for_plan(
+    plan: Plan, auto_class: str, passthrough: Mapping[str, Any], notes: list[str], local: int, cuda: bool
+) -> Any:
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    from .fastload.sharded import load_fsdp2
+
     want = plan.dtype.choice or "float32"
     policy = None
     if want != "float32":
