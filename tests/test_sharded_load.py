@@ -611,6 +611,32 @@ def test_a_rank_that_cannot_load_takes_the_others_with_it(
     assert res[0]["missing"].startswith("LoadError") and "rank 1" in res[0]["missing"], res[0]
 
 
+def test_a_tie_across_fsdp_units_stays_one_tensor_or_steps_aside(tmp_path: Path) -> None:
+    """RoBERTa as a causal LM: its embeddings are one of the _no_split_modules (an FSDP unit of their own) and
+    the head's decoder weight, in the root unit, is tied to them. fully_shard gives each unit its own DTensor
+    (the tie is cut without a word), and the checkpoint stores only one side: the load must not hand back a
+    model whose head was never read. It steps aside on every rank (from_pretrained ties it)."""
+    from cudaload.testing.models import make_tokenizer
+
+    cfg = transformers.RobertaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        is_decoder=True,
+        tie_word_embeddings=True,
+    )
+    path = tmp_path / "ck"
+    torch.manual_seed(0)
+    transformers.RobertaForCausalLM(cfg).save_pretrained(path)
+    make_tokenizer(cfg.vocab_size).save_pretrained(path)
+    res = _spawn(2, "bad_input", {"roberta": str(path)}, tmp_path)
+    for x in res:
+        assert x["roberta"].startswith("StepAside") and "tied" in x["roberta"], x
+
+
 @pytest.mark.slow
 def test_load_model_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> None:
     """The whole load_model on two torchrun-like ranks for a plan whose weights (165 M params, bf16) fit no GPU
