@@ -169,6 +169,38 @@ def _check_shardable(model: Any, root: str) -> list[Any]:
     return layers
 
 
+def _check_shared_within_units(model: Any, layers: list[Any], root: str) -> None:
+    """Step aside when one parameter (tied, or shared) belongs to two FSDP units, or one unit holds another.
+
+    fully_shard gives each unit a DTensor of its own, so a tie across units is cut and the side not in the
+    checkpoint is never read; torch 2.13 then raises at the first forward (_fully_shard/_fsdp_state.py:223,
+    _validate_no_duplicate_params). RoBERTa as a causal LM has this: its embeddings are one of the
+    _no_split_modules, the head tied to them is in the root unit. Nested units would need fully_shard bottom-up
+    (accelerate 1.15 utils/fsdp_utils.py get_module_children_bottom_up): no causal LM here has them."""
+    unit: dict[int, int] = {}  # id(parameter) -> the layer (unit) holding it
+    inside: set[int] = set()  # modules within some layer
+    for i, layer in enumerate(layers):
+        subs = {id(m) for m in layer.modules()}
+        if subs & inside or id(layer) in inside:
+            raise _step_aside(root, f"decoder layer classes nest ({type(layer).__name__} in another)")
+        inside |= subs
+        for p in layer.parameters():
+            if unit.setdefault(id(p), i) != i:
+                raise _step_aside(
+                    root, "a parameter is shared by two decoder layers: sharding per layer would cut it"
+                )
+    for name, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        for leaf, p in module.named_parameters(recurse=False):
+            if id(p) in unit:
+                raise _step_aside(
+                    root,
+                    f"{name}.{leaf} is tied to a parameter of a decoder layer class ({type(layers[unit[id(p)]]).__name__}"
+                    ", one of _no_split_modules): sharding per layer would cut the tie",
+                )
+
+
 def _fsdp_env_on() -> bool:
     """transformers' FSDP1 loading switch (5.17 distributed/fsdp.py:41-47): when it is on, its
     ``_finalize_model_loading`` zero-fills every tensor on the CPU on ranks other than each node's local 0
@@ -283,6 +315,7 @@ def load_fsdp2(
         # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         info = _finish_on_meta(model, keys, prep, dev, dtype)
+        _check_shared_within_units(model, layers, root)
         fingerprint = _fingerprint(model, keys, prep.header.tensors)
     except Exception as e:
         failure, model = e, None
