@@ -24,7 +24,14 @@ this way (quantization, keys that need transformers' weight converters such as f
 a model with no decoder layer classes to shard by, a checkpoint holding both sides of a tie, transformers'
 own FSDP loading switched on by ACCELERATE_USE_FSDP + FSDP_CPU_RAM_EFFICIENT_LOADING) raises
 :class:`~cudaload.fastload.StepAside` before the weights get storage. Missing keys are initialised as
-from_pretrained initialises them, rank 0's draw broadcast to the others.
+from_pretrained initialises them, rank 0's draw broadcast to the others: each such tensor exists whole on
+every rank's device until it is sharded (bounded by the missing keys, e.g. an untied head absent from the
+checkpoint).
+
+The ranks vote twice (one all_reduce each): after building the skeleton, on each rank's outcome and on a
+fingerprint of the tensors it will read and initialise; and after reading. A StepAside or an error on one
+rank is thus raised on every rank, and ranks that see different checkpoints fail with LoadError, instead of
+some ranks going on into FSDP2's collectives that the others never join (a hung job rather than an error).
 
 Importing this module does not import torch or transformers.
 """
@@ -245,8 +252,10 @@ def load_fsdp2(
 
     Returns the model (an ``FSDPModule``), in eval mode like ``from_pretrained``'s; ``model.cudaload_fastload``
     says what this rank read (``bytes``), its rank, world and the shards it holds. Raises
-    :class:`~cudaload.fastload.StepAside` before allocating any weight storage when the load cannot be exact,
-    ConfigurationError when there is no process group."""
+    :class:`~cudaload.fastload.StepAside` on every rank when the load cannot be exact on some rank (before any
+    weight storage is allocated, except a shard layout FSDP2 did not give as expected), the failing rank's error
+    on that rank and LoadError on the others when a rank fails, ConfigurationError when there is no process
+    group."""
     dist = _process_group_or_fail()
     import torch
     from torch.distributed.device_mesh import init_device_mesh
