@@ -291,7 +291,7 @@ def load_fsdp2(
             f"load_fsdp2 shards over a 1-D device mesh, not {mesh.ndim}-D", fix="pass a 1-D DeviceMesh"
         )
     world, rank = mesh.size(), mesh.get_local_rank()
-    vote = _Vote(dist, mesh, rank, world)
+    vote = _Vote(dist, mesh, rank, world, dev)
     # Every rank reaches each vote whatever happened before it on that rank: a StepAside or an error raised on
     # one rank only (its own copy of the files differs, a read fails) is then raised on every rank, before the
     # next collective, instead of one rank falling back to a whole-model load (or leaving) while the others go
@@ -419,14 +419,17 @@ class _Vote:
 
     OK, STEPPED_ASIDE, FAILED = 0, 1, 2
 
-    def __init__(self, dist: Any, mesh: Any, rank: int, world: int) -> None:
+    def __init__(self, dist: Any, mesh: Any, rank: int, world: int, dev: torch.device) -> None:
         import torch
 
         self.dist, self.group, self.rank, self.world = dist, mesh.get_group(), rank, world
         kind = mesh.device_type
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
-        )
+        if dev.type == kind:
+            self.device = dev  # this rank's GPU under NCCL, not whichever device is current
+        elif kind == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device(kind)
 
     def agree(self, failure: Exception | None, fingerprint: int, stage: str) -> None:
         """Raise ``failure`` on its rank, and on every other rank a StepAside (when every rank that stopped
