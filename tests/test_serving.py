@@ -372,7 +372,11 @@ def test_load_model_serving_on_the_gpu_pages_the_planned_attention(tiny_model: C
         and importlib.util.find_spec("flash_attn.cute") is not None
     )
     new_tf = (version_tuple(transformers.__version__) or (0,))[:2] >= sv.FA4_PAGED_FROM
-    if fa4 and new_tf and torch.cuda.get_device_capability()[0] in (9, 10):
+    usable = {c.name for c in plan.attention.candidates if c.ok}
+    if fa4 and torch.cuda.get_device_capability()[0] in (9, 10):
+        # flash-attn-4 serves sm90/sm100 (the attention rules): installed there, it must be usable
+        assert "flash_attention_4" in usable
+    if new_tf and "flash_attention_4" in usable and not usable & {"flash_attention_2", "flash_attention_3"}:
         assert plan.attention.choice == "flash_attention_4"
         assert plan.serving.attention.choice == "paged|flash_attention_4"
     else:
