@@ -541,6 +541,10 @@ def test_fa4_paged_form_blocked_before_transformers_5_19() -> None:
             "sdpa", usable=["sdpa", "eager", "flash_attention_4"], transformers_version=tv
         )
         assert auto.choice == "paged|sdpa"
+        # the choice says what is given up and how to get it
+        assert "upgrade transformers" in " ".join(auto.reasons) and "run10-serving-fa4-t522" in " ".join(
+            auto.reasons
+        )
     for tv in ("5.19.0", "5.22.2", "5.24.0"):
         d = sv.choose_paged_attention("flash_attention_4", transformers_version=tv)
         assert d.choice == "paged|flash_attention_4"

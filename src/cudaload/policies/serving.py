@@ -521,8 +521,8 @@ def _paged_blocker(impl: str, transformers_version: str | None) -> str | None:
         return (
             f"transformers {transformers_version} passes cu_seq_lens_q by position into flash-attn-4's qv argument "
             "(5.17 integrations/flash_paged.py:72-79, flash-attn-4 4.0.0b36 cute/interface.py:4214-4222): every "
-            "request failed on the H200 (run9-serving-fa4-t517); transformers >= 5.19 passes keywords "
-            f"({MEASURED_FA4_PAGED})"
+            "request failed on the H200 (run9-serving-fa4-t517); transformers >= 5.19 passes keywords: upgrade "
+            "transformers to serve with it"
         )
     return None
 
@@ -626,6 +626,13 @@ def choose_paged_attention(
         reasons = [f"paged form of the attention decision's {attention_choice}"]
         if base == "flash_attention_4":
             reasons.append(MEASURED_FA4_PAGED)
+        # a flash implementation usable here whose paged form this transformers cannot run: say what it costs
+        reasons += [
+            f"{f} is usable here but cannot serve paged: {_paged_blocker(f, transformers_version)}"
+            + (f" ({MEASURED_FA4_PAGED})" if f == "flash_attention_4" else "")
+            for f in _FLASH_ORDER
+            if usable is not None and f in ok_impls and f != base and _paged_blocker(f, transformers_version)
+        ]
     else:  # flex_attention or an unknown kernel string: sdpa, or eager for models without sdpa
         choice = fallback
         reasons = [f"{attention_choice} has no paged form in transformers: {choice}"]
