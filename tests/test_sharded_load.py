@@ -163,43 +163,35 @@ def _job_parity(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def _job_bad_input(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+def _try_load(path: str) -> str:
+    """What load_fsdp2 did on this rank: "loaded", or the step-aside / cudaload error it raised."""
     from cudaload.errors import CudaloadError
     from cudaload.fastload import StepAside
     from cudaload.fastload.sharded import load_fsdp2
 
+    try:
+        load_fsdp2(path, dtype=torch.float32, device="cpu")
+        return "loaded"
+    except StepAside as e:
+        return f"StepAside: {e.message}"
+    except CudaloadError as e:
+        return f"{type(e).__name__}: {e.message}"
+
+
+def _job_bad_input(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, path in args.items():  # fsdp_env last: it changes the environment
         if key == "fsdp_env":
             # what TrainingArguments(fsdp_config={"cpu_ram_efficient_loading": True}) sets (training_args.py:2808)
             os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
-        try:
-            load_fsdp2(path, dtype=torch.float32, device="cpu")
-            out[key] = "loaded"
-        except StepAside as e:
-            out[key] = f"StepAside: {e.message}"
-        except CudaloadError as e:
-            out[key] = f"{type(e).__name__}: {e.message}"
+        out[key] = _try_load(path)
     return out
 
 
 def _job_disagree(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     """Each case gives each rank its own checkpoint (args[case][rank]): what one rank cannot load, no rank
     loads, so that no rank goes on to train (and wait in a collective) while another loaded otherwise."""
-    from cudaload.errors import CudaloadError
-    from cudaload.fastload import StepAside
-    from cudaload.fastload.sharded import load_fsdp2
-
-    out: dict[str, Any] = {}
-    for case, paths in args.items():
-        try:
-            load_fsdp2(paths[rank], dtype=torch.float32, device="cpu")
-            out[case] = "loaded"
-        except StepAside as e:
-            out[case] = f"StepAside: {e.message}"
-        except CudaloadError as e:
-            out[case] = f"{type(e).__name__}: {e.message}"
-    return out
+    return {case: _try_load(paths[rank]) for case, paths in args.items()}
 
 
 def _job_sharded_fails(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
