@@ -130,6 +130,36 @@ def hub_probe_timeout(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def ranks_timeout(env: Mapping[str, str] | None = None) -> float:
+    """``CUDALOAD_RANKS_TIMEOUT``: seconds a torchrun rank's load_model waits for the other ranks to publish
+    their GPUs (and later their plans) before it plans alone (default 300; 0 = never wait, plan alone)."""
+    raw = _environ(env).get("CUDALOAD_RANKS_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return 300.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise _invalid("CUDALOAD_RANKS_TIMEOUT", raw, "a number of seconds >= 0", "300")
+    return value
+
+
+def torchelastic(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What torchrun tells its workers about the store its agent hosts (torch 2.13
+    distributed/elastic/agent/server/local_elastic_agent.py:415-431): MASTER_ADDR, MASTER_PORT,
+    TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT (those that are set)."""
+    e = _environ(env)
+    names = (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+    )
+    return {k: e[k] for k in names if e.get(k)}
+
+
 def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """``CUDALOAD_TRUST_KERNELS``: comma-separated Hub kernel repos or publishers (``org/*``) to run."""
     raw = _environ(env).get("CUDALOAD_TRUST_KERNELS", "")

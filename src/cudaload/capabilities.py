@@ -9,7 +9,7 @@ Everything here is plain data: no torch, no NVML, JSON round-trip exact.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -116,24 +116,66 @@ class PackageInfo:
 
 
 @dataclass(frozen=True)
+class RankGPU:
+    """One rank of a launch and the GPU it runs on, as that rank saw it before any rank loaded anything
+    (exchanged between the ranks by :mod:`cudaload.detection.ranks`). ``name`` is None for a rank with no GPU."""
+
+    rank: int
+    local_rank: int | None
+    host: str
+    name: str | None = None
+    compute_capability: tuple[int, int] | None = None
+    total_memory: int | None = None
+    free_memory: int | None = None
+    uuid: str | None = None
+
+    @property
+    def model(self) -> tuple[str | None, tuple[int, int] | None, int | None]:
+        """What must be equal across ranks: the GPU model, its compute capability and its memory size."""
+        return (self.name, self.compute_capability, self.total_memory)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.compute_capability is not None:
+            d["compute_capability"] = list(self.compute_capability)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RankGPU:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if kw.get("compute_capability") is not None:
+            kw["compute_capability"] = tuple(kw["compute_capability"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
 class Distributed:
-    """The launcher's view: set under torchrun / accelerate launch, all None otherwise."""
+    """The launcher's view: set under torchrun / accelerate launch, all None otherwise.
+
+    ``ranks``: every rank's GPU as that rank saw it, when the ranks agreed before planning (load_model under
+    torchrun, :func:`cudaload.policies.ranks.agree`); then every rank plans from the same facts."""
 
     local_rank: int | None = None
     rank: int | None = None
     world_size: int | None = None
     local_world_size: int | None = None
+    ranks: tuple[RankGPU, ...] = ()
 
     @property
     def active(self) -> bool:
         return self.world_size is not None and self.world_size > 1
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["ranks"] = [r.to_dict() for r in self.ranks]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Distributed:
-        return cls(**d)
+        kw = dict(d)
+        kw["ranks"] = tuple(RankGPU.from_dict(r) for r in kw.get("ranks") or ())
+        return cls(**kw)
 
 
 @dataclass(frozen=True)

@@ -644,6 +644,29 @@ def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     return replace(plan, serving=section)
 
 
+def _agree_on_gpus(caps: Capabilities) -> tuple[Capabilities, Any, str]:
+    """Every torchrun rank's GPU, exchanged before anyone plans or loads (cudaload.detection.ranks), and this
+    rank's Capabilities planned from all of them (cudaload.policies.ranks.agree). Returns the rendezvous for
+    comparing the plans afterwards (None when the ranks could not agree) and a line for plan.verified."""
+    from .capabilities import RankGPU
+    from .detection.ranks import host, open_rendezvous
+    from .policies.ranks import agree, facts
+
+    d = caps.distributed
+    rendezvous, why = open_rendezvous(d.rank or 0, d.world_size or 1)
+    if rendezvous is None:
+        return caps, None, why
+    got = rendezvous.exchange("gpus", facts(caps, host()).to_dict())
+    if got is None:
+        return (
+            caps,
+            None,
+            f"not every rank published its GPU within {rendezvous.timeout_s:.0f} s: planned alone",
+        )
+    agreed = agree(caps, [RankGPU.from_dict(x) for x in got])
+    return agreed, rendezvous, f"the {d.world_size} ranks planned from the same GPU facts ({rendezvous.how})"
+
+
 def load_model(
     model: str | os.PathLike[str],
     *,
@@ -747,6 +770,11 @@ def load_model(
                 reasons=[f.message for f in broken],
                 fix="; ".join(dict.fromkeys(f.fix for f in broken)),
             )
+        # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
+        rendezvous, ranks_note = None, None
+        if caps.distributed.active:
+            caps, rendezvous, ranks_note = _agree_on_gpus(caps)
+            phases.mark("ranks")
         # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
         # plan and the load use (the config machinery and modeling_utils, which imports most of it)
         from transformers import AutoConfig, PreTrainedModel  # noqa: F401
@@ -772,10 +800,28 @@ def load_model(
             padded=padded,
             from_pretrained_kwargs=from_pretrained_kwargs,
         )
-        plan = make_plan(model, **plan_kwargs)
-        if tune:
-            plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
-        auto_class = resolve_auto_class(model_class, task, plan)
+        try:
+            plan = make_plan(model, **plan_kwargs)
+            if tune:
+                plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
+            auto_class = resolve_auto_class(model_class, task, plan)
+        except Exception as e:
+            if rendezvous is not None:  # the other ranks stop with this rank's reason instead of waiting
+                first = str(e).splitlines()[0] if str(e) else ""
+                rendezvous.exchange(
+                    "plans", {"error": f"{type(e).__name__}: {first}", "fix": getattr(e, "fix", None)}
+                )
+            raise
+        if rendezvous is not None:
+            from .policies.ranks import check_same, decisions
+
+            published = rendezvous.exchange("plans", {"decisions": decisions(plan)})
+            if published is not None:
+                check_same(published)
+            else:
+                ranks_note = (
+                    f"{ranks_note}; the ranks' plans were not compared (a rank did not publish in time)"
+                )
         phases.mark("plan")
         is_main = caps.distributed.rank in (None, 0)
         logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
@@ -858,6 +904,7 @@ def load_model(
             "phases": phases.as_dict(getattr(loaded, "cudaload_fastload", None)),
             "fa4_compile_cache": fa4_cache_note,
             "prefetch": pre.summary() if pre is not None else None,
+            "ranks": ranks_note,
         }
     )
     if plan.intent in ("lora", "qlora"):

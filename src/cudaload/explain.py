@@ -62,8 +62,21 @@ def explain(plan: Plan) -> str:
         f"Machine: {machine} [{hw.get('source')}]"
         + "".join(f"; {k} {hw[k]}" for k in ("torch", "transformers") if hw.get(k)),
         f"Intent: {plan.intent}, seq_len {plan.seq_len} x batch {plan.batch_size}",
-        "",
     ]
+    ranks = (hw.get("distributed") or {}).get("ranks") or []
+    if ranks:
+        hosts = sorted({r["host"] for r in ranks})
+        frees = [r for r in ranks if r.get("free_memory") is not None]
+        line = f"Ranks: {len(ranks)} on {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {ranks[0].get('name')} each"
+        if frees:
+            low = min(frees, key=lambda r: (r["free_memory"], r["rank"]))
+            high = max(r["free_memory"] for r in frees)
+            line += (
+                f"; planned alike on every rank from the most free memory any rank's GPU had ({_size(high)}), "
+                f"the least: rank {low['rank']} ({_size(low['free_memory'])})"
+            )
+        out.append(line)
+    out.append("")
     out += _decision("dtype", plan.dtype)
     out += _decision("attention", plan.attention)
     out += _decision("quantization", plan.quantization)
@@ -122,6 +135,8 @@ def explain(plan: Plan) -> str:
             out.append(f"    attention fell back {f['from']} -> {f['to']}: {f['reason']}")
         for note in ver.get("notes", []):
             out.append(f"    note: {note}")
+        if ver.get("ranks"):
+            out.append(f"    ranks: {ver['ranks']}")
         if "trainable_parameters" in ver:
             out.append(f"    trainable parameters {ver['trainable_parameters']:,} (adapters)")
         phases = ver.get("phases") or {}

@@ -787,6 +787,24 @@ def check_rank_memory(par: Parallelism, caps: Capabilities) -> None:
     need = par.per_gpu_bytes()
     if need is None:
         return
+    if caps.distributed.ranks:
+        # every rank's own GPU as it saw it before anyone loaded (cudaload.policies.ranks.agree): every rank
+        # names the same one, also on another node
+        for r in caps.distributed.ranks:
+            if r.free_memory is not None and r.total_memory is not None and r.free_memory < need:
+                used = r.total_memory - r.free_memory
+                raise DoesNotFitError(
+                    f"rank {r.rank}'s GPU (cuda:{r.local_rank} on {r.host}, {r.name}) has {_gib(r.free_memory)} "
+                    f"free of {_gib(r.total_memory)}; the {par.choice} plan needs {_gib(need)} on every rank's GPU"
+                    + (
+                        f" ({_gib(used)} already held by other processes)"
+                        if used > r.total_memory // 10
+                        else ""
+                    ),
+                    fix=f"free that GPU (nvidia-smi on {r.host} lists the processes holding it), or leave it out "
+                    "with CUDA_VISIBLE_DEVICES and launch fewer ranks",
+                )
+        return
     for g in rank_gpus_of(caps):
         free = g.available_memory
         if free < need:

@@ -1,0 +1,117 @@
+"""The ranks of a torchrun launch tell each other what they saw, through torchrun's own key-value store.
+
+No process group is started for this (a user's later ``init_process_group`` would then fail: "trying to
+initialize the default process group twice"), and no GPU is touched. The store is:
+
+- the default group's store when the user already initialised one (``distributed_c10d._get_default_store``);
+- else the store torchrun's agent hosts at MASTER_ADDR:MASTER_PORT, which its workers join as clients when
+  ``TORCHELASTIC_USE_AGENT_STORE=True`` (torch 2.13 distributed/rendezvous.py:188-196; the agent sets it,
+  elastic/agent/server/local_elastic_agent.py:405-429);
+- else none: the rank plans alone, and the plan says so.
+
+Each ``load_model()`` call is one round: every rank writes its value under ``cudaload/<run>/<call>/<stage>/
+<rank>`` and waits (at most ``CUDALOAD_RANKS_TIMEOUT`` seconds) for every other rank's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import socket
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from .. import _env
+
+logger = logging.getLogger("cudaload")
+
+#: load_model() calls in this process: the n-th call of every rank meets the n-th call of the others
+_CALLS = itertools.count()
+
+
+class Rendezvous:
+    """One load_model() call's exchanges with the other ranks."""
+
+    def __init__(self, store: Any, rank: int, world: int, prefix: str, timeout_s: float, how: str) -> None:
+        self.store = store
+        self.rank = rank
+        self.world = world
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.how = how
+
+    def exchange(self, stage: str, value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """Publish ``value`` and return every rank's, in rank order; None when a rank did not publish in time
+        (the caller goes on alone and says so)."""
+        key = f"{self.prefix}/{stage}"
+        self.store.set(f"{key}/{self.rank}", json.dumps(value))
+        keys = [f"{key}/{r}" for r in range(self.world)]
+        try:
+            self.store.wait(keys, timedelta(seconds=self.timeout_s))
+        except Exception as e:  # torch raises DistStoreError (a RuntimeError) on timeout
+            missing = [r for r in range(self.world) if not self.store.check([keys[r]])]
+            logger.warning(
+                "cudaload: ranks %s did not reach load_model()'s %s exchange within %.0f s (%s); rank %d "
+                "plans alone",
+                missing,
+                stage,
+                self.timeout_s,
+                type(e).__name__,
+                self.rank,
+            )
+            return None
+        return [json.loads(self.store.get(k)) for k in keys]
+
+
+def open_rendezvous(
+    rank: int, world: int, env: Mapping[str, str] | None = None
+) -> tuple[Rendezvous | None, str]:
+    """The rendezvous for this load_model() call and how it was found, or None and why not."""
+    timeout = _env.ranks_timeout(env)
+    call = next(_CALLS)
+    if timeout == 0:
+        return None, "CUDALOAD_RANKS_TIMEOUT=0: each rank planned alone"
+    te = _env.torchelastic(env)
+    # a restarted job (torchrun --max-restarts) must not read the keys of the attempt before it
+    prefix = (
+        f"cudaload/{te.get('TORCHELASTIC_RUN_ID', 'run')}/{te.get('TORCHELASTIC_RESTART_COUNT', '0')}/{call}"
+    )
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return (
+            Rendezvous(
+                _get_default_store(), rank, world, prefix, timeout, "the default process group's store"
+            ),
+            "",
+        )
+    if te.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_ADDR" in te and "MASTER_PORT" in te:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported from torch._C
+
+        try:
+            store = TCPStore(
+                te["MASTER_ADDR"],
+                int(te["MASTER_PORT"]),
+                world,
+                is_master=False,
+                timeout=timedelta(seconds=max(timeout, 1.0)),
+            )
+        except Exception as e:  # an agent store that cannot be reached: plan alone, say why
+            return (
+                None,
+                f"torchrun's store at {te['MASTER_ADDR']}:{te['MASTER_PORT']} was not reachable ({e})",
+            )
+        where = f"torchrun's store at {te['MASTER_ADDR']}:{te['MASTER_PORT']}"
+        return Rendezvous(store, rank, world, prefix, timeout, where), ""
+    return None, (
+        "no store to agree through (no process group initialised and not under torchrun's agent): each rank "
+        "planned from its own GPU"
+    )
+
+
+def host() -> str:
+    return socket.gethostname()

@@ -1,0 +1,216 @@
+"""Ranks that plan alike (issue 17): every torchrun rank plans from the same GPU facts, refuses a launch on
+mixed GPUs or a shared GPU alike, and compares what it chose with the others before any weights move.
+
+The pure part runs over profiles as two single-GPU nodes would see them; the exchange runs for real under
+``torchrun`` on this CPU (two ranks meeting in the store torchrun's agent hosts) and through an initialised
+gloo group's store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cudaload import plan
+from cudaload.capabilities import Capabilities, Distributed, RankGPU
+from cudaload.errors import ConfigurationError, DeviceSelectionError, DoesNotFitError, LoadError
+from cudaload.policies.ranks import agree, check_same, decisions, facts
+from cudaload.profiles import hardware
+from cudaload.testing import full_config
+
+GiB = 1 << 30
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def node(
+    rank: int, free: int, host: str, world: int = 2, profile: str = "2xH200"
+) -> tuple[Capabilities, RankGPU]:
+    """What rank ``rank`` of ``world`` single-GPU nodes detects (its GPU with ``free`` bytes free) and
+    publishes."""
+    h = hardware(profile)
+    g = dataclasses.replace(h.gpus[0], free_memory=free, uuid=f"GPU-{host}-0")
+    caps = dataclasses.replace(
+        h, gpus=(g,), distributed=Distributed(local_rank=0, rank=rank, world_size=world, local_world_size=1)
+    )
+    return caps, facts(caps, host)
+
+
+def test_alone_two_nodes_plan_differently_and_would_hang() -> None:
+    """The hazard: near a threshold, ranks that plan from their own GPU alone choose different strategies."""
+    (c0, _), (c1, _) = node(0, 60 * GiB, "a"), node(1, 40 * GiB, "b")
+    p0 = plan(full_config("Qwen3-8B"), hardware=c0, intent="lora", seq_len=2048)
+    p1 = plan(full_config("Qwen3-8B"), hardware=c1, intent="lora", seq_len=2048)
+    assert p0.parallelism is not None and p1.parallelism is not None
+    assert (p0.parallelism.choice, p1.parallelism.choice) == ("ddp", "fsdp2")
+    with pytest.raises(ConfigurationError, match="parallelism: ranks 0 'ddp'; ranks 1 'fsdp2'"):
+        check_same([{"decisions": decisions(p0)}, {"decisions": decisions(p1)}])
+
+
+def test_agreed_ranks_name_the_full_gpu_alike() -> None:
+    (c0, f0), (c1, f1) = node(0, 60 * GiB, "a"), node(1, 40 * GiB, "b")
+    msgs = []
+    for caps in (c0, c1):
+        agreed = agree(caps, [f1, f0])  # in any order
+        assert [r.rank for r in agreed.distributed.ranks] == [0, 1]
+        assert agreed.gpus[0].free_memory == 60 * GiB  # planned as the healthiest rank's GPU
+        with pytest.raises(DoesNotFitError) as e:
+            plan(full_config("Qwen3-8B"), hardware=agreed, intent="lora", seq_len=2048)
+        msgs.append(str(e.value))
+        assert "rank 1's GPU (cuda:0 on b" in str(e.value) and "40.0 GiB free" in str(e.value)
+        assert "nvidia-smi on b" in (e.value.fix or "")
+    assert msgs[0] == msgs[1]
+
+
+def test_agreed_ranks_plan_the_same_and_the_plan_says_so() -> None:
+    (c0, f0), (c1, f1) = node(0, 60 * GiB, "a"), node(1, 58 * GiB, "b")
+    plans = [
+        plan(full_config("Qwen3-8B"), hardware=agree(c, [f0, f1]), intent="lora", seq_len=2048)
+        for c in (c0, c1)
+    ]
+    check_same([{"decisions": decisions(p)} for p in plans])
+    assert plans[0].parallelism is not None and plans[0].parallelism.choice == "ddp"
+    text = plans[1].explain()
+    assert "Ranks: 2 on 2 hosts, NVIDIA H200 each" in text
+    assert "the least: rank 1 (58.00 GiB)" in text
+    # the facts travel with the plan and the Capabilities
+    assert plans[1].hardware["distributed"]["ranks"][1]["host"] == "b"
+    again = Capabilities.from_json(agree(c1, [f0, f1]).to_json())
+    assert again.distributed.ranks == (f0, f1)
+
+
+def test_mixed_gpu_models_across_nodes_are_refused_alike() -> None:
+    (c0, f0) = node(0, 70 * GiB, "a", world=3)
+    (_, f1) = node(1, 70 * GiB, "a2", world=3)
+    (c2, f2) = node(2, 70 * GiB, "b", world=3, profile="A100-80GB")
+    for caps in (c0, c2):
+        with pytest.raises(DeviceSelectionError) as e:
+            agree(caps, [f0, f1, f2])
+        msg = str(e.value)
+        assert "ranks 0-1 (a, a2): NVIDIA H200 (sm90" in msg and "rank 2 (b): NVIDIA A100" in msg
+        assert "one GPU model" in (e.value.fix or "")
+
+
+def test_two_ranks_on_one_gpu_and_missing_ranks_are_refused() -> None:
+    (c0, f0), (_, f1) = node(0, 70 * GiB, "a"), node(1, 70 * GiB, "a")
+    same = dataclasses.replace(f1, uuid=f0.uuid)
+    with pytest.raises(DeviceSelectionError, match="ranks 0 and 1 on a both run on the GPU GPU-a-0"):
+        agree(c0, [f0, same])
+    with pytest.raises(ConfigurationError, match=r"are \[0\], not 0..1"):
+        agree(c0, [f0])
+
+
+def test_a_rank_that_failed_to_plan_stops_the_others() -> None:
+    (c0, f0) = node(0, 60 * GiB, "a")
+    p0 = plan(full_config("Qwen3-0.6B"), hardware=agree(c0, [f0, node(1, 60 * GiB, "b")[1]]), intent="lora")
+    with pytest.raises(LoadError, match="rank 1 could not plan \\(InvalidChoiceError: bad\\)"):
+        check_same([{"decisions": decisions(p0)}, {"error": "InvalidChoiceError: bad"}])
+
+
+# -- the exchange, for real ------------------------------------------------------------------------------
+WORKER = """
+import json, os, sys
+import torch.distributed as dist
+import cudaload
+
+path, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+rank = int(os.environ["RANK"])
+kw = {}
+if mode == "differ" and rank == 1:
+    kw["dtype"] = "bfloat16"
+if mode == "fail" and rank == 1:
+    kw["attn"] = "no_such_attention"
+if mode == "group":
+    dist.init_process_group("gloo")
+try:
+    m = cudaload.load_model(path, **kw)
+    p = m.cudaload_plan
+    res = {"ok": True, "ranks": p.hardware["distributed"]["ranks"], "note": p.verified["ranks"],
+           "phases": sorted(p.verified["phases"]), "explain": p.explain()}
+except Exception as e:
+    res = {"ok": False, "type": type(e).__name__, "msg": str(e), "fix": getattr(e, "fix", None)}
+res["group_after"] = dist.is_initialized()
+with open(f"{out}/rank{rank}.json", "w") as fh:
+    json.dump(res, fh)
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+def _torchrun(tmp: Path, model: Path, mode: str, timeout_s: str = "60") -> list[dict[str, Any]]:
+    script = tmp / "worker.py"
+    script.write_text(WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "CUDALOAD_RANKS_TIMEOUT": timeout_s,
+        "HF_HUB_OFFLINE": "1",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    done = subprocess.run(
+        [*cmd, str(script), str(model), str(tmp), mode], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_ranks_agree_through_the_agents_store(tiny_model: Any, tmp_path: Path) -> None:
+    res = _torchrun(tmp_path, tiny_model("qwen3"), "same")
+    for x in res:
+        assert x["ok"], x
+        assert [r["rank"] for r in x["ranks"]] == [0, 1]
+        assert "the 2 ranks planned from the same GPU facts (torchrun's store at" in x["note"]
+        assert "ranks" in x["phases"]
+        assert "ranks: the 2 ranks planned" in x["explain"]
+        assert x["group_after"] is False  # no process group left behind for the user's own init
+    assert res[0]["ranks"] == res[1]["ranks"]
+
+
+@pytest.mark.slow
+def test_under_torchrun_different_arguments_or_a_failed_rank_stop_every_rank(
+    tiny_model: Any, tmp_path: Path
+) -> None:
+    path = tiny_model("qwen3")
+    (tmp_path / "differ").mkdir()
+    res = _torchrun(tmp_path / "differ", path, "differ")
+    for x in res:
+        assert not x["ok"] and x["type"] == "ConfigurationError", x
+        assert "dtype: ranks 0 'float32'; ranks 1 'bfloat16'" in x["msg"]
+        assert "same arguments on every rank" in x["fix"]
+    (tmp_path / "fail").mkdir()
+    res = _torchrun(tmp_path / "fail", path, "fail")
+    assert res[1]["type"] != "LoadError" and not res[1]["ok"]  # the failing rank raises its own error
+    assert res[0]["type"] == "LoadError" and "rank 1 could not plan" in res[0]["msg"], res[0]
+    assert res[0]["fix"].startswith("on rank 1: use 'auto' or one of")
+
+
+@pytest.mark.slow
+def test_an_initialised_group_is_used_as_it_is(tiny_model: Any, tmp_path: Path) -> None:
+    res = _torchrun(tmp_path, tiny_model("qwen3"), "group")
+    for x in res:
+        assert x["ok"], x
+        assert "(the default process group's store)" in x["note"]
+        assert x["group_after"] is True
+
+
+def test_no_store_or_no_wait_means_each_rank_plans_alone() -> None:
+    from cudaload.detection.ranks import open_rendezvous
+
+    rv, why = open_rendezvous(0, 2, env={"CUDALOAD_RANKS_TIMEOUT": "0"})
+    assert rv is None and "CUDALOAD_RANKS_TIMEOUT=0" in why
+    rv, why = open_rendezvous(0, 2, env={})
+    assert rv is None and "no store to agree through" in why
+    with pytest.raises(ConfigurationError, match="CUDALOAD_RANKS_TIMEOUT"):
+        open_rendezvous(0, 2, env={"CUDALOAD_RANKS_TIMEOUT": "soon"})
