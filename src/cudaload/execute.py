@@ -705,7 +705,10 @@ def load_model(
     cold load waits for about max(imports, disk read) instead of their sum (see :mod:`cudaload.prefetch`).
     A mode name picks how: ``"read"`` (threads that read the files, skipping what the page cache already holds;
     the default, measured cold on the H200 at 0.60x plain ``from_pretrained``) or ``"willneed"`` (kernel
-    readahead advice, which the kernel throttled there: 1.05x); False turns it off.
+    readahead advice, which the kernel throttled there: 1.05x); False turns it off. With it, when the GPU the
+    model will load onto is known before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a
+    ``device_map`` naming one GPU), its CUDA context and cuBLAS are created on a thread while transformers
+    imports (0.4-0.6 s a fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`).
     ``plan.verified["phases"]`` says where the seconds went.
 
     Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
@@ -739,6 +742,7 @@ def load_model(
         )
     # after the argument checks (no reading for a call that is refused), before everything slow
     pre = None
+    early: Any = None
     if prefetch is not True and prefetch is not False and prefetch not in _PREFETCH_MODES:
         raise ConfigurationError(
             f"prefetch={prefetch!r} is not a prefetch mode",
@@ -770,6 +774,11 @@ def load_model(
                 reasons=[f.message for f in broken],
                 fix="; ".join(dict.fromkeys(f.fix for f in broken)),
             )
+        if prefetch and prefetch != "off":
+            # the CUDA context and cuBLAS on the GPU the load will use, made while transformers imports
+            from . import gpu_start as _gpu_start
+
+            early = _gpu_start.start(caps, device_map)
         # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
         rendezvous, ranks_note = None, None
         if caps.distributed.active:
@@ -838,7 +847,10 @@ def load_model(
     except BaseException:
         if pre is not None:
             pre.stop()
+        if early is not None:
+            early.join()  # short: no thread of this call outlives its error
         raise
+    early_start = early.join() if early is not None else None
     before = _gpu_memory_snapshot()
     failure: CudaloadError | None = None
     loaded: Any = None
@@ -904,6 +916,7 @@ def load_model(
             "phases": phases.as_dict(getattr(loaded, "cudaload_fastload", None)),
             "fa4_compile_cache": fa4_cache_note,
             "prefetch": pre.summary() if pre is not None else None,
+            "gpu_start": early_start,
             "ranks": ranks_note,
         }
     )

@@ -163,6 +163,13 @@ def explain(plan: Plan) -> str:
                 )
                 + (f"; {pre['error']}" if pre.get("error") else "")
             )
+        gs = ver.get("gpu_start")
+        if gs:
+            out.append(
+                f"    CUDA context and cuBLAS on {gs.get('device')} made while transformers imported"
+                + (f" ({gs['seconds']:.3f} s on a thread)" if gs.get("seconds") is not None else "")
+                + (f"; failed there: {gs['error']}" if gs.get("error") else "")
+            )
         if ver.get("fa4_compile_cache"):
             out.append(f"    {ver['fa4_compile_cache']}")
     return "\n".join(out)

@@ -1,0 +1,49 @@
+"""cudaload.gpu_start: which GPU is certain before planning, and the thread's report (issue 14)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cudaload import gpu_start
+from cudaload.capabilities import Distributed
+from cudaload.profiles import hardware
+
+
+def test_the_gpu_is_started_only_when_it_is_certain_before_planning() -> None:
+    one = dataclasses.replace(hardware("2xH200"), gpus=hardware("2xH200").gpus[:1])
+    two = hardware("2xH200")
+    assert gpu_start.target_gpu(one, None) == 0
+    assert gpu_start.target_gpu(two, None) is None  # placement picks among them later
+    assert gpu_start.target_gpu(two, "auto") is None
+    assert gpu_start.target_gpu(two, "cuda:1") == 1
+    assert gpu_start.target_gpu(two, 1) == 1
+    assert gpu_start.target_gpu(two, {"": 1}) == 1
+    assert gpu_start.target_gpu(two, {"model.layers.0": 0, "lm_head": 1}) is None
+    assert gpu_start.target_gpu(two, "cuda:7") is None  # not visible: the plan's own error says so
+    assert gpu_start.target_gpu(two, "cpu") is None
+    assert gpu_start.target_gpu(one, True) is None
+    ranked = dataclasses.replace(
+        two, distributed=Distributed(local_rank=1, rank=3, world_size=4, local_world_size=2)
+    )
+    assert gpu_start.target_gpu(ranked, None) == 1  # cuda:LOCAL_RANK, never the global rank
+    assert gpu_start.target_gpu(dataclasses.replace(two, gpus=()), None) is None
+
+
+def test_a_failed_start_is_reported_not_raised() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks the failure report on a machine without CUDA")
+    s = gpu_start.GpuStart(0, bf16=True)
+    got = s.join()
+    assert got["device"] == "cuda:0" and got["seconds"] is not None
+    assert got["error"] and ("CUDA" in got["error"] or "cuda" in got["error"])
+
+
+def test_load_model_on_the_cpu_starts_no_gpu(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import cudaload
+
+    m = cudaload.load_model(tiny_model("qwen3"))
+    assert m.cudaload_plan.verified["gpu_start"] is None
+    assert "CUDA context" not in m.cudaload_plan.explain()
