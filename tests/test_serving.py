@@ -771,3 +771,12 @@ def test_the_plan_keeps_transformers_from_switching_the_served_attention() -> No
         s.continuous_batching_config(["num_blocks", "auto_switch_to_flash"])["auto_switch_to_flash"] is False
     )
     assert "auto_switch_to_flash" not in s.continuous_batching_config(["num_blocks", "use_cuda_graph"])
+
+
+def test_a_named_eager_is_kept_for_serving_with_its_measured_cost() -> None:
+    d = sv.choose_paged_attention("eager")
+    assert d.choice == "paged|eager"
+    assert any("346 vs 549 tok/s" in r and "attn='sdpa'" in r for r in d.reasons)
+    # a model without sdpa has nothing better to suggest
+    alone = sv.choose_paged_attention("eager", supports_sdpa=False)
+    assert alone.choice == "paged|eager" and not any("549" in r for r in alone.reasons)

@@ -508,6 +508,13 @@ MEASURED_FA4_PAGED = (
     "tok/s (Qwen3-0.6B shape, 11.6 vs 90 ms a decode step) and 1,489 vs 283 (8B, 19 vs 143 ms); "
     "benchmarks/results/2026-12-01-h200/run10-serving-fa4-t522"
 )
+#: paged eager against paged sdpa, cudaload's serving settings for attn="eager" in both (the named attention is
+#: kept: a user may need eager's outputs; this says what it costs when the model also supports sdpa)
+MEASURED_EAGER_PAGED = (
+    "paged eager against paged sdpa with the same cache settings, H200, 64 requests (Qwen3-0.6B shape): 346 vs "
+    "549 tok/s at 84 vs 25 GiB peak (benchmarks/results/2026-12-01-h200/run15-memtrain-servingeager): for "
+    "serving pass attn='sdpa' or 'auto' unless you need eager"
+)
 #: the order cudaload prefers paged flash forms in when the attention decision chose none of them: transformers'
 #: own order for continuous batching (FA3, then FA2: continuous_api.py:662-668, both with the decode fast path),
 #: then FA4 (varlen only: flash_attn_with_kvcache is None for it, modeling_flash_attention_utils.py:178-181)
@@ -626,6 +633,8 @@ def choose_paged_attention(
         reasons = [f"paged form of the attention decision's {attention_choice}"]
         if base == "flash_attention_4":
             reasons.append(MEASURED_FA4_PAGED)
+        if base == "eager" and supports_sdpa:
+            reasons.append(MEASURED_EAGER_PAGED)
         # a flash implementation usable here whose paged form this transformers cannot run: say what it costs
         reasons += [
             f"{f} is usable here but cannot serve paged: {_paged_blocker(f, transformers_version)}"
