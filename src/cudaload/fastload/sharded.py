@@ -282,9 +282,7 @@ def _wrap_lora(model: Any, cfg: Any, dev: torch.device, root: str) -> tuple[Any,
                 part.to(dev)
                 made |= {id(t) for t in part.parameters()}
     # anything else new (a copy of a base module, a magnitude vector) would be left on meta, never read
-    other = [
-        n for n, p in wrapped.named_parameters() if id(p) not in before and id(p) not in made
-    ]
+    other = [n for n, p in wrapped.named_parameters() if id(p) not in before and id(p) not in made]
     if other:
         raise _step_aside(root, f"peft added parameters that are not LoRA weights: {other[:4]}")
     return wrapped, len(made)
