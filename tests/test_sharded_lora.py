@@ -183,6 +183,27 @@ def _job_lora(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     res["frozen_grads"] = sum(p.grad is not None for p in model.parameters() if not p.requires_grad)
     res["loss"] = float(loss.detach())
     if args.get("step_aside"):
+        # LoRA on the embeddings too (peft's Embedding layer: lora_embedding_A zeros, B normal), without a
+        # mixed-precision policy: bf16 and float32 parameters in one unit are all-gathered as bytes
+        cfg = {"target_modules": ["q_proj", "embed_tokens"]}
+        emb = load_fsdp2(path, dtype=bf, device="cpu", peft_config=_lora_config(**cfg))
+        emb_ref = peft.get_peft_model(
+            transformers.AutoModelForCausalLM.from_pretrained(path, dtype=bf), _lora_config(**cfg)
+        )
+        full = {n: p.full_tensor() for n, p in emb.named_parameters()}
+        with torch.no_grad():
+            logits = emb(input_ids=ids).logits
+        res["embedding_lora"] = {
+            "names": sorted(full) == sorted(n for n, _ in emb_ref.named_parameters()),
+            "lora_embedding_A_zero": all(
+                not t.count_nonzero() for n, t in full.items() if "lora_embedding_A" in n
+            ),
+            "lora_embedding_B_drawn": all(
+                t.dtype == torch.float32 and t.std() > 0.5 for n, t in full.items() if "lora_embedding_B" in n
+            ),
+            "n_embedding": sum("lora_embedding_" in n for n in full),
+            "logits_equal": bool(torch.equal(logits, want)),
+        }
         res["step_aside"] = {
             "dora": _try_lora(path, use_dora=True),
             "pissa": _try_lora(path, init_lora_weights="pissa"),
@@ -292,9 +313,74 @@ def _job_load_model(rank: int, world: int, args: dict[str, Any]) -> dict[str, An
     }
 
 
+def _job_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """One rank (its shard is the whole tensor): on cuda:rank with NCCL when args["cuda"] (else the CPU with
+    gloo), and again kept in host memory by CPUOffloadPolicy (pinned on CUDA); a bf16 base computed in bf16
+    as load_model asks: base values, lora_B zero, the base model's logits, one AdamW step on the adapters."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy
+
+    from cudaload.fastload.sharded import load_fsdp2
+
+    assert world == 1  # to_local() is the whole tensor only then
+    path, bf = args["path"], torch.bfloat16
+    cuda = bool(args.get("cuda"))
+    dev = f"cuda:{rank}" if cuda else "cpu"
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=bf).to(dev)
+    ids = (torch.arange(3, 3 + 32).reshape(1, 32) % base.config.vocab_size).to(dev)
+    with torch.no_grad():
+        want = base(input_ids=ids).logits
+    ref = dict(peft.get_peft_model(base, _lora_config()).named_parameters())
+    out: dict[str, Any] = {}
+    for label, offload in (("device", None), ("offload", CPUOffloadPolicy(pin_memory=cuda))):
+        model = load_fsdp2(
+            path,
+            dtype=bf,
+            device=dev,
+            peft_config=_lora_config(),
+            mp_policy=MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf),
+            offload_policy=offload,
+        )
+        bad = []
+        for n, p in model.named_parameters():
+            local, r = p.to_local().detach().cpu(), ref[n].detach().cpu()
+            if local.dtype != r.dtype or p.requires_grad != ref[n].requires_grad:
+                bad.append(f"{n}: {local.dtype} {p.requires_grad}, peft: {r.dtype} {ref[n].requires_grad}")
+            elif ".lora_B." in n and local.count_nonzero():
+                bad.append(f"{n}: not zero")
+            elif ".lora_" not in n and not torch.equal(local, r):
+                bad.append(n)
+        with torch.no_grad():
+            got = model(input_ids=ids).logits
+        model.reshard()
+        model.train()
+        before = {n: p.to_local().detach().cpu().clone() for n, p in model.named_parameters()}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        changed = sorted(
+            n for n, p in model.named_parameters() if not torch.equal(before[n], p.to_local().detach().cpu())
+        )
+        out[label] = {
+            "fsdp_module": isinstance(model, FSDPModule) and isinstance(model, peft.PeftModel),
+            "bad": bad[:5],
+            "param_devices": sorted({str(p.to_local().device) for p in model.parameters()}),
+            "logits_equal": bool(torch.equal(got, want)),
+            "logits_max_diff": float((got.float() - want.float()).abs().max()),
+            "loss": float(loss.detach()),
+            "only_adapters_changed": changed
+            == sorted(n for n, p in model.named_parameters() if p.requires_grad),
+        }
+        del model, opt
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
 _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "lora": _job_lora,
     "load_model": _job_load_model,
+    "one_rank": _job_one_rank,
 }
 
 
@@ -331,12 +417,14 @@ def test_lora_on_two_ranks_is_peft_on_the_base_and_steps_aside_on_what_needs_bas
 ) -> None:
     """Untied Llama, bf16: the sharded PeftModel equals get_peft_model(from_pretrained(...)) in names, dtypes,
     trainable set and base values, lora_B is zero and lora_A rank 0's kaiming draw everywhere, the logits are
-    the base model's, each rank read its rows, one AdamW step trains only the adapters; DoRA, PiSSA,
-    init_lora_weights=False and modules_to_save step aside on every rank."""
+    the base model's, each rank read its rows, one AdamW step trains only the adapters; LoRA on the embeddings
+    too; DoRA, PiSSA, init_lora_weights=False and modules_to_save step aside on every rank."""
     path = _save("llama", tmp_path / "ck", dtype="bfloat16")
     res = _spawn(2, "lora", {"path": str(path), "step_aside": True}, tmp_path)
     _check_lora(res, 2)
     for x in res:
+        e = x["embedding_lora"]
+        assert e["n_embedding"] == 2 and all(e.values()), e
         sa = x["step_aside"]
         assert sa["dora"].startswith("StepAside") and "DoRA" in sa["dora"], sa
         assert sa["pissa"].startswith("StepAside") and "init_lora_weights='pissa'" in sa["pissa"], sa
@@ -345,9 +433,16 @@ def test_lora_on_two_ranks_is_peft_on_the_base_and_steps_aside_on_what_needs_bas
 
 
 def test_lora_tied_with_activation_checkpointing(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
-    """Qwen3 with tied embeddings, the layers in checkpoint wrappers (what fsdp_config asks): the same."""
-    res = _spawn(2, "lora", {"path": str(tiny_model("qwen3", "bfloat16")), "checkpointing": True}, tmp_path)
+    """Qwen3 with tied embeddings, the layers in checkpoint wrappers (what fsdp_config asks): the same. And the
+    adapters are rank 0's draw: one rank alone, seeded as rank 0 was, holds the same full lora_A tensors (each
+    of two ranks holds its rows of one tensor, not its rows of its own draw)."""
+    args = {"path": str(tiny_model("qwen3", "bfloat16")), "checkpointing": True}
+    res = _spawn(2, "lora", args, tmp_path)
     _check_lora(res, 2)
+    one = tmp_path / "one"
+    one.mkdir()
+    (alone,) = _spawn(1, "lora", args, one)
+    assert alone["bad"] == [] and alone["lora_A"] == res[0]["lora_A"]
 
 
 def test_the_plan_shards_lora_and_not_qlora(tmp_path: Path) -> None:
@@ -414,3 +509,21 @@ def test_load_model_lora_under_torchrun_loads_each_ranks_shards(tmp_path: Path) 
         assert math.isfinite(x["loss"]) and x["b_changed"] == x["n_lora_b"], r
     assert res[0]["lora_A"] == res[1]["lora_A"]
     assert sum(x["bytes"] for x in res) == ck
+
+
+@pytest.mark.parametrize(
+    "cuda", [pytest.param(True, marks=pytest.mark.gpu), False], ids=["nccl-cuda", "gloo-cpu"]
+)
+def test_one_rank_lora_on_its_device_and_offloaded(
+    cuda: bool, tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The CUDA side the gloo tests cannot reach (NCCL, the LoRA weights broadcast and sharded on cuda:0,
+    pinned CPU offload, a bf16 forward against the base model's, an AdamW step) on one GPU; the CPU case runs
+    the same job."""
+    res = _spawn(1, "one_rank", {"path": str(tiny_model("qwen3", "bfloat16")), "cuda": cuda}, tmp_path)[0]
+    for label, want in (("device", ["cuda:0" if cuda else "cpu"]), ("offload", ["cpu"])):
+        r = res[label]
+        assert r["fsdp_module"] and r["bad"] == [], (label, r["bad"])
+        assert r["param_devices"] == want, (label, r["param_devices"])
+        assert r["logits_equal"], (label, r["logits_max_diff"])
+        assert math.isfinite(r["loss"]) and r["only_adapters_changed"], (label, r)
