@@ -472,6 +472,34 @@ def test_the_plan_shards_lora_and_not_qlora(tmp_path: Path) -> None:
     assert any("nf4" in b for b in q) and any("intent qlora" in b for b in q)
 
 
+def test_70b_lora_on_8_gpus_of_80gb_reads_shards_instead_of_8_whole_models(tmp_path: Path) -> None:
+    """Issue 17's case: a 70B LoRA under torchrun on 8 x 80 GB, whose bf16 base (141 GB) fits no GPU whole.
+    The plan is FSDP2 with the sharded load: the node's host memory is the ranks' staging buffers (the base
+    shards are on the GPUs), not 8 whole bf16 models (1.1 TB, more than this 1 TiB host: said, with the fix,
+    for the case the load steps aside)."""
+    import dataclasses
+
+    from cudaload import plan
+    from cudaload.capabilities import Distributed
+    from cudaload.policies.parallelism import SHARDED_REASON, SHARDED_STAGING_BYTES
+    from cudaload.profiles import hardware
+    from cudaload.testing import full_config
+
+    path = _sparse_checkpoint(tmp_path / "ck", full_config("Llama-3.1-70B"))  # the header; the data a hole
+    d = Distributed(local_rank=0, rank=0, world_size=8, local_world_size=8)
+    caps = dataclasses.replace(hardware("8xH100-80GB"), distributed=d, host_memory=1 << 40)
+    p = plan(str(path), hardware=caps, intent="lora", seq_len=2048)
+    par = p.parallelism
+    assert par is not None and par.choice == "fsdp2" and par.config["sharded_load"], par
+    assert par.config["host_bytes_per_node"] == 8 * SHARDED_STAGING_BYTES
+    assert par.config["host_bytes_per_node_if_stepped_aside"] == 8 * 2 * p.model.params > 1 << 40
+    assert p.load_path.choice == "fast" and p.dtype.choice == "bfloat16"
+    text = " ".join(par.decision.reasons)
+    assert f"{SHARDED_REASON} 1/8 of the weights" in text and "wraps it with LoRA (peft)" in text
+    assert "if the sharded load steps aside" in text and "this host has 1024.0 GiB" in text
+    assert "or train LoRA" not in text  # it is LoRA
+
+
 @pytest.mark.slow
 def test_load_model_lora_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> None:
     """load_model(intent="lora") on two torchrun-like ranks whose bf16 base (165 M params) fits no GPU whole:

@@ -339,7 +339,8 @@ def load_fsdp2(
     step aside.
     ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``, as for :func:`cudaload.fastload.load`.
 
-    Returns the model (an ``FSDPModule``), in eval mode like ``from_pretrained``'s; ``model.cudaload_fastload``
+    Returns the model (an ``FSDPModule``; with ``peft_config`` the PeftModel), in eval mode like
+    ``from_pretrained``'s (a PeftModel as ``get_peft_model`` leaves it); ``model.cudaload_fastload``
     says what this rank read (``bytes``), its rank, world and the shards it holds. Raises
     :class:`~cudaload.fastload.StepAside` on every rank when the load cannot be exact on some rank (before any
     weight storage is allocated, except a shard layout FSDP2 did not give as expected), the failing rank's error
