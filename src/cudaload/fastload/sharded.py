@@ -213,8 +213,8 @@ def _check_shared_within_units(model: Any, layers: list[Any], root: str) -> None
 #: False leaves nn.Linear's init, B included (the model then differs from the base model)
 _LORA_INITS: tuple[object, ...] = (True, "gaussian")
 
-#: the peft modules holding LoRA weights in a LoraLayer (its ``adapter_layer_names``, peft 0.21
-#: tuners/lora/layer.py ``LoraLayer.adapter_layer_names``)
+#: the peft modules holding LoRA weights in a LoraLayer (``LoraLayer.adapter_layer_names``, peft 0.21
+#: tuners/lora/layer.py:110-116, less DoRA's lora_magnitude_vector, which steps aside)
 _LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 
 
@@ -244,9 +244,11 @@ def _wrap_lora(model: Any, cfg: Any, dev: torch.device, root: str) -> tuple[Any,
     peft creates the adapters on the CPU, initialises them, and moves them to the base layer's device and
     dtype (layer.py:314, tuners_utils.py:2168-2212 ``_move_adapter_to_device_of_base_layer``): on meta here,
     so the draw is lost and is made again; ``cast_adapter_dtype`` (tuners_utils.py:2705-2745, get_peft_model's
-    default autocast_adapter_dtype=True) has already made them float32, as on a real model. Each rank draws from its own
-    generator; ``_agree_on_initialised`` then broadcasts rank 0's (the adapters are small). Returns the
-    PeftModel and how many LoRA tensors it initialised; steps aside on what it cannot build exactly."""
+    default autocast_adapter_dtype=True) has already made them float32, as on a real model. Each rank draws
+    from its own generator; ``_agree_on_initialised`` then broadcasts rank 0's. Until sharding every rank
+    holds every adapter whole in float32 on ``dev``: r x (in + out) per wrapped linear, 0.4 GB for a 70B at
+    r=8. Returns the PeftModel and how many LoRA tensors it initialised; steps aside on what it cannot build
+    exactly."""
     import torch
 
     try:
