@@ -711,8 +711,8 @@ def _e2e_config() -> Any:
 
 def test_the_plan_says_each_rank_reads_its_shards_and_when_it_cannot(tmp_path: Path) -> None:
     """A torchrun rank's FSDP2 plan for weights that fit no GPU whole: the load path is the sharded fast path,
-    the node's host memory is the ranks' shards and staging buffers; fast=False, a keyword only from_pretrained
-    honours, or LoRA put back the whole-model CPU load with its host figure and reasons."""
+    the node's host memory is the ranks' shards and staging buffers; fast=False or a keyword only from_pretrained
+    honours put back the whole-model CPU load with its host figure and reasons."""
     from cudaload import plan
     from cudaload.policies.parallelism import SHARDED_REASON, SHARDED_STAGING_BYTES
 
@@ -740,8 +740,9 @@ def test_the_plan_says_each_rank_reads_its_shards_and_when_it_cannot(tmp_path: P
         assert refused.load_path.choice == "from_pretrained" and why in refused.load_path.reasons[0]
         text = " ".join(rp.decision.reasons)
         assert SHARDED_REASON not in text and "host memory while the Trainer shards" in text
+    # LoRA takes the sharded load too (tests/test_sharded_lora.py)
     lora = plan(str(path), **{**kw, "intent": "lora"}).parallelism
-    assert lora is not None and not lora.config.get("sharded_load")
+    assert lora is not None and lora.config.get("sharded_load")
 
 
 def test_a_failed_sharded_load_destroys_the_group_it_started(tmp_path: Path) -> None:

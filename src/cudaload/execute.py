@@ -292,7 +292,11 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], n
     """load_fsdp2 as the Trainer's FSDP2 set-up would have left the model: under bf16, float32 master
     parameters (accelerate 1.15 utils/fsdp_utils.py:815-820 upcasts the trainable ones) computed in bf16
     (the MixedPrecisionPolicy accelerate builds from mixed_precision, utils/dataclasses.py:2135-2143), because
-    fsdp2_prepare_model hands an FSDPModule back untouched (utils/fsdp_utils.py:763-767). What it did is
+    fsdp2_prepare_model hands an FSDPModule back untouched (utils/fsdp_utils.py:763-767). For intent "lora" the
+    PeftModel is built before sharding and is the FSDPModule: a frozen base in the plan's dtype, float32 LoRA
+    weights computed in bf16 (FSDP2 wants one original dtype among a unit's trainable parameters only, torch
+    2.13 _fully_shard/_fsdp_param_group.py:276-286; with param_dtype set every all-gather input is cast to it,
+    and an all-gather of mixed input dtypes goes as bytes, _fsdp_collectives.py:789-800). What it did is
     appended to ``notes`` (also when the load then steps aside)."""
     import torch
     import torch.distributed as dist
@@ -333,6 +337,11 @@ def _load_fsdp2_for_plan(
     from .fastload.sharded import load_fsdp2
 
     want = plan.dtype.choice or "float32"
+    # LoRA: the frozen base stays in the plan's dtype (what load_model's whole-model path loads and accelerate
+    # leaves alone: it upcasts trainable parameters only, 1.15 utils/fsdp_utils.py:816-820), the adapters are
+    # float32 (peft's autocast_adapter_dtype). A full fine-tune: float32 masters, as accelerate's upcast gives.
+    lora = plan.intent == "lora"
+    peft_config = _lora_config(plan) if lora else None
     policy = None
     if want != "float32":
         bf = _torch_dtype(want)
@@ -346,20 +355,27 @@ def _load_fsdp2_for_plan(
     with _BUILD_LOCK:
         model = load_fsdp2(
             path,
-            dtype=torch.float32,
+            dtype=_torch_dtype(want) if lora else torch.float32,
             auto_class=auto_class,
             device=f"cuda:{local}" if cuda else "cpu",
             mp_policy=policy,
             offload_policy=offload,
             # what fsdp_config asks accelerate for; training_arguments(plan) then leaves it out
             activation_checkpointing=bool(fsdp_config.get("activation_checkpointing")),
+            peft_config=peft_config,
             attn_implementation=plan.attention.choice,
             **passthrough,
         )
     info = model.cudaload_fastload
     notes.append(
         f"FSDP2: this rank read {info['bytes'] / 1e9:.3f} of {info['checkpoint_bytes'] / 1e9:.3f} GB (its rows of "
-        f"each weight, 1/{info['sharded']['world']}) onto {info['device']}; float32 master parameters"
+        f"each weight, 1/{info['sharded']['world']}) onto {info['device']}; "
+        + (
+            f"LoRA ({info['sharded']['lora_tensors']} float32 adapter tensors, peft's initialisation, rank 0's "
+            f"draw) on the frozen {want} base, wrapped by peft before sharding"
+            if lora
+            else "float32 master parameters"
+        )
         + (f", computed in {want} (MixedPrecisionPolicy)" if policy is not None else "")
         + ("; the shards stay in host memory (CPUOffloadPolicy)" if offload is not None else "")
     )
@@ -575,17 +591,25 @@ def _tuned_plan(
     return make_plan(model, **{**plan_kwargs, "timings": timings})
 
 
-def _wrap_peft(model: Any, plan: Plan) -> Any:
+def _lora_config(plan: Plan) -> Any:
+    """The plan's LoraConfig (one for the whole-model and the sharded path alike)."""
     try:
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        from peft import LoraConfig
     except ImportError as e:
         raise DependencyError(
             f"intent {plan.intent!r} needs peft", reasons=[str(e)], fix="pip install 'cudaload[peft]'"
         ) from None
+    return LoraConfig(**(plan.peft or {"target_modules": "all-linear"}))
+
+
+def _wrap_peft(model: Any, plan: Plan) -> Any:
+    config = _lora_config(plan)
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
     if plan.quantization.choice in ("nf4", "int8"):
         # casts norms to fp32 and enables input grads so checkpointed k-bit layers train stably
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
-    return get_peft_model(model, LoraConfig(**(plan.peft or {"target_modules": "all-linear"})))
+    return get_peft_model(model, config)
 
 
 def _serving_after_fallback(plan: Plan, model: Any, plan_kwargs: Mapping[str, Any]) -> Plan:
@@ -921,7 +945,8 @@ def load_model(
         }
     )
     if plan.intent in ("lora", "qlora"):
-        loaded = _wrap_peft(loaded, plan)
+        if path_taken != "fast_sharded":  # the sharded loader wrapped it before sharding (peft_config)
+            loaded = _wrap_peft(loaded, plan)
         trainable = sum(p.numel() for p in loaded.parameters() if p.requires_grad)
         verified["trainable_parameters"] = trainable
     if plan.intent in ("inference", "serving"):

@@ -18,6 +18,10 @@ model on 8 ranks: over 1 TiB). Here the model never exists whole anywhere:
    contiguous byte range of the tensor) with the fast path's reader and dtype conversion. Buffers (not sharded
    by FSDP2) are read whole.
 
+With ``peft_config`` (a LoRA fine-tune) the finished meta model is wrapped by ``peft.get_peft_model`` before
+step 2, and the LoRA weights are initialised by peft's own code on rank 0 and broadcast: the PeftModel is the
+root unit, the decoder layers (with their LoRA weights) the others.
+
 Each rank thus reads about ``1/world`` of the weights and holds only its shards. The parameters' full values
 equal ``from_pretrained(path, dtype=...)``'s bit for bit, and so do the buffers. What cannot be done exactly
 this way (quantization, keys that need transformers' weight converters such as fused MoE experts, remote code,
@@ -67,6 +71,7 @@ from .reader import TensorInfo
 
 if TYPE_CHECKING:
     import torch
+    from peft import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -141,12 +146,6 @@ def _layer_modules(model: Any) -> list[Any]:
     return [m for m in model.modules() if m is not model and type(m).__name__ in names]
 
 
-#: the attribute torch's CheckpointWrapper keeps the wrapped module under; it appears in parameter names
-#: (torch 2.13 distributed/algorithms/_checkpoint/checkpoint_wrapper.py _CHECKPOINT_WRAPPED_MODULE), not in
-#: state_dict keys, which the wrapper's state_dict hook strips
-_WRAPPED = "_checkpoint_wrapped_module."
-
-
 def _checkpoint_layers(model: Any, layers: list[Any]) -> list[Any]:
     """Each layer replaced in its parent by ``checkpoint_wrapper(layer, preserve_rng_state=False)``, exactly as
     accelerate's fsdp2_apply_ac does (1.15 utils/fsdp_utils.py:719-727, ``model.set_submodule``); returns the
@@ -208,6 +207,89 @@ def _check_shared_within_units(model: Any, layers: list[Any], root: str) -> None
                 )
 
 
+#: LoRA initialisations that draw A from peft's own reset and zero B, needing no base weight values (peft 0.21
+#: tuners/lora/layer.py:332-343 ``reset_lora_parameters``, which ``update_layer`` calls for these); the others
+#: (PiSSA, OLoRA, LoftQ, EVA, CorDA, orthogonal) compute from the base weights, which are on meta here, and
+#: False leaves nn.Linear's init, B included (the model then differs from the base model)
+_LORA_INITS: tuple[object, ...] = (True, "gaussian")
+
+#: the peft modules holding LoRA weights in a LoraLayer (``LoraLayer.adapter_layer_names``, peft 0.21
+#: tuners/lora/layer.py:110-116, less DoRA's lora_magnitude_vector, which steps aside)
+_LORA_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
+
+
+def _lora_blockers(cfg: Any) -> list[str]:
+    """What in a LoraConfig the sharded loader cannot build exactly on the meta device."""
+    out: list[str] = []
+    if type(cfg).__name__ != "LoraConfig":
+        out.append(f"{type(cfg).__name__}: only LoRA adapters are built on the meta device")
+        return out
+    init = getattr(cfg, "init_lora_weights", True)
+    if not any(init is x or (isinstance(x, str) and init == x) for x in _LORA_INITS):
+        out.append(f"init_lora_weights={init!r} needs the base weights' values or leaves lora_B non-zero")
+    if getattr(cfg, "use_dora", False):
+        out.append("DoRA's magnitude vector is computed from the base weights' values")
+    for key in ("modules_to_save", "trainable_token_indices", "layer_replication", "target_parameters"):
+        if getattr(cfg, key, None):
+            out.append(f"{key} copies or wraps base weights, whose values are not there before sharding")
+    return out
+
+
+def _wrap_lora(model: Any, cfg: Any, dev: torch.device, root: str) -> tuple[Any, int]:
+    """``peft.get_peft_model(model, cfg)`` on the finished meta model, the LoRA weights then given storage on
+    the CPU and initialised by peft's own ``reset_lora_parameters`` (what ``update_layer`` runs for
+    ``init_lora_weights`` True or "gaussian", peft 0.21 tuners/lora/layer.py:311-312: A by kaiming-uniform or
+    normal, B zeros), then moved to ``dev``.
+
+    peft creates the adapters on the CPU, initialises them, and moves them to the base layer's device and
+    dtype (layer.py:314, tuners_utils.py:2168-2212 ``_move_adapter_to_device_of_base_layer``): on meta here,
+    so the draw is lost and is made again; ``cast_adapter_dtype`` (tuners_utils.py:2705-2745, get_peft_model's
+    default autocast_adapter_dtype=True) has already made them float32, as on a real model. Each rank draws
+    from its own generator; ``_agree_on_initialised`` then broadcasts rank 0's. Until sharding every rank
+    holds every adapter whole in float32 on ``dev``: r x (in + out) per wrapped linear, 0.4 GB for a 70B at
+    r=8. Returns the PeftModel and how many LoRA tensors it initialised; steps aside on what it cannot build
+    exactly."""
+    import torch
+
+    try:
+        from peft import get_peft_model
+        from peft.tuners.lora import LoraLayer
+    except ImportError as e:
+        raise DependencyError(
+            "a LoRA fine-tune needs peft", reasons=[str(e)], fix="pip install 'cudaload[peft]'"
+        ) from None
+    blockers = _lora_blockers(cfg)
+    if blockers:
+        raise _step_aside(root, f"the LoRA configuration: {'; '.join(blockers)}")
+    before = {id(p) for p in model.parameters()}
+    wrapped = get_peft_model(model, cfg)
+    made: set[int] = set()
+    with torch.no_grad():
+        for module in wrapped.modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            parts = [getattr(module, n) for n in _LORA_PARTS if hasattr(module, n)]
+            for part in parts:
+                part.to_empty(device="cpu")  # the meta adapters' shapes and float32 dtype, with storage
+            for adapter in {*module.lora_A.keys(), *module.lora_embedding_A.keys()}:
+                module.reset_lora_parameters(adapter, cfg.init_lora_weights)
+            base_dtype = getattr(getattr(module.get_base_layer(), "weight", None), "dtype", None)
+            for part in parts:
+                if base_dtype is not None and base_dtype.is_floating_point:
+                    # peft draws in float32, moves the adapter to the base layer's dtype and upcasts it again
+                    # (update_layer -> _move_adapter_to_device_of_base_layer, tuners_utils.py:2183-2210; then
+                    # cast_adapter_dtype): on a bf16 base its values are bf16's, in float32
+                    for t in part.parameters():
+                        t.copy_(t.to(base_dtype))
+                part.to(dev)
+                made |= {id(t) for t in part.parameters()}
+    # anything else new (a copy of a base module, a magnitude vector) would be left on meta, never read
+    other = [n for n, p in wrapped.named_parameters() if id(p) not in before and id(p) not in made]
+    if other:
+        raise _step_aside(root, f"peft added parameters that are not LoRA weights: {other[:4]}")
+    return wrapped, len(made)
+
+
 def _fsdp_env_on() -> bool:
     """transformers' FSDP1 loading switch (5.17 distributed/fsdp.py:41-47): when it is on, its
     ``_finalize_model_loading`` zero-fills every tensor on the CPU on ranks other than each node's local 0
@@ -229,6 +311,7 @@ def load_fsdp2(
     offload_policy: Any = None,
     reshard_after_forward: bool = True,
     activation_checkpointing: bool = False,
+    peft_config: LoraConfig | None = None,
     attn_implementation: str | None = None,
     threads: int | None = None,
     buffer_bytes: int | None = None,
@@ -248,9 +331,18 @@ def load_fsdp2(
     applied before ``fully_shard`` at accelerator.py:1696-1698; its wrap policy looks through the wrapper,
     fsdp_utils.py:959-962). A Trainer given the result must not wrap again (see
     ``cudaload.policies.parallelism.parallel_training_arguments``).
+    ``peft_config``: a peft ``LoraConfig``: the finished meta model is wrapped by ``peft.get_peft_model`` before
+    sharding (see :func:`_wrap_lora`), and the PeftModel, sharded as the root, is returned. The frozen base
+    weights keep ``dtype``; the LoRA weights are float32 (peft's ``autocast_adapter_dtype``), drawn by peft's
+    own initialisation on rank 0 and broadcast, so every rank shards the same tensors (lora_B zero: the
+    model computes what the base model computes). Configurations whose adapters need the base weights' values
+    (PiSSA, OLoRA, LoftQ, EVA, CorDA, orthogonal, DoRA) or copy base modules (``modules_to_save``,
+    ``trainable_token_indices``, ``layer_replication``), and adapters on parameters (``target_parameters``)
+    step aside.
     ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``, as for :func:`cudaload.fastload.load`.
 
-    Returns the model (an ``FSDPModule``), in eval mode like ``from_pretrained``'s; ``model.cudaload_fastload``
+    Returns the model (an ``FSDPModule``; with ``peft_config`` the PeftModel), in eval mode like
+    ``from_pretrained``'s (a PeftModel as ``get_peft_model`` leaves it); ``model.cudaload_fastload``
     says what this rank read (``bytes``), its rank, world and the shards it holds. Raises
     :class:`~cudaload.fastload.StepAside` on every rank when the load cannot be exact on some rank (before any
     weight storage is allocated, except a shard layout FSDP2 did not give as expected), the failing rank's error
@@ -324,6 +416,14 @@ def load_fsdp2(
         # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         info = _finish_on_meta(model, keys, prep, dev, dtype)
+        # each checkpoint name's module, by identity: PEFT (q_proj -> q_proj.base_layer under
+        # base_model.model.) and checkpoint wrappers rename them, fully_shard keeps the objects
+        base_modules: dict[int, list[str]] = {}
+        for n, m in model.named_modules(remove_duplicate=False):
+            base_modules.setdefault(id(m), []).append(n)
+        lora_tensors = 0
+        if peft_config is not None:
+            model, lora_tensors = _wrap_lora(model, peft_config, dev, root)
         _check_shared_within_units(model, layers, root)
         fingerprint = _fingerprint(model, keys, prep.header.tensors)
     except Exception as e:
@@ -352,7 +452,7 @@ def load_fsdp2(
             model.to_empty(device=shard_dev)
             _restore(model, kept, dev)
             t_alloc = time.perf_counter()
-            shards = _plan_shards(model, keys, prep.header.tensors, world, rank, root)
+            shards = _plan_shards(model, base_modules, keys, prep.header.tensors, world, rank, root)
             fill_times: dict[str, float] = {}
             with torch.no_grad():
                 for on_cuda in (False, True):
@@ -397,6 +497,8 @@ def load_fsdp2(
             "tensors": len(shards),
             # what forward computes in: the mixed-precision policy's parameter dtype, else the load dtype
             "param_dtype": str(getattr(mp_policy, "param_dtype", None) or dtype).removeprefix("torch."),
+            # LoRA weight tensors initialised here (peft's init, rank 0's draw); 0 without peft_config
+            "lora_tensors": lora_tensors,
         },
         **load_report(prep.header, info, threads, buffer_bytes, dev),
     }
@@ -561,14 +663,30 @@ def _local(t: Any) -> Any:
 
 
 def _plan_shards(
-    model: Any, keys: KeyPlan, tensors: Mapping[str, TensorInfo], world: int, rank: int, root: str
+    model: Any,
+    base_modules: Mapping[int, list[str]],
+    keys: KeyPlan,
+    tensors: Mapping[str, TensorInfo],
+    world: int,
+    rank: int,
+    root: str,
 ) -> list[_Shard]:
     """What this rank reads: for each sharded parameter, its rows of the checkpoint tensor into its local
-    shard; for each buffer, the whole tensor. A tensor reached under two names (tied) is read once."""
+    shard; for each buffer, the whole tensor. A tensor reached under two names (tied) is read once.
+    ``base_modules``: id(module) -> its names in the model transformers built, before a checkpoint wrapper or
+    PEFT renamed them (their own modules, e.g. lora_A, hold nothing from the checkpoint)."""
     from torch.distributed.tensor import DTensor, Shard
 
-    params = {n.replace(_WRAPPED, ""): p for n, p in model.named_parameters(remove_duplicate=False)}
-    buffers = {n.replace(_WRAPPED, ""): b for n, b in model.named_buffers(remove_duplicate=False)}
+    params: dict[str, Any] = {}
+    buffers: dict[str, Any] = {}
+    for module in model.modules():
+        names = base_modules.get(id(module), ())
+        for leaf, p in module.named_parameters(recurse=False):
+            for b in names:
+                params[f"{b}.{leaf}" if b else leaf] = p
+        for leaf, t in module.named_buffers(recurse=False):
+            for b in names:
+                buffers[f"{b}.{leaf}" if b else leaf] = t
     seen: set[int] = set()
     out: list[_Shard] = []
     for name, src in keys.load.items():

@@ -194,8 +194,12 @@ def sharded_load_blockers(
     out: list[str] = []
     if chosen not in ("fsdp2", "fsdp2_offload"):
         out.append(f"{chosen} is not FSDP2")
-    if intent != "training":
-        out.append(f"intent {intent}: PEFT wraps the model after loading, which a sharded model cannot take")
+    if intent not in ("training", "lora"):
+        # LoRA is wrapped on the meta device before sharding (load_fsdp2's peft_config); QLoRA's base is
+        # quantized by from_pretrained
+        out.append(
+            f"intent {intent}: the sharded loader builds full fine-tunes and LoRA on an unquantized base"
+        )
     if dtype not in ("bfloat16", "float32"):
         out.append(f"{dtype}: the sharded loader mirrors accelerate's bf16 or fp32 FSDP2 set-up only")
     if quantization:
@@ -572,17 +576,24 @@ def choose_parallelism(
                 # GPUs; the whole-model CPU load stays the fallback when the fast path steps aside at load time
                 config["sharded_load"] = True
                 config["host_bytes_per_node_if_stepped_aside"] = host
-                # float32 master shards (what accelerate's upcast gives), in host memory under CPU offload
+                # the shards, in host memory under CPU offload: a full fine-tune's float32 masters (what
+                # accelerate's upcast gives); LoRA's frozen base in the dtype and its float32 adapters (peft's
+                # autocast_adapter_dtype; the memory model's "adapters" term)
                 params = int(info.counts.total or info.summary.params)
-                held = 4 * params // n if chosen == "fsdp2_offload" else 0
+                lora = intent == "lora"
+                state = dtype_bytes(dtype) * params + int(t.get("adapters", 0)) if lora else 4 * params
+                held = state // n if chosen == "fsdp2_offload" else 0
                 sharded_host = local * (SHARDED_STAGING_BYTES + held)
                 config["host_bytes_per_node"] = sharded_host
                 where = "into host memory (CPU offload)" if held else "onto its GPU"
+                what = f"{dtype} base and float32 LoRA shards" if lora else "float32 shards"
                 reasons.append(
                     f"{SHARDED_REASON} 1/{n} of the weights: load_model builds the model on the "
-                    "meta device, shards it with FSDP2 and reads each rank's rows of every weight from the "
+                    "meta device"
+                    + (", wraps it with LoRA (peft)" if lora else "")
+                    + ", shards it with FSDP2 and reads each rank's rows of every weight from the "
                     f"safetensors files {where} (host memory ~{_gib(sharded_host)} per node: "
-                    + (f"{local} ranks' float32 shards and " if held else "")
+                    + (f"{local} ranks' {what} and " if held else "")
                     + "staging buffers)"
                 )
                 host_why = SHARDED_STEPPED_ASIDE
@@ -598,11 +609,15 @@ def choose_parallelism(
             over = caps.host_memory is not None and host > caps.host_memory
             (notes if not over or config.get("sharded_load") else reasons).append(
                 f"host memory {host_why}: ~{_gib(host)} per node ({local} ranks: the weights on "
-                "each rank's CPU, and the trainable ones upcast to fp32 on every rank before sharding, accelerate "
-                "1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
                 + (
-                    f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node (more nodes) "
-                    "or train LoRA (a float32 load needs the same)"
+                    "each rank's CPU, and the trainable ones upcast to fp32 on every rank before sharding, "
+                    "accelerate 1.15 utils/fsdp_utils.py:815-820 under mixed precision)"
+                    if intent == "training"
+                    else "each rank's CPU; the trainable adapters are float32 already and small)"
+                )
+                + (
+                    f"; this host has {_gib(caps.host_memory or 0)}: launch fewer ranks per node (more nodes)"
+                    + (" or train LoRA (a float32 load needs the same)" if intent == "training" else "")
                     if over
                     else ""
                 )
