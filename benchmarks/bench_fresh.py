@@ -8,7 +8,9 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
 - ``cudaload``: ``cudaload.load_model(path, quantization=...)`` with its defaults (prefetch on);
 - ``cudaload-noprefetch``: the same with ``prefetch=False``, to show what reading while importing buys;
 - ``cudaload-read`` / ``cudaload-willneed``: one prefetch mode named (threads that read the files, or
-  readahead advice), whichever the default is.
+  readahead advice), whichever the default is;
+- ``cudaload-nogpustart``: the defaults with ``CUDALOAD_GPU_START=0`` (no CUDA context made on a thread while
+  transformers imports), to show what that buys.
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -60,9 +62,11 @@ if spec["method"] == "plain":
     mark("loaded")
     extra = {}
 else:
+    if spec["method"] == "cudaload-nogpustart":
+        os.environ["CUDALOAD_GPU_START"] = "0"
     import cudaload; mark("import_cudaload")
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}}[spec["method"]]
+    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}, "cudaload-nogpustart": {}}[spec["method"]]
     model = cudaload.load_model(spec["path"], quantization=quant, **kw)
     import torch
     if cuda: torch.cuda.synchronize()

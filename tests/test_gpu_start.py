@@ -47,3 +47,37 @@ def test_load_model_on_the_cpu_starts_no_gpu(tiny_model) -> None:  # type: ignor
     m = cudaload.load_model(tiny_model("qwen3"))
     assert m.cudaload_plan.verified["gpu_start"] is None
     assert "CUDA context" not in m.cudaload_plan.explain()
+
+
+def test_the_switch_turns_it_off() -> None:
+    one = dataclasses.replace(hardware("2xH200"), gpus=hardware("2xH200").gpus[:1])
+    import os
+
+    old = os.environ.get("CUDALOAD_GPU_START")
+    try:
+        os.environ["CUDALOAD_GPU_START"] = "0"
+        assert gpu_start.start(one, None) is None
+        os.environ["CUDALOAD_GPU_START"] = "maybe"
+        from cudaload.errors import ConfigurationError
+
+        with pytest.raises(ConfigurationError, match="CUDALOAD_GPU_START"):
+            gpu_start.start(one, None)
+    finally:
+        if old is None:
+            os.environ.pop("CUDALOAD_GPU_START", None)
+        else:
+            os.environ["CUDALOAD_GPU_START"] = old
+
+
+@pytest.mark.gpu
+def test_load_model_on_one_gpu_makes_the_context_while_importing(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (runs on the H200 device machine)")
+    import cudaload
+
+    m = cudaload.load_model(tiny_model("qwen3"), device_map="cuda:0")
+    gs = m.cudaload_plan.verified["gpu_start"]
+    assert gs["device"] == "cuda:0" and gs["error"] is None and gs["seconds"] > 0
+    assert next(m.parameters()).device.type == "cuda"
+    assert "CUDA context and cuBLAS on cuda:0" in m.cudaload_plan.explain()

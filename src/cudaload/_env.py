@@ -160,6 +160,20 @@ def torchelastic(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: e[k] for k in names if e.get(k)}
 
 
+def gpu_start_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """``CUDALOAD_GPU_START``: whether load_model creates the CUDA context on a thread while transformers
+    imports (default on; ``0`` / ``false`` / ``no`` / ``off`` turn it off)."""
+    raw = _environ(env).get("CUDALOAD_GPU_START")
+    if raw is None or raw.strip() == "":
+        return True
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in {"0", "false", "no", "off"}:
+        return False
+    raise _invalid("CUDALOAD_GPU_START", raw, "1 or 0", "0")
+
+
 def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """``CUDALOAD_TRUST_KERNELS``: comma-separated Hub kernel repos or publishers (``org/*``) to run."""
     raw = _environ(env).get("CUDALOAD_TRUST_KERNELS", "")

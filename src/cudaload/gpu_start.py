@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from . import _env
 from .capabilities import Capabilities
 
 
@@ -81,6 +82,8 @@ class GpuStart:
 
 
 def start(caps: Capabilities, device_map: Any) -> GpuStart | None:
+    if not _env.gpu_start_enabled():
+        return None
     i = target_gpu(caps, device_map)
     if i is None:
         return None
