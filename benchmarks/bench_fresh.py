@@ -72,7 +72,7 @@ else:
     if cuda: torch.cuda.synchronize()
     mark("loaded")
     v = model.cudaload_plan.verified or {}
-    extra = {"phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"),
+    extra = {"phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"),
              "attention": model.cudaload_plan.attention.choice}
 ids = torch.randint(4, int(model.config.vocab_size), (1, 16), device=spec["device"])
 with torch.no_grad():

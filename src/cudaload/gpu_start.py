@@ -88,4 +88,9 @@ def start(caps: Capabilities, device_map: Any) -> GpuStart | None:
     if i is None:
         return None
     gpu = next(g for g in caps.gpus if g.index == i)
+    # torch is imported here, on the calling thread, before the thread starts: the measured arrangement
+    # (run 16), and no import of torch's own package on another thread (torch's import registers handlers and
+    # state meant for the main thread; transformers' import would block on its module lock meanwhile anyway)
+    import torch  # noqa: F401
+
     return GpuStart(i, gpu.bf16_native)
