@@ -24,6 +24,12 @@ def test_the_gpu_is_started_only_when_it_is_certain_before_planning() -> None:
     assert gpu_start.target_gpu(two, "cuda:7") is None  # not visible: the plan's own error says so
     assert gpu_start.target_gpu(two, "cpu") is None
     assert gpu_start.target_gpu(one, True) is None
+    assert gpu_start.target_gpu(one, {"": "cuda:0"}) == 0
+    assert gpu_start.target_gpu(one, {"": "cpu"}) is None
+    # a value that is not a GPU number or "cuda:N" (a torch.device, "disk") is not "no device_map": the one GPU
+    # of this machine is not started for a load that may never touch it
+    assert gpu_start.target_gpu(one, {"": object()}) is None
+    assert gpu_start.target_gpu(one, {"": False}) is None
     ranked = dataclasses.replace(
         two, distributed=Distributed(local_rank=1, rank=3, world_size=4, local_world_size=2)
     )

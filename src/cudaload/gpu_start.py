@@ -44,7 +44,10 @@ def target_gpu(caps: Capabilities, device_map: Any) -> int | None:
         values = set(device_map.values())
         if len(values) == 1:
             (v,) = values
-            return target_gpu(caps, v if isinstance(v, (int, str)) and not isinstance(v, bool) else None)
+            # one GPU named by number or "cuda:N"; anything else ("cpu", "disk", a torch.device) is not read as
+            # "no device_map" (which on a one-GPU machine would start the GPU for a load that never uses it)
+            if isinstance(v, (int, str)) and not isinstance(v, bool):
+                return target_gpu(caps, v)
         return None
     if device_map is None and len(caps.gpus) == 1:
         return caps.gpus[0].index
