@@ -128,6 +128,13 @@ if mode == "fail" and rank == 1:
     kw["attn"] = "no_such_attention"
 if mode == "group":
     dist.init_process_group("gloo")
+if mode == "broken" and rank == 1:
+    os.environ["CUDA_VISIBLE_DEVICES"] = "5"  # matches no GPU: this rank refuses before the GPU exchange
+if mode == "noimport" and rank == 1:
+    sys.modules["transformers"] = None  # this rank's import fails between the two exchanges
+if mode == "late" and rank == 1:
+    import time
+    time.sleep(float(os.environ["CUDALOAD_RANKS_TIMEOUT"]) + 4)  # rank 0 gives up waiting and plans alone
 try:
     m = cudaload.load_model(path, **kw)
     p = m.cudaload_plan
@@ -203,6 +210,75 @@ def test_an_initialised_group_is_used_as_it_is(tiny_model: Any, tmp_path: Path) 
         assert x["ok"], x
         assert "(the default process group's store)" in x["note"]
         assert x["group_after"] is True
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_before_or_between_the_exchanges_stops_the_others_at_once(
+    tiny_model: Any, tmp_path: Path
+) -> None:
+    """A broken GPU selection raises before the GPU exchange, an import between the two exchanges: the other
+    rank used to wait CUDALOAD_RANKS_TIMEOUT for it, then plan alone and load (then hang in its first
+    collective). With a timeout longer than torchrun's whole run here, it must stop with the rank's reason."""
+    path = tiny_model("qwen3")
+    for mode, why in (("broken", "DeviceSelectionError"), ("noimport", "")):
+        (tmp_path / mode).mkdir()
+        res = _torchrun(tmp_path / mode, path, mode, timeout_s="600")
+        assert not res[1]["ok"] and res[1]["type"] != "LoadError", res[1]
+        assert res[0]["type"] == "LoadError" and f"rank 1 could not plan ({why}" in res[0]["msg"], res[0]
+        assert "on rank 1" in res[0]["fix"] or "see rank 1's error" in res[0]["fix"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_planned_alone_is_not_waited_for_twice(tiny_model: Any, tmp_path: Path) -> None:
+    res = _torchrun(tmp_path, tiny_model("qwen3"), "late", timeout_s="4")
+    assert res[0]["ok"] and "not every rank published its GPU within 4 s: planned alone" in res[0]["note"]
+    # the late rank found every GPU published and planned, then found rank 0's plan missing on purpose
+    assert res[1]["ok"] and "the ranks' plans were not compared: rank 0 planned alone" in res[1]["note"], res[
+        1
+    ]
+
+
+def test_a_rank_that_planned_alone_or_failed_is_named_not_a_key_error() -> None:
+    from cudaload.policies.ranks import check_failed
+
+    (c0, f0) = node(0, 60 * GiB, "a")
+    p0 = plan(full_config("Qwen3-0.6B"), hardware=agree(c0, [f0, node(1, 60 * GiB, "b")[1]]), intent="lora")
+    note = check_same(
+        [{"alone": "not every rank's GPU was published within 5 s"}, {"decisions": decisions(p0)}]
+    )
+    assert note == (
+        "the ranks' plans were not compared: rank 0 planned alone (not every rank's GPU was published within 5 s)"
+    )
+    assert check_same([{"decisions": decisions(p0)}, {"decisions": decisions(p0)}]) is None
+    bad = {
+        "error": "DeviceSelectionError: the GPUs this process may use are misconfigured",
+        "fix": "use indices",
+    }
+    with pytest.raises(LoadError, match=r"rank 1 could not plan \(DeviceSelectionError") as e:
+        check_failed([f0.to_dict(), bad])
+    assert e.value.fix == "on rank 1: use indices (every rank stopped before loading anything)"
+
+
+def test_a_store_that_closed_is_an_error_not_a_torch_traceback_from_the_except_clause() -> None:
+    """The process hosting the store (rank 0 with an initialised group) exited: the wait fails at once and the
+    check in its handler raised torch's DistNetworkError."""
+    import gc
+    from datetime import timedelta
+
+    dist = pytest.importorskip("torch.distributed")
+    from cudaload.detection.ranks import Rendezvous
+
+    server = dist.TCPStore(
+        "127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    client = dist.TCPStore("127.0.0.1", server.port, 2, is_master=False, timeout=timedelta(seconds=5))
+    rv = Rendezvous(client, 1, 2, "cudaload/t/0/0", 30.0, "the default process group's store")
+    del server
+    gc.collect()
+    with pytest.raises(
+        LoadError, match=r"the default process group's store closed during load_model\(\)'s gpus"
+    ):
+        rv.exchange("gpus", {"rank": 1})
 
 
 def test_no_store_or_no_wait_means_each_rank_plans_alone() -> None:

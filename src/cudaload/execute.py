@@ -668,13 +668,34 @@ def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     return replace(plan, serving=section)
 
 
+def _rank_error(e: BaseException) -> dict[str, Any]:
+    """What a rank that raises publishes to the others instead of its facts or its plan."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return {"error": f"{type(e).__name__}: {first}", "fix": getattr(e, "fix", None)}
+
+
+def _tell_ranks_before_planning(caps: Capabilities, e: BaseException) -> None:
+    """A torchrun rank that stops before the GPU exchange (a broken GPU selection) publishes its error there,
+    so that the other ranks stop with its reason at once instead of waiting CUDALOAD_RANKS_TIMEOUT (300 s) for
+    it and then loading without it."""
+    from .detection.ranks import open_rendezvous
+
+    d = caps.distributed
+    try:
+        rendezvous, _ = open_rendezvous(d.rank or 0, d.world_size or 1)
+        if rendezvous is not None:
+            rendezvous.tell("gpus", _rank_error(e))
+    except Exception as why:  # this rank's own error is the one to raise
+        logger.debug("cudaload: could not tell the other ranks: %s", why)
+
+
 def _agree_on_gpus(caps: Capabilities) -> tuple[Capabilities, Any, str]:
     """Every torchrun rank's GPU, exchanged before anyone plans or loads (cudaload.detection.ranks), and this
     rank's Capabilities planned from all of them (cudaload.policies.ranks.agree). Returns the rendezvous for
     comparing the plans afterwards (None when the ranks could not agree) and a line for plan.verified."""
     from .capabilities import RankGPU
     from .detection.ranks import host, open_rendezvous
-    from .policies.ranks import agree, facts
+    from .policies.ranks import agree, check_failed, facts
 
     d = caps.distributed
     rendezvous, why = open_rendezvous(d.rank or 0, d.world_size or 1)
@@ -682,11 +703,14 @@ def _agree_on_gpus(caps: Capabilities) -> tuple[Capabilities, Any, str]:
         return caps, None, why
     got = rendezvous.exchange("gpus", facts(caps, host()).to_dict())
     if got is None:
-        return (
-            caps,
-            None,
-            f"not every rank published its GPU within {rendezvous.timeout_s:.0f} s: planned alone",
+        alone = f"not every rank published its GPU within {rendezvous.timeout_s:.0f} s: planned alone"
+        # a rank that arrives later finds every GPU published and plans; it must not wait a second timeout for
+        # this rank's plan, which will never come
+        rendezvous.publish(
+            "plans", {"alone": f"not every rank's GPU was published within {rendezvous.timeout_s:.0f} s"}
         )
+        return caps, None, alone
+    check_failed(got)  # a rank that stopped before planning (a broken GPU selection): its reason, at once
     agreed = agree(caps, [RankGPU.from_dict(x) for x in got])
     return agreed, rendezvous, f"the {d.world_size} ranks planned from the same GPU facts ({rendezvous.how})"
 
@@ -793,11 +817,14 @@ def load_model(
         if broken:
             if pre is not None:
                 pre.stop()
-            raise DeviceSelectionError(
+            bad_selection = DeviceSelectionError(
                 "the GPUs this process may use are misconfigured",
                 reasons=[f.message for f in broken],
                 fix="; ".join(dict.fromkeys(f.fix for f in broken)),
             )
+            if caps.distributed.active:
+                _tell_ranks_before_planning(caps, bad_selection)
+            raise bad_selection
         if prefetch and prefetch != "off":
             # the CUDA context and cuBLAS on the GPU the load will use, made while transformers imports
             from . import gpu_start as _gpu_start
@@ -808,11 +835,6 @@ def load_model(
         if caps.distributed.active:
             caps, rendezvous, ranks_note = _agree_on_gpus(caps)
             phases.mark("ranks")
-        # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
-        # plan and the load use (the config machinery and modeling_utils, which imports most of it)
-        from transformers import AutoConfig, PreTrainedModel  # noqa: F401
-
-        phases.mark("import_transformers")
         plan_kwargs: dict[str, Any] = dict(
             hardware=caps,
             intent=intent,
@@ -833,24 +855,28 @@ def load_model(
             padded=padded,
             from_pretrained_kwargs=from_pretrained_kwargs,
         )
-        try:
+        try:  # from here to the plans' exchange, a rank that raises tells the others (they would wait for it)
+            # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
+            # plan and the load use (the config machinery and modeling_utils, which imports most of it)
+            from transformers import AutoConfig, PreTrainedModel  # noqa: F401
+
+            phases.mark("import_transformers")
             plan = make_plan(model, **plan_kwargs)
             if tune:
                 plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
             auto_class = resolve_auto_class(model_class, task, plan)
         except Exception as e:
             if rendezvous is not None:  # the other ranks stop with this rank's reason instead of waiting
-                first = str(e).splitlines()[0] if str(e) else ""
-                rendezvous.exchange(
-                    "plans", {"error": f"{type(e).__name__}: {first}", "fix": getattr(e, "fix", None)}
-                )
+                rendezvous.tell("plans", _rank_error(e))
             raise
         if rendezvous is not None:
             from .policies.ranks import check_same, decisions
 
             published = rendezvous.exchange("plans", {"decisions": decisions(plan)})
             if published is not None:
-                check_same(published)
+                unchecked = check_same(published)
+                if unchecked:
+                    ranks_note = f"{ranks_note}; {unchecked}"
             else:
                 ranks_note = (
                     f"{ranks_note}; the ranks' plans were not compared (a rank did not publish in time)"

@@ -15,6 +15,7 @@ Each ``load_model()`` call is one round: every rank writes its value under ``cud
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -24,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import _env
+from ..errors import LoadError
 
 logger = logging.getLogger("cudaload")
 
@@ -42,16 +44,38 @@ class Rendezvous:
         self.timeout_s = timeout_s
         self.how = how
 
+    def publish(self, stage: str, value: Mapping[str, Any]) -> None:
+        """Publish ``value`` without waiting for the others (a rank that will not wait for this stage)."""
+        self.store.set(f"{self.prefix}/{stage}/{self.rank}", json.dumps(value))
+
+    def tell(self, stage: str, value: Mapping[str, Any]) -> None:
+        """Publish this rank's error in ``stage`` instead of what it would have published, and wait (quietly, at
+        most the timeout) until every rank has published there too: they find the error there as soon as they
+        arrive, before this rank exits (taking with it the store, when it hosts the default group's)."""
+        self.publish(stage, value)
+        keys = [f"{self.prefix}/{stage}/{r}" for r in range(self.world)]
+        with contextlib.suppress(Exception):  # this rank raises its own error anyway
+            self.store.wait(keys, timedelta(seconds=self.timeout_s))
+
     def exchange(self, stage: str, value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """Publish ``value`` and return every rank's, in rank order; None when a rank did not publish in time
-        (the caller goes on alone and says so)."""
+        (the caller goes on alone and says so). Raises LoadError when the store itself went away."""
         key = f"{self.prefix}/{stage}"
-        self.store.set(f"{key}/{self.rank}", json.dumps(value))
+        self.publish(stage, value)
         keys = [f"{key}/{r}" for r in range(self.world)]
         try:
             self.store.wait(keys, timedelta(seconds=self.timeout_s))
         except Exception as e:  # torch raises DistStoreError (a RuntimeError) on timeout
-            missing = [r for r in range(self.world) if not self.store.check([keys[r]])]
+            try:
+                missing = [r for r in range(self.world) if not self.store.check([keys[r]])]
+            except Exception as gone:
+                # not a timeout: the store closed (the process or agent hosting it exited, e.g. a rank that
+                # raised); torch raises DistNetworkError here ("Connection was likely closed")
+                raise LoadError(
+                    f"{self.how} closed during load_model()'s {stage} exchange ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}; then {type(gone).__name__})",
+                    fix="see the other ranks' errors: the rank (or torchrun agent) hosting the store exited",
+                ) from None
             logger.warning(
                 "cudaload: ranks %s did not reach load_model()'s %s exchange within %.0f s (%s); rank %d "
                 "plans alone",

@@ -155,9 +155,9 @@ def decisions(plan: Any) -> dict[str, Any]:
     }
 
 
-def check_same(published: Sequence[Mapping[str, Any]]) -> None:
-    """``published[r]`` is rank r's ``{"decisions": ...}`` or ``{"error": ...}``. Raises on every rank alike
-    when a rank failed to plan or the ranks chose differently."""
+def check_failed(published: Sequence[Mapping[str, Any]]) -> None:
+    """``published[r]`` is what rank r published in one exchange; raises on every rank alike when a rank
+    published its error instead (its GPU selection was broken, its planning raised...), naming that rank."""
     failed = [(r, p["error"]) for r, p in enumerate(published) if p.get("error")]
     if failed:
         r, why = failed[0]
@@ -167,6 +167,19 @@ def check_same(published: Sequence[Mapping[str, Any]]) -> None:
             + (f"; {len(failed) - 1} more ranks failed" if len(failed) > 1 else ""),
             fix=(f"on rank {r}: {theirs}" if theirs else f"see rank {r}'s error")
             + " (every rank stopped before loading anything)",
+        )
+
+
+def check_same(published: Sequence[Mapping[str, Any]]) -> str | None:
+    """``published[r]`` is rank r's ``{"decisions": ...}``, ``{"error": ...}`` or ``{"alone": ...}`` (it did
+    not see every rank's GPU in time and planned from its own). Raises on every rank alike when a rank failed to
+    plan or the ranks chose differently; returns a note when a rank planned alone (nothing to compare with)."""
+    check_failed(published)
+    alone = [r for r, p in enumerate(published) if "decisions" not in p]
+    if alone:
+        return (
+            f"the ranks' plans were not compared: rank{'s' if len(alone) > 1 else ''} {_spans(alone)} planned "
+            f"alone ({published[alone[0]].get('alone') or 'it did not see every rank in time'})"
         )
     first = published[0]["decisions"]
     differ: list[str] = []
@@ -183,3 +196,4 @@ def check_same(published: Sequence[Mapping[str, Any]]) -> None:
             fix="give every node the same packages (pip freeze), transformers version and checkpoint files, and "
             "call load_model() with the same arguments on every rank",
         )
+    return None
