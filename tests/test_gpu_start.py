@@ -87,3 +87,38 @@ def test_load_model_on_one_gpu_makes_the_context_while_importing(tiny_model) -> 
     assert gs["device"] == "cuda:0" and gs["error"] is None and gs["seconds"] > 0
     assert next(m.parameters()).device.type == "cuda"
     assert "CUDA context and cuBLAS on cuda:0" in m.cudaload_plan.explain()
+
+
+def test_starting_the_gpu_in_a_fresh_process_under_torchrun_does_not_abort_it() -> None:
+    """load_model under torchrun imports torch.distributed (the ranks' exchange) right after the thread starts.
+    When the thread was the first to import torch, the two imports met in torch's own circular import and the
+    process aborted ("terminate called after throwing an instance of 'python_error'", exit -6)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    src = Path(__file__).resolve().parents[1] / "src"
+    code = (
+        "import dataclasses, sys\n"
+        "from cudaload import gpu_start\n"
+        "from cudaload.capabilities import Distributed\n"
+        "from cudaload.profiles import hardware\n"
+        "h = hardware('2xH200')\n"
+        "caps = dataclasses.replace(h, distributed=Distributed(local_rank=1, rank=1, world_size=2, "
+        "local_world_size=2))\n"
+        "assert 'torch' not in sys.modules\n"
+        "s = gpu_start.start(caps, None)\n"
+        "import torch.distributed\n"
+        "print(s.join()['device'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**{k: v for k, v in os.environ.items() if k != "CUDALOAD_GPU_START"}, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "cuda:1"

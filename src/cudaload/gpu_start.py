@@ -91,9 +91,13 @@ def start(caps: Capabilities, device_map: Any) -> GpuStart | None:
     if i is None:
         return None
     gpu = next(g for g in caps.gpus if g.index == i)
-    # torch is imported here, on the calling thread, before the thread starts: the measured arrangement
-    # (run 16), and no import of torch's own package on another thread (torch's import registers handlers and
-    # state meant for the main thread; transformers' import would block on its module lock meanwhile anyway)
+    # torch is imported here, on the calling thread, never first on the thread: torch's own import imports
+    # torch.distributed.rpc (torch 2.13 _jit_internal.py:43-46), so a thread importing torch while the caller
+    # imports torch.distributed (load_model under torchrun, cudaload.detection.ranks) deadlocks on the two
+    # module locks, and Python's way out hands one of them a half-made torch: torch._C._c10d_init() then aborts
+    # the process ("terminate called after throwing an instance of 'python_error'"). The caller needs torch
+    # next anyway (torch.distributed, transformers): the thread still overlaps the rest of the imports, as in
+    # the measured arrangement (run 16).
     import torch  # noqa: F401
 
     return GpuStart(i, gpu.bf16_native)
