@@ -290,3 +290,18 @@ def test_no_store_or_no_wait_means_each_rank_plans_alone() -> None:
     assert rv is None and "no store to agree through" in why
     with pytest.raises(ConfigurationError, match="CUDALOAD_RANKS_TIMEOUT"):
         open_rendezvous(0, 2, env={"CUDALOAD_RANKS_TIMEOUT": "soon"})
+
+
+def test_an_attention_that_differs_by_node_names_the_per_node_caches_and_attn() -> None:
+    """With declared work, the attention choice reads the node's tune cache and FA4 compile cache: nodes with
+    the same packages can differ there, and "give every node the same packages" alone sends the user astray."""
+    (c0, f0) = node(0, 60 * GiB, "a")
+    p0 = plan(full_config("Qwen3-0.6B"), hardware=agree(c0, [f0, node(1, 60 * GiB, "b")[1]]))
+    d0 = decisions(p0)
+    d1 = {**d0, "attention": "flash_attention_4"}
+    with pytest.raises(ConfigurationError, match="attention: ranks 0 ") as e:
+        check_same([{"decisions": d0}, {"decisions": d1}])
+    assert "pass attn= explicitly, or share CUDALOAD_CACHE" in (e.value.fix or "")
+    with pytest.raises(ConfigurationError) as e:
+        check_same([{"decisions": d0}, {"decisions": {**d0, "dtype": "float16"}}])
+    assert "attn=" not in (e.value.fix or "")

@@ -190,10 +190,25 @@ def check_same(published: Sequence[Mapping[str, Any]]) -> str | None:
         if len(values) > 1:
             differ.append(f"{key}: " + "; ".join(f"ranks {_spans(rs)} {v}" for v, rs in values.items()))
     if differ:
+        fix = (
+            "give every node the same packages (pip freeze), transformers version and checkpoint files, and "
+            "call load_model() with the same arguments on every rank"
+        )
+        keys = {d.split(":", 1)[0] for d in differ}
+        if "attention" in keys:
+            # with declared work (batch_size, seq_len) the attention choice weighs this node's tune cache and
+            # FA4 compile cache (cudaload.planner._first_use_here): per-node state, not only packages
+            fix += (
+                "; the attention choice also reads each node's tune cache and FA4 compile cache: pass attn= "
+                "explicitly, or share CUDALOAD_CACHE between the nodes"
+            )
+        if "kernels" in keys:
+            fix += (
+                "; the Hub kernels are read from each node's Hub cache: fill it alike or pass kernels=False"
+            )
         raise ConfigurationError(
             "the ranks planned differently from the same GPUs, so their collectives would not match: "
             + " | ".join(differ),
-            fix="give every node the same packages (pip freeze), transformers version and checkpoint files, and "
-            "call load_model() with the same arguments on every rank",
+            fix=fix,
         )
     return None
