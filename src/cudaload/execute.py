@@ -757,6 +757,10 @@ def load_model(
     model will load onto is known before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a
     ``device_map`` naming one GPU), its CUDA context and cuBLAS are created on a thread while transformers
     imports (0.4-0.6 s a fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`).
+    A call refused after that (a plan that does not fit, another rank's error) holds no memory of the load but
+    leaves CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
+    CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` touches no GPU before
+    the load itself.
     ``plan.verified["phases"]`` says where the seconds went.
 
     Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
