@@ -305,3 +305,27 @@ def test_an_attention_that_differs_by_node_names_the_per_node_caches_and_attn() 
     with pytest.raises(ConfigurationError) as e:
         check_same([{"decisions": d0}, {"decisions": {**d0, "dtype": "float16"}}])
     assert "attn=" not in (e.value.fix or "")
+
+
+def test_a_model_one_rank_loads_alone_does_not_shift_the_later_rounds() -> None:
+    """``if rank == 0: judge = load_model(...)`` under torchrun: rank 0's round for the judge finds nobody (it
+    waits, then plans alone). With one counter for every call, rank 0's next call for the shared model was its
+    round n+1 while the others' was round n: they never met again, each call waiting the whole timeout."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch without torch.distributed")
+    from cudaload.detection.ranks import model_key, open_rendezvous
+
+    assert model_key("/data/ckpt/Qwen3-8B/") == model_key("Qwen/Qwen3-8B") == "Qwen3-8B"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        prefixes = []
+        for m in ("/ckpt/policy", "/ckpt/judge", Path("/ckpt/policy")):
+            rv, _ = open_rendezvous(0, 1, env={}, model=m)
+            assert rv is not None
+            prefixes.append(rv.prefix.split("/", 3)[3])
+        base = int(prefixes[0].split("/")[1])
+        assert prefixes[0] == f"policy/{base}" and prefixes[2] == f"policy/{base + 1}"
+        assert prefixes[1].startswith("judge/")
+    finally:
+        dist.destroy_process_group()

@@ -674,7 +674,7 @@ def _rank_error(e: BaseException) -> dict[str, Any]:
     return {"error": f"{type(e).__name__}: {first}", "fix": getattr(e, "fix", None)}
 
 
-def _tell_ranks_before_planning(caps: Capabilities, e: BaseException) -> None:
+def _tell_ranks_before_planning(caps: Capabilities, e: BaseException, model: str | os.PathLike[str]) -> None:
     """A torchrun rank that stops before the GPU exchange (a broken GPU selection) publishes its error there,
     so that the other ranks stop with its reason at once instead of waiting CUDALOAD_RANKS_TIMEOUT (300 s) for
     it and then loading without it."""
@@ -682,14 +682,14 @@ def _tell_ranks_before_planning(caps: Capabilities, e: BaseException) -> None:
 
     d = caps.distributed
     try:
-        rendezvous, _ = open_rendezvous(d.rank or 0, d.world_size or 1)
+        rendezvous, _ = open_rendezvous(d.rank or 0, d.world_size or 1, model=model)
         if rendezvous is not None:
             rendezvous.tell("gpus", _rank_error(e))
     except Exception as why:  # this rank's own error is the one to raise
         logger.debug("cudaload: could not tell the other ranks: %s", why)
 
 
-def _agree_on_gpus(caps: Capabilities) -> tuple[Capabilities, Any, str]:
+def _agree_on_gpus(caps: Capabilities, model: str | os.PathLike[str]) -> tuple[Capabilities, Any, str]:
     """Every torchrun rank's GPU, exchanged before anyone plans or loads (cudaload.detection.ranks), and this
     rank's Capabilities planned from all of them (cudaload.policies.ranks.agree). Returns the rendezvous for
     comparing the plans afterwards (None when the ranks could not agree) and a line for plan.verified."""
@@ -698,7 +698,7 @@ def _agree_on_gpus(caps: Capabilities) -> tuple[Capabilities, Any, str]:
     from .policies.ranks import agree, check_failed, facts
 
     d = caps.distributed
-    rendezvous, why = open_rendezvous(d.rank or 0, d.world_size or 1)
+    rendezvous, why = open_rendezvous(d.rank or 0, d.world_size or 1, model=model)
     if rendezvous is None:
         return caps, None, why
     got = rendezvous.exchange("gpus", facts(caps, host()).to_dict())
@@ -827,7 +827,7 @@ def load_model(
                 fix="; ".join(dict.fromkeys(f.fix for f in broken)),
             )
             if caps.distributed.active:
-                _tell_ranks_before_planning(caps, bad_selection)
+                _tell_ranks_before_planning(caps, bad_selection, model)
             raise bad_selection
         if prefetch and prefetch != "off":
             # the CUDA context and cuBLAS on the GPU the load will use, made while transformers imports
@@ -837,7 +837,7 @@ def load_model(
         # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
         rendezvous, ranks_note = None, None
         if caps.distributed.active:
-            caps, rendezvous, ranks_note = _agree_on_gpus(caps)
+            caps, rendezvous, ranks_note = _agree_on_gpus(caps, model)
             phases.mark("ranks")
         plan_kwargs: dict[str, Any] = dict(
             hardware=caps,

@@ -9,8 +9,11 @@ initialize the default process group twice"), and no GPU is touched. The store i
   elastic/agent/server/local_elastic_agent.py:405-429);
 - else none: the rank plans alone, and the plan says so.
 
-Each ``load_model()`` call is one round: every rank writes its value under ``cudaload/<run>/<call>/<stage>/
-<rank>`` and waits (at most ``CUDALOAD_RANKS_TIMEOUT`` seconds) for every other rank's.
+Each ``load_model()`` call is one round: every rank writes its value under ``cudaload/<run>/<restart>/<model>/
+<call>/<stage>/<rank>`` and waits (at most ``CUDALOAD_RANKS_TIMEOUT`` seconds) for every other rank's. ``<call>``
+counts this process's calls for that model (the checkpoint's directory or repo name), so that a model one rank
+loads alone (``if rank == 0: judge = load_model(...)``: it waits, then plans alone) does not shift every later
+call of the ranks onto keys the others never write.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import socket
 from collections.abc import Mapping
 from datetime import timedelta
@@ -29,8 +33,9 @@ from ..errors import LoadError
 
 logger = logging.getLogger("cudaload")
 
-#: load_model() calls in this process: the n-th call of every rank meets the n-th call of the others
-_CALLS = itertools.count()
+#: load_model() calls in this process, per model: the n-th call of every rank for a model meets the n-th call
+#: of the others for it
+_CALLS: dict[str, itertools.count[int]] = {}
 
 
 class Rendezvous:
@@ -89,19 +94,24 @@ class Rendezvous:
         return [json.loads(self.store.get(k)) for k in keys]
 
 
+def model_key(model: str | os.PathLike[str]) -> str:
+    """The name a model's rounds are counted under: the last part of its path or repo id, alike on every node
+    ("/data/ckpt/Qwen3-8B/" and "Qwen/Qwen3-8B" are both "Qwen3-8B")."""
+    return os.path.basename(os.fspath(model).rstrip("/\\")) or "model"
+
+
 def open_rendezvous(
-    rank: int, world: int, env: Mapping[str, str] | None = None
+    rank: int, world: int, env: Mapping[str, str] | None = None, model: str | os.PathLike[str] = ""
 ) -> tuple[Rendezvous | None, str]:
-    """The rendezvous for this load_model() call and how it was found, or None and why not."""
+    """The rendezvous for this load_model() call of ``model`` and how it was found, or None and why not."""
     timeout = _env.ranks_timeout(env)
-    call = next(_CALLS)
+    name = model_key(model)
+    call = next(_CALLS.setdefault(name, itertools.count()))
     if timeout == 0:
         return None, "CUDALOAD_RANKS_TIMEOUT=0: each rank planned alone"
     te = _env.torchelastic(env)
     # a restarted job (torchrun --max-restarts) must not read the keys of the attempt before it
-    prefix = (
-        f"cudaload/{te.get('TORCHELASTIC_RUN_ID', 'run')}/{te.get('TORCHELASTIC_RESTART_COUNT', '0')}/{call}"
-    )
+    prefix = f"cudaload/{te.get('TORCHELASTIC_RUN_ID', 'run')}/{te.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}/{call}"
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
