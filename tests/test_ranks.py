@@ -329,3 +329,22 @@ def test_a_model_one_rank_loads_alone_does_not_shift_the_later_rounds() -> None:
         assert prefixes[1].startswith("judge/")
     finally:
         dist.destroy_process_group()
+
+
+def test_one_gpu_model_reported_a_few_mib_apart_is_not_different_gpus() -> None:
+    """Two DGX Spark nodes: the GB10 reports the host's MemTotal (no separate GPU memory), which differs by the
+    kernels' reservations; NVML's total of one discrete model also moves with the driver. Refused before as
+    "different GPUs", with both described alike."""
+    c0, f0 = node(0, 0, "spark-a", profile="GB10")
+    _, f1 = node(1, 0, "spark-b", profile="GB10")
+    f0 = dataclasses.replace(f0, free_memory=None)
+    f1 = dataclasses.replace(f1, free_memory=None, total_memory=(f0.total_memory or 0) - 37 * (1 << 20))
+    agreed = agree(c0, [f0, f1])
+    assert [r.rank for r in agreed.distributed.ranks] == [0, 1]
+    # a real difference in memory is still refused, and says so
+    (c2, g0), (_, g1) = node(0, 70 * GiB, "a"), node(1, 70 * GiB, "b")
+    g1 = dataclasses.replace(g1, total_memory=96 * GiB)
+    with pytest.raises(
+        DeviceSelectionError, match=r"rank 0 \(a\): NVIDIA H200 \(sm90, 140 GiB\); rank 1 \(b\): "
+    ):
+        agree(c2, [g0, g1])

@@ -69,6 +69,27 @@ def _describe(r: RankGPU) -> str:
     return f"{r.name} ({cc}{size})"
 
 
+#: one GPU model's memory as two nodes report it: NVML's total differs a little with the driver's reservation,
+#: and a unified-memory GPU (GB10) reports the host's MemTotal, which moves with the kernel's own reservations
+SAME_MEMORY = 0.05
+
+
+def _model_of(r: RankGPU, seen: Mapping[tuple[Any, ...], list[int]]) -> tuple[Any, ...]:
+    """The group ``r`` belongs to: an earlier one with its name and compute capability and a total memory within
+    SAME_MEMORY of it (a few MiB apart is one GPU model, not "different GPUs" that print alike), else its own."""
+    for key in seen:
+        name, cc, total = key
+        if (name, cc) != (r.name, r.compute_capability):
+            continue
+        if total == r.total_memory or (
+            total
+            and r.total_memory
+            and abs(total - r.total_memory) <= SAME_MEMORY * max(total, r.total_memory)
+        ):
+            return key
+    return r.model
+
+
 def agree(caps: Capabilities, ranks: Sequence[RankGPU]) -> Capabilities:
     """This rank's Capabilities with every rank's GPU attached (``distributed.ranks``) and the GPUs of this
     node's ranks planned as the healthiest rank's (the most free memory any rank saw), so every rank's
@@ -85,7 +106,7 @@ def agree(caps: Capabilities, ranks: Sequence[RankGPU]) -> Capabilities:
         )
     models: dict[tuple[Any, ...], list[int]] = {}
     for r in got:
-        models.setdefault(r.model, []).append(r.rank)
+        models.setdefault(_model_of(r, models), []).append(r.rank)
     if len(models) > 1:
         listing = "; ".join(
             f"rank{'s' if len(rs) > 1 else ''} {_spans(rs)} ({', '.join(sorted({got[i].host for i in rs}))}): "
