@@ -181,6 +181,7 @@ def test_under_torchrun_the_ranks_agree_through_the_agents_store(tiny_model: Any
         assert "the 2 ranks planned from the same GPU facts (torchrun's store at" in x["note"]
         assert "ranks" in x["phases"]
         assert "ranks: the 2 ranks planned" in x["explain"]
+        assert "Ranks: 2 on 1 host, no GPU each" in x["explain"]  # CPU ranks: not "None each"
         assert x["group_after"] is False  # no process group left behind for the user's own init
     assert res[0]["ranks"] == res[1]["ranks"]
 

@@ -67,7 +67,8 @@ def explain(plan: Plan) -> str:
     if ranks:
         hosts = sorted({r["host"] for r in ranks})
         frees = [r for r in ranks if r.get("free_memory") is not None]
-        line = f"Ranks: {len(ranks)} on {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {ranks[0].get('name')} each"
+        gpu = ranks[0].get("name") or "no GPU"  # CPU ranks (gloo) agree too
+        line = f"Ranks: {len(ranks)} on {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {gpu} each"
         if frees:
             low = min(frees, key=lambda r: (r["free_memory"], r["rank"]))
             high = max(r["free_memory"] for r in frees)
