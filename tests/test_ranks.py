@@ -280,6 +280,8 @@ def test_a_store_that_closed_is_an_error_not_a_torch_traceback_from_the_except_c
         LoadError, match=r"the default process group's store closed during load_model\(\)'s gpus"
     ):
         rv.exchange("gpus", {"rank": 1})
+    # a rank that raises tells the others quietly: its own error is the one it raises, not the store's
+    rv.tell("plans", {"error": "DoesNotFitError: no room"})
 
 
 def test_no_store_or_no_wait_means_each_rank_plans_alone() -> None:

@@ -8,6 +8,7 @@ failed load leaves GPU memory where it was.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -706,9 +707,10 @@ def _agree_on_gpus(caps: Capabilities, model: str | os.PathLike[str]) -> tuple[C
         alone = f"not every rank published its GPU within {rendezvous.timeout_s:.0f} s: planned alone"
         # a rank that arrives later finds every GPU published and plans; it must not wait a second timeout for
         # this rank's plan, which will never come
-        rendezvous.publish(
-            "plans", {"alone": f"not every rank's GPU was published within {rendezvous.timeout_s:.0f} s"}
-        )
+        with contextlib.suppress(Exception):  # a store that went away: the late rank has nobody to wait for
+            rendezvous.publish(
+                "plans", {"alone": f"not every rank's GPU was published within {rendezvous.timeout_s:.0f} s"}
+            )
         return caps, None, alone
     check_failed(got)  # a rank that stopped before planning (a broken GPU selection): its reason, at once
     agreed = agree(caps, [RankGPU.from_dict(x) for x in got])

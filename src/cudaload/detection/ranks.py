@@ -57,9 +57,9 @@ class Rendezvous:
         """Publish this rank's error in ``stage`` instead of what it would have published, and wait (quietly, at
         most the timeout) until every rank has published there too: they find the error there as soon as they
         arrive, before this rank exits (taking with it the store, when it hosts the default group's)."""
-        self.publish(stage, value)
         keys = [f"{self.prefix}/{stage}/{r}" for r in range(self.world)]
-        with contextlib.suppress(Exception):  # this rank raises its own error anyway
+        with contextlib.suppress(Exception):  # this rank raises its own error anyway, not the store's
+            self.publish(stage, value)
             self.store.wait(keys, timedelta(seconds=self.timeout_s))
 
     def exchange(self, stage: str, value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
