@@ -351,3 +351,25 @@ def test_one_gpu_model_reported_a_few_mib_apart_is_not_different_gpus() -> None:
         DeviceSelectionError, match=r"rank 0 \(a\): NVIDIA H200 \(sm90, 140 GiB\); rank 1 \(b\): "
     ):
         agree(c2, [g0, g1])
+
+
+def test_the_exchange_returns_every_rank_in_rank_order_through_a_real_store() -> None:
+    import threading
+
+    dist = pytest.importorskip("torch.distributed")
+    from cudaload.detection.ranks import Rendezvous
+
+    store = dist.HashStore()
+    out: dict[int, Any] = {}
+
+    def rank(r: int) -> None:
+        out[r] = Rendezvous(store, r, 3, "cudaload/t/0/m/0", 30.0, "a test store").exchange(
+            "gpus", {"rank": r}
+        )
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out[0] == out[1] == out[2] == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
