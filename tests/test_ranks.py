@@ -338,10 +338,11 @@ def test_one_gpu_model_reported_a_few_mib_apart_is_not_different_gpus() -> None:
     """Two DGX Spark nodes: the GB10 reports the host's MemTotal (no separate GPU memory), which differs by the
     kernels' reservations; NVML's total of one discrete model also moves with the driver. Refused before as
     "different GPUs", with both described alike."""
-    c0, f0 = node(0, 0, "spark-a", profile="GB10")
-    _, f1 = node(1, 0, "spark-b", profile="GB10")
-    f0 = dataclasses.replace(f0, free_memory=None)
-    f1 = dataclasses.replace(f1, free_memory=None, total_memory=(f0.total_memory or 0) - 37 * (1 << 20))
+    total = hardware("GB10").gpus[0].total_memory
+    c0, f0 = node(0, total, "spark-a", profile="GB10")  # no free figure: facts() publishes the total
+    _, f1 = node(1, total, "spark-b", profile="GB10")
+    smaller = total - 37 * (1 << 20)
+    f1 = dataclasses.replace(f1, free_memory=smaller, total_memory=smaller)
     agreed = agree(c0, [f0, f1])
     assert [r.rank for r in agreed.distributed.ranks] == [0, 1]
     # a real difference in memory is still refused, and says so
