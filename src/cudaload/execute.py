@@ -761,8 +761,8 @@ def load_model(
     imports (0.4-0.6 s a fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`).
     A call refused after that (a plan that does not fit, another rank's error) holds no memory of the load but
     leaves CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
-    CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` touches no GPU before
-    the load itself.
+    CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or
+    ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself.
     ``plan.verified["phases"]`` says where the seconds went.
 
     Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
