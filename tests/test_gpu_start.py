@@ -34,6 +34,7 @@ def test_the_gpu_is_started_only_when_it_is_certain_before_planning() -> None:
         two, distributed=Distributed(local_rank=1, rank=3, world_size=4, local_world_size=2)
     )
     assert gpu_start.target_gpu(ranked, None) == 1  # cuda:LOCAL_RANK, never the global rank
+    assert gpu_start.target_gpu(ranked, "cpu") is None  # gloo ranks on their CPUs: no context on cuda:1
     assert gpu_start.target_gpu(dataclasses.replace(two, gpus=()), None) is None
 
 
