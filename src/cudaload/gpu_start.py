@@ -28,7 +28,8 @@ def target_gpu(caps: Capabilities, device_map: Any) -> int | None:
     if not caps.gpus:
         return None
     if isinstance(device_map, str) and device_map.strip() == "cpu":
-        # also under torchrun: placement takes device_map="cpu" before cuda:LOCAL_RANK (policies/placement.py:160, before :183)
+        # also under torchrun: placement takes device_map="cpu" before cuda:LOCAL_RANK
+        # (cudaload/policies/placement.py:160, before :183)
         return None
     indices = {g.index for g in caps.gpus}
     d = caps.distributed
