@@ -374,3 +374,24 @@ def test_the_exchange_returns_every_rank_in_rank_order_through_a_real_store() ->
     for t in threads:
         t.join()
     assert out[0] == out[1] == out[2] == [{"rank": 0}, {"rank": 1}, {"rank": 2}]
+
+
+def test_a_rank_that_raises_waits_at_most_a_minute_for_the_others_to_read_its_error() -> None:
+    """Before the GPU exchange a rank with a broken GPU selection used to raise at once; telling the others
+    must not hold its own error for the whole CUDALOAD_RANKS_TIMEOUT when a peer never comes."""
+    import time
+
+    dist = pytest.importorskip("torch.distributed")
+    from cudaload.detection import ranks as detection_ranks
+
+    store = dist.HashStore()
+    rv = detection_ranks.Rendezvous(store, 0, 2, "cudaload/t/0/m/0", 3600.0, "a test store")
+    old = detection_ranks.TELL_WAIT_S
+    detection_ranks.TELL_WAIT_S = 0.5  # the cap, shortened for the test
+    try:
+        t0 = time.monotonic()
+        rv.tell("gpus", {"error": "DeviceSelectionError: bad"})
+        assert time.monotonic() - t0 < 30
+    finally:
+        detection_ranks.TELL_WAIT_S = old
+    assert json.loads(store.get("cudaload/t/0/m/0/gpus/0")) == {"error": "DeviceSelectionError: bad"}

@@ -38,6 +38,10 @@ logger = logging.getLogger("cudaload")
 _CALLS: dict[str, itertools.count[int]] = {}
 
 
+#: the longest a rank that raises waits for the others to have found its error (its own error waits meanwhile)
+TELL_WAIT_S = 60.0
+
+
 class Rendezvous:
     """One load_model() call's exchanges with the other ranks."""
 
@@ -55,12 +59,13 @@ class Rendezvous:
 
     def tell(self, stage: str, value: Mapping[str, Any]) -> None:
         """Publish this rank's error in ``stage`` instead of what it would have published, and wait (quietly, at
-        most the timeout) until every rank has published there too: they find the error there as soon as they
-        arrive, before this rank exits (taking with it the store, when it hosts the default group's)."""
+        most TELL_WAIT_S) until every rank has published there too: they find the error there as soon as they
+        arrive, before this rank exits (taking with it the store, when it hosts the default group's; a rank that
+        comes later then meets a closed store, also an error)."""
         keys = [f"{self.prefix}/{stage}/{r}" for r in range(self.world)]
         with contextlib.suppress(Exception):  # this rank raises its own error anyway, not the store's
             self.publish(stage, value)
-            self.store.wait(keys, timedelta(seconds=self.timeout_s))
+            self.store.wait(keys, timedelta(seconds=min(self.timeout_s, TELL_WAIT_S)))
 
     def exchange(self, stage: str, value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """Publish ``value`` and return every rank's, in rank order; None when a rank did not publish in time
