@@ -395,3 +395,24 @@ def test_a_rank_that_raises_waits_at_most_a_minute_for_the_others_to_read_its_er
     finally:
         detection_ranks.TELL_WAIT_S = old
     assert json.loads(store.get("cudaload/t/0/m/0/gpus/0")) == {"error": "DeviceSelectionError: bad"}
+
+
+def test_every_rank_plans_for_the_smallest_nodes_host_memory() -> None:
+    (c0, _), (c1, _) = node(0, 140 * GiB, "a"), node(1, 140 * GiB, "b")
+    c0 = dataclasses.replace(c0, host_memory=2048 * GiB)
+    c1 = dataclasses.replace(c1, host_memory=256 * GiB)
+    f0, f1 = facts(c0, "a"), facts(c1, "b")
+    assert (f0.host_memory, f1.host_memory) == (2048 * GiB, 256 * GiB)
+    plans = [
+        plan(full_config("Qwen3-8B"), hardware=agree(c, [f0, f1]), intent="training", allow_offload=True)
+        for c in (c0, c1)
+    ]
+    assert [p.hardware["host_memory"] for p in plans] == [256 * GiB, 256 * GiB]
+    assert plans[0].to_dict()["parallelism"] == plans[1].to_dict()["parallelism"]
+    check_same([{"decisions": decisions(p)} for p in plans])
+    # the facts travel in the JSON, older records without the field still read
+    again = Capabilities.from_json(agree(c1, [f0, f1]).to_json())
+    assert again.distributed.ranks[0].host_memory == 2048 * GiB
+    old = f0.to_dict()
+    del old["host_memory"]
+    assert RankGPU.from_dict(old).host_memory is None

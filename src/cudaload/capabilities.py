@@ -128,6 +128,7 @@ class RankGPU:
     total_memory: int | None = None
     free_memory: int | None = None
     uuid: str | None = None
+    host_memory: int | None = None  # this rank's node's memory, as detection read it
 
     @property
     def model(self) -> tuple[str | None, tuple[int, int] | None, int | None]:

@@ -47,6 +47,7 @@ def facts(caps: Capabilities, host: str) -> RankGPU:
         total_memory=g.total_memory if g else None,
         free_memory=g.available_memory if g else None,
         uuid=g.uuid if g else None,
+        host_memory=caps.host_memory,
     )
 
 
@@ -92,8 +93,8 @@ def _model_of(r: RankGPU, seen: Mapping[tuple[Any, ...], list[int]]) -> tuple[An
 
 def agree(caps: Capabilities, ranks: Sequence[RankGPU]) -> Capabilities:
     """This rank's Capabilities with every rank's GPU attached (``distributed.ranks``) and the GPUs of this
-    node's ranks planned as the healthiest rank's (the most free memory any rank saw), so every rank's
-    planning inputs about memory are the same numbers. Raises on a launch no plan can run well."""
+    node's ranks planned as the healthiest rank's (the most free memory any rank saw) and the host's memory as
+    the smallest node's, so every rank's planning inputs about memory are the same numbers. Raises on a launch no plan can run well."""
     d = caps.distributed
     world = d.world_size or 1
     got = sorted(ranks, key=lambda r: r.rank)
@@ -131,6 +132,11 @@ def agree(caps: Capabilities, ranks: Sequence[RankGPU]) -> Capabilities:
                 fix="give each rank its own GPU: torchrun --nproc_per_node at most the node's GPU count, and no "
                 "CUDA_VISIBLE_DEVICES that maps two ranks to one device",
             )
+    # host memory bounds what a node holds while loading and under CPU offload: every rank plans for the
+    # smallest node, whose ranks would otherwise choose (and size) differently from the others
+    hosts = [r.host_memory for r in got if r.host_memory is not None]
+    if hosts:
+        caps = replace(caps, host_memory=min(hosts))
     frees = [r.free_memory for r in got if r.free_memory is not None]
     if not frees or not caps.gpus:
         return replace(caps, distributed=replace(d, ranks=tuple(got)))
