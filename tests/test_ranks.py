@@ -416,3 +416,48 @@ def test_every_rank_plans_for_the_smallest_nodes_host_memory() -> None:
     old = f0.to_dict()
     del old["host_memory"]
     assert RankGPU.from_dict(old).host_memory is None
+
+
+def test_a_rank_left_waiting_says_who_is_missing_and_how_to_stop_waiting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A script that loads a model on rank 0 only would otherwise sit silent for CUDALOAD_RANKS_TIMEOUT."""
+    import logging
+
+    dist = pytest.importorskip("torch.distributed")
+    from cudaload.detection import ranks as detection_ranks
+
+    store = dist.HashStore()
+    old = detection_ranks.NOTICE_S
+    detection_ranks.NOTICE_S = 0.3
+    try:
+        with caplog.at_level(logging.WARNING, logger="cudaload"):
+            got = detection_ranks.Rendezvous(store, 0, 2, "cudaload/t/0/m/0", 1.0, "a test store").exchange(
+                "gpus", {"rank": 0}
+            )
+    finally:
+        detection_ranks.NOTICE_S = old
+    assert got is None
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(
+        "rank 0 waits up to 1 s more for ranks [1]" in m and "CUDALOAD_RANKS_TIMEOUT=0" in m for m in msgs
+    )
+    assert any("ranks [1] did not reach load_model()'s gpus exchange within 1 s" in m for m in msgs)
+
+    # a rank that arrives within the notice time: no notice
+    caplog.clear()
+    import threading
+
+    late = threading.Timer(
+        0.1,
+        lambda: detection_ranks.Rendezvous(store, 1, 2, "cudaload/t/0/m/1", 5.0, "s").publish(
+            "gpus", {"rank": 1}
+        ),
+    )
+    late.start()
+    with caplog.at_level(logging.WARNING, logger="cudaload"):
+        got = detection_ranks.Rendezvous(store, 0, 2, "cudaload/t/0/m/1", 5.0, "a test store").exchange(
+            "gpus", {"rank": 0}
+        )
+    late.join()
+    assert got == [{"rank": 0}, {"rank": 1}] and not caplog.records

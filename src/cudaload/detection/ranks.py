@@ -40,6 +40,9 @@ _CALLS: dict[str, itertools.count[int]] = {}
 
 #: the longest a rank that raises waits for the others to have found its error (its own error waits meanwhile)
 TELL_WAIT_S = 60.0
+#: After this long waiting for other ranks, say who is missing and how to stop waiting (a script that loads a
+#: model on rank 0 only would otherwise sit silent for the whole CUDALOAD_RANKS_TIMEOUT)
+NOTICE_S = 15.0
 
 
 class Rendezvous:
@@ -67,35 +70,55 @@ class Rendezvous:
             self.publish(stage, value)
             self.store.wait(keys, timedelta(seconds=min(self.timeout_s, TELL_WAIT_S)))
 
+    def _missing(self, keys: list[str], stage: str, e: Exception) -> list[int]:
+        """The ranks that have not published yet, after a wait ended by ``e``; LoadError when the store is gone."""
+        try:
+            return [r for r in range(self.world) if not self.store.check([keys[r]])]
+        except Exception as gone:
+            # not a timeout: the store closed (the process or agent hosting it exited, e.g. a rank that
+            # raised); torch raises DistNetworkError here ("Connection was likely closed")
+            raise LoadError(
+                f"{self.how} closed during load_model()'s {stage} exchange ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}; then {type(gone).__name__})",
+                fix="see the other ranks' errors: the rank (or torchrun agent) hosting the store exited",
+            ) from None
+
     def exchange(self, stage: str, value: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """Publish ``value`` and return every rank's, in rank order; None when a rank did not publish in time
         (the caller goes on alone and says so). Raises LoadError when the store itself went away."""
         key = f"{self.prefix}/{stage}"
         self.publish(stage, value)
         keys = [f"{key}/{r}" for r in range(self.world)]
-        try:
-            self.store.wait(keys, timedelta(seconds=self.timeout_s))
-        except Exception as e:  # torch raises DistStoreError (a RuntimeError) on timeout
+        first = min(NOTICE_S, self.timeout_s)
+        for wait_s in (first, self.timeout_s - first):
+            if wait_s <= 0:
+                continue
             try:
-                missing = [r for r in range(self.world) if not self.store.check([keys[r]])]
-            except Exception as gone:
-                # not a timeout: the store closed (the process or agent hosting it exited, e.g. a rank that
-                # raised); torch raises DistNetworkError here ("Connection was likely closed")
-                raise LoadError(
-                    f"{self.how} closed during load_model()'s {stage} exchange ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}; then {type(gone).__name__})",
-                    fix="see the other ranks' errors: the rank (or torchrun agent) hosting the store exited",
-                ) from None
-            logger.warning(
-                "cudaload: ranks %s did not reach load_model()'s %s exchange within %.0f s (%s); rank %d "
-                "plans alone",
-                missing,
-                stage,
-                self.timeout_s,
-                type(e).__name__,
-                self.rank,
-            )
-            return None
+                self.store.wait(keys, timedelta(seconds=wait_s))
+                break
+            except Exception as e:  # torch raises DistStoreError (a RuntimeError) on timeout
+                missing = self._missing(keys, stage, e)
+                if wait_s == first and self.timeout_s > first:
+                    logger.warning(
+                        "cudaload: rank %d waits up to %.0f s more for ranks %s to reach load_model() (the %s "
+                        "exchange, so that every rank plans alike); if only some ranks load this model, set "
+                        "CUDALOAD_RANKS_TIMEOUT=0 for this script",
+                        self.rank,
+                        self.timeout_s - first,
+                        missing,
+                        stage,
+                    )
+                    continue
+                logger.warning(
+                    "cudaload: ranks %s did not reach load_model()'s %s exchange within %.0f s (%s); rank %d "
+                    "plans alone",
+                    missing,
+                    stage,
+                    self.timeout_s,
+                    type(e).__name__,
+                    self.rank,
+                )
+                return None
         try:
             # one request, not one per rank: every rank reads every rank's value, world^2 requests to one store
             raw = self.store.multi_get(keys)
