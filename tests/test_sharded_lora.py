@@ -377,10 +377,67 @@ def _job_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def _job_trainer(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """A real transformers Trainer on the sharded PeftModel: two steps, then trainer.save_model. accelerate
+    enables FSDP only on GPUs (1.15 state.py:986-1016), so the Trainer's accelerator state is switched to FSDP2 by
+    hand after __init__, as it stands on GPUs; everything after (accelerator.prepare -> _prepare_fsdp2, the
+    optimizer swap by data_ptr, get_state_dict, PeftModel.save_pretrained) is the released code."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from safetensors.torch import load_file
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from cudaload.fastload.sharded import load_fsdp2
+
+    bf = torch.bfloat16
+    torch.manual_seed(rank)
+    model = load_fsdp2(
+        args["path"], dtype=bf, device="cpu", peft_config=_lora_config(r=args["r"]),
+        mp_policy=MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf),
+        activation_checkpointing=True,
+    )  # fmt: skip
+    out = f"{args['out']}/trainer{rank}"
+    ta = transformers.TrainingArguments(
+        output_dir=out, use_cpu=True, fsdp=True, bf16=True, max_steps=2, per_device_train_batch_size=1,
+        learning_rate=1e-2, report_to=[], save_strategy="no", remove_unused_columns=False,
+        fsdp_config={"version": 2, "auto_wrap_policy": "NO_WRAP", "activation_checkpointing": False,
+                     "cpu_ram_efficient_loading": False},
+    )  # fmt: skip
+    ids = torch.arange(3, 19)
+    trainer = transformers.Trainer(
+        model=model, args=ta, train_dataset=[{"input_ids": ids, "labels": ids}] * 4
+    )
+    plugin = FullyShardedDataParallelPlugin(**ta.fsdp_plugin_args)
+    plugin.set_mixed_precision("bf16")
+    trainer.accelerator.state.distributed_type = DistributedType.FSDP
+    trainer.accelerator.state.fsdp_plugin = plugin
+    trainer.is_fsdp_enabled = True
+    trainer.train()
+    opt = {id(q) for g in trainer.optimizer.param_groups for q in g["params"]}
+    trainer.save_model(f"{args['out']}/saved")
+    full = {
+        n: q.full_tensor() for n, q in model.named_parameters() if ".lora_" in n
+    }  # every rank: collectives
+    res: dict[str, Any] = {
+        "optimizer_holds_the_adapters": opt == {id(q) for q in model.parameters() if q.requires_grad}
+    }
+    if rank == 0:
+        saved = load_file(f"{args['out']}/saved/adapter_model.safetensors")
+        res["saved"] = len(saved)
+        res["equal"] = sum(
+            torch.equal(
+                saved.get(n.replace(".default", "").replace("_checkpoint_wrapped_module.", ""), ids), t
+            )
+            for n, t in full.items()
+        )
+        res["adapters"] = len(full)
+    return res
+
+
 _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "lora": _job_lora,
     "load_model": _job_load_model,
     "one_rank": _job_one_rank,
+    "trainer": _job_trainer,
 }
 
 
@@ -555,3 +612,22 @@ def test_one_rank_lora_on_its_device_and_offloaded(
         assert r["param_devices"] == want, (label, r["param_devices"])
         assert r["logits_equal"], (label, r["logits_max_diff"])
         assert math.isfinite(r["loss"]) and r["only_adapters_changed"], (label, r)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="found by review7, not fixed yet: after Trainer.train() + save_model the adapter file on rank 0 holds "
+    "0 tensors (tiny Qwen3, 2 gloo ranks, activation checkpointing); r=1 also leaves rank 1's optimizer holding "
+    "other objects than the adapters (accelerate maps them by data_ptr)",
+)
+@pytest.mark.slow
+@pytest.mark.parametrize("r", [8, 1])
+def test_trainer_trains_and_saves_the_sharded_adapters(
+    r: int, tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The HF Trainer on the sharded PeftModel: its optimizer holds the adapters themselves on every rank, and
+    trainer.save_model writes every adapter, equal to the trained full tensors, on rank 0."""
+    args = {"path": str(tiny_model("qwen3", "bfloat16")), "out": str(tmp_path), "r": r}
+    res = _spawn(2, "trainer", args, tmp_path)
+    assert all(x["optimizer_holds_the_adapters"] for x in res), res
+    assert res[0]["saved"] == res[0]["equal"] == res[0]["adapters"] > 0, res[0]
