@@ -493,7 +493,8 @@ def test_lora_tied_with_activation_checkpointing(tiny_model: Callable[..., Path]
     """Qwen3 with tied embeddings, the layers in checkpoint wrappers (what fsdp_config asks): the same. And the
     adapters are rank 0's draw: one rank alone, seeded as rank 0 was, holds the same full lora_A tensors (each
     of two ranks holds its rows of one tensor, not its rows of its own draw)."""
-    args = {"path": str(tiny_model("qwen3", "bfloat16")), "checkpointing": True}
+    # no checkpoint wrappers: with them a LoRA load steps aside (Trainer.save_model would save no adapters)
+    args = {"path": str(tiny_model("qwen3", "bfloat16")), "checkpointing": False}
     res = _spawn(2, "lora", args, tmp_path)
     _check_lora(res, 2)
     one = tmp_path / "one"
@@ -513,27 +514,30 @@ def test_the_plan_shards_lora_and_not_qlora(tmp_path: Path) -> None:
 
     path = _sparse_checkpoint(tmp_path / "ck", _e2e_config())
     caps = _small_gpus(1, 2, 1050 * 10**6)
+    # this plan trains with gradient checkpointing, and LoRA on checkpoint-wrapped sharded layers would save no
+    # adapters through Trainer.save_model (test_trainer_trains_and_saves_the_sharded_adapters): not sharded
     p = plan(str(path), hardware=caps, intent="lora", seq_len=64, allow_offload=True)
     par = p.parallelism
-    assert par is not None and par.choice == "fsdp2_offload" and par.config["sharded_load"]
-    n = p.model.params
+    assert par is not None and par.choice == "fsdp2_offload" and not par.config.get("sharded_load")
+    assert par.config["gradient_checkpointing"]
     info = model_info(str(path))
-    held = (2 * n + 4 * adapter_params(info)) // 2
-    assert par.config["host_bytes_per_node"] == 2 * (SHARDED_STAGING_BYTES + held)
-    assert par.config["host_bytes_per_node_if_stepped_aside"] == 2 * 2 * n  # each rank's bf16 weights
-    assert p.load_path.choice == "fast" and "reads only its own rows" in p.load_path.reasons[0]
-    text = next(r for r in par.decision.reasons if r.startswith(SHARDED_REASON))
-    assert "wraps it with LoRA (peft)" in text and "bfloat16 base and float32 LoRA shards" in text
+    blocked = sharded_load_blockers(
+        info, "fsdp2", intent="lora", dtype="bfloat16", quantization=None, checkpointing=True
+    )
+    assert any("Trainer.save_model would save no adapters" in b for b in blocked), blocked
     assert sharded_load_blockers(info, "fsdp2", intent="lora", dtype="bfloat16", quantization=None) == []
+    assert adapter_params(info) > 0 and SHARDED_REASON and SHARDED_STAGING_BYTES
     q = sharded_load_blockers(info, "fsdp2", intent="qlora", dtype="bfloat16", quantization="nf4")
     assert any("nf4" in b for b in q) and any("intent qlora" in b for b in q)
 
 
-def test_70b_lora_on_8_gpus_of_80gb_reads_shards_instead_of_8_whole_models(tmp_path: Path) -> None:
+def test_70b_lora_on_8_gpus_of_80gb_is_not_sharded_while_checkpointing_hides_the_adapters(
+    tmp_path: Path,
+) -> None:
     """Issue 17's case: a 70B LoRA under torchrun on 8 x 80 GB, whose bf16 base (141 GB) fits no GPU whole.
-    The plan is FSDP2 with the sharded load: the node's host memory is the ranks' staging buffers (the base
-    shards are on the GPUs), not 8 whole bf16 models (1.1 TB, more than this 1 TiB host: said, with the fix,
-    for the case the load steps aside)."""
+    It fits with gradient checkpointing only; on checkpoint-wrapped sharded layers Trainer.save_model would save
+    no adapters (test_trainer_trains_and_saves_the_sharded_adapters), so the plan keeps the whole-model CPU load
+    per rank and states its host need (8 bf16 models, more than this 1 TiB host)."""
     import dataclasses
 
     from cudaload import plan
@@ -547,16 +551,19 @@ def test_70b_lora_on_8_gpus_of_80gb_reads_shards_instead_of_8_whole_models(tmp_p
     caps = dataclasses.replace(hardware("8xH100-80GB"), distributed=d, host_memory=1 << 40)
     p = plan(str(path), hardware=caps, intent="lora", seq_len=2048)
     par = p.parallelism
-    assert par is not None and par.choice == "fsdp2" and par.config["sharded_load"], par
-    assert par.config["host_bytes_per_node"] == 8 * SHARDED_STAGING_BYTES
-    assert par.config["host_bytes_per_node_if_stepped_aside"] == 8 * 2 * p.model.params > 1 << 40
-    assert p.load_path.choice == "fast" and p.dtype.choice == "bfloat16"
-    text = " ".join(par.decision.reasons)
-    assert f"{SHARDED_REASON} 1/8 of the weights" in text and "wraps it with LoRA (peft)" in text
-    assert "if the sharded load steps aside" in text and "this host has 1024.0 GiB" in text
-    assert "or train LoRA" not in text  # it is LoRA
+    # it fits with gradient checkpointing only, and LoRA on checkpoint-wrapped sharded layers would save no
+    # adapters through Trainer.save_model: every rank loads the bf16 base on its CPU (said, with the host need)
+    assert par is not None and par.choice == "fsdp2" and not par.config.get("sharded_load"), par
+    assert par.config["gradient_checkpointing"] and par.config["weights_on_cpu"]
+    assert par.config["host_bytes_per_node"] == 8 * 2 * p.model.params > 1 << 40
+    assert SHARDED_REASON not in " ".join(par.decision.reasons) and SHARDED_STAGING_BYTES
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="load_model plans gradient checkpointing here, and LoRA with checkpoint-wrapped sharded layers steps "
+    "aside (Trainer.save_model would save no adapters: test_trainer_trains_and_saves_the_sharded_adapters)",
+)
 @pytest.mark.slow
 def test_load_model_lora_under_torchrun_loads_each_ranks_shards(tmp_path: Path) -> None:
     """load_model(intent="lora") on two torchrun-like ranks whose bf16 base (165 M params) fits no GPU whole:
@@ -616,7 +623,8 @@ def test_one_rank_lora_on_its_device_and_offloaded(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="found by review7, not fixed yet: after Trainer.train() + save_model the adapter file on rank 0 holds "
+    reason="found by review7; load_fsdp2 now steps aside for these (LoRA with activation checkpointing, r below "
+    "the ranks), so this job stops there. What it found: after Trainer.train() + save_model the adapter file on rank 0 holds "
     "0 tensors: with the layers checkpoint-wrapped, peft 0.21 get_peft_model_state_dict(model, state_dict=sd) "
     "finds none of get_model_state_dict's keys (28 without the wrappers, 0 with); r=1 also leaves rank 1's "
     "optimizer holding other objects than the adapters (accelerate maps them by data_ptr)",
