@@ -22,7 +22,13 @@ transformers = pytest.importorskip("transformers")
 
 
 # -- helpers run inside the ranks ------------------------------------------------------------------------
-def _rank_main(rank: int, world: int, port: int, job: str, args: dict[str, Any], out: str) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, job: str, args: dict[str, Any], out: str, jobs: str = __name__
+) -> None:
+    """One rank: torchrun's environment, a gloo (or NCCL) group unless the job starts its own, then the job
+    named in the ``_JOBS`` of module ``jobs`` (this one, or tests/test_sharded_lora.py)."""
+    import importlib
+
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -39,7 +45,7 @@ def _rank_main(rank: int, world: int, port: int, job: str, args: dict[str, Any],
         if gpu:
             torch.cuda.set_device(rank)
         dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
-    res = _JOBS[job](rank, world, args)
+    res = importlib.import_module(jobs)._JOBS[job](rank, world, args)
     with open(f"{out}/rank{rank}.json", "w") as fh:
         json.dump(res, fh)
     if dist.is_initialized():
@@ -401,13 +407,15 @@ def _small_gpus(rank: int, world: int, gpu_bytes: int) -> Any:
     return dataclasses.replace(caps, gpus=gpus, source="snapshot:small-gpus")
 
 
-def _spawn(world: int, job: str, args: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+def _spawn(
+    world: int, job: str, args: dict[str, Any], tmp: Path, jobs: str = __name__
+) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(world, port, job, args, str(tmp)), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, port, job, args, str(tmp), jobs), nprocs=world, join=True)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
 
 

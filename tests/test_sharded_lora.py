@@ -11,10 +11,7 @@ adapters.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,33 +30,12 @@ from test_sharded_load import (  # noqa: E402  (after the importorskips; tests/ 
     _small_gpus,
     _sparse_checkpoint,
 )
+from test_sharded_load import _spawn as _spawn_ranks  # noqa: E402
 
 
-# -- helpers run inside the ranks ------------------------------------------------------------------------
-def _rank_main(rank: int, world: int, port: int, job: str, args: dict[str, Any], out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-    )
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-
-    if job != "load_model":  # load_model starts its own group from this environment
-        gpu = bool(args.get("cuda"))
-        if gpu:
-            torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world)
-    res = _JOBS[job](rank, world, args)
-    with open(f"{out}/rank{rank}.json", "w") as fh:
-        json.dump(res, fh)
-    if dist.is_initialized():
-        dist.barrier()  # no rank tears the group down while another still talks to it
-        dist.destroy_process_group()
-    os._exit(0)  # as tests/test_sharded_load.py: gloo's native threads once in a while abort the teardown
+# -- helpers run inside the ranks (started by test_sharded_load's _rank_main, which looks the job up here) -----
+def _spawn(world: int, job: str, args: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+    return _spawn_ranks(world, job, args, tmp, jobs=__name__)
 
 
 def _lora_config(**kw: Any) -> Any:
@@ -439,16 +415,6 @@ _JOBS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "one_rank": _job_one_rank,
     "trainer": _job_trainer,
 }
-
-
-def _spawn(world: int, job: str, args: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(world, port, job, args, str(tmp)), nprocs=world, join=True)
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 # -- tests -------------------------------------------------------------------------------------------------
