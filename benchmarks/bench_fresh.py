@@ -10,7 +10,9 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
 - ``cudaload-read`` / ``cudaload-willneed``: one prefetch mode named (threads that read the files, or
   readahead advice), whichever the default is;
 - ``cudaload-nogpustart``: the defaults with ``CUDALOAD_GPU_START=0`` (no CUDA context made on a thread while
-  transformers imports), to show what that buys.
+  transformers imports), to show what that buys;
+- ``cudaload-noupload``: the defaults with ``CUDALOAD_EARLY_UPLOAD=0`` (the checkpoint is not copied to the GPU
+  while transformers imports: the fast path reads it after planning), to show what that buys.
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -64,15 +66,17 @@ if spec["method"] == "plain":
 else:
     if spec["method"] == "cudaload-nogpustart":
         os.environ["CUDALOAD_GPU_START"] = "0"
+    if spec["method"] == "cudaload-noupload":
+        os.environ["CUDALOAD_EARLY_UPLOAD"] = "0"
     import cudaload; mark("import_cudaload")
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}, "cudaload-nogpustart": {}}[spec["method"]]
+    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}, "cudaload-nogpustart": {}, "cudaload-noupload": {}}[spec["method"]]
     model = cudaload.load_model(spec["path"], quantization=quant, **kw)
     import torch
     if cuda: torch.cuda.synchronize()
     mark("loaded")
     v = model.cudaload_plan.verified or {}
-    extra = {"phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"),
+    extra = {"phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"), "early_upload": v.get("early_upload"),
              "attention": model.cudaload_plan.attention.choice}
 ids = torch.randint(4, int(model.config.vocab_size), (1, 16), device=spec["device"])
 with torch.no_grad():
@@ -160,6 +164,8 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["marks_median"] = {k: round(statistics.median(s["marks"][k] for s in ok), 3) for k in keys}
             if ok[0].get("phases"):
                 row["phases_first"] = ok[0]["phases"]
+            if ok[0].get("early_upload"):
+                row["early_upload_first"] = ok[0]["early_upload"]
             res = [s.get("resident_before") for s in ok if s.get("resident_before") is not None]
             row["resident_before_max"] = max(res) if res else None
         rows.append(row)
@@ -197,6 +203,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for r in rows:
         if r.get("phases_first"):
             out.append(f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']} phases: `{r['phases_first']}`")
+        if r.get("early_upload_first"):
+            out.append(
+                f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']} early upload: `{r['early_upload_first']}`"
+            )
         for e in r["errors"][:2]:
             out.append(f"\nerror {r['shape']} {r['quant']} {r['temp']} {r['method']}: `{e}`")
     return "\n".join(out) + "\n"

@@ -129,3 +129,47 @@ def test_failed_load_gives_memory_back(tmp_path: Path, monkeypatch: pytest.Monke
     gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated(DEV) == base
+
+
+def test_early_upload_becomes_the_weights(tmp_path: Path) -> None:
+    """The checkpoint copied before the load (cudaload.fastload.early) is used as the parameters' storage:
+    the model equals from_pretrained's, and the GPU holds one copy of it."""
+    from cudaload.fastload import early
+    from cudaload.fastload.reader import read_header
+
+    path = _medium(tmp_path / "medium")
+    infos = list(read_header(path).tensors.values())
+    gc.collect()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(DEV)
+    torch.cuda.reset_peak_memory_stats(DEV)
+    up = early.EarlyUpload(infos, DEV, buffer_bytes=1 << 20)
+    got = fastload.load(path, device=DEV, dtype=torch.bfloat16, early=up)
+    torch.cuda.synchronize()
+    assert got.cudaload_fastload["early_upload"]["tensors"] == len(infos), up.summary()
+    size = _model_bytes(got)
+    assert torch.cuda.max_memory_allocated(DEV) - base <= size + size // 20
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=DEV)
+    _same(ref, got)
+    del got, ref
+    # discarded: every byte it held goes back
+    up = early.EarlyUpload(infos, DEV, buffer_bytes=1 << 20)
+    up.discard("test")
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(DEV) == base
+
+
+def test_load_model_uploads_while_importing(tmp_path: Path) -> None:
+    import cudaload
+
+    path = _medium(tmp_path / "medium")
+    m = cudaload.load_model(path, fast=True, attn="sdpa")
+    up = m.cudaload_plan.verified["early_upload"]
+    assert up["outcome"] == "handed to the load", up
+    assert m.cudaload_fastload["early_upload"]["unused_bytes"] == 0
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, device_map=DEV, attn_implementation="sdpa"
+    )
+    _same(ref, m)
+    assert "early upload:" in m.cudaload_plan.explain()

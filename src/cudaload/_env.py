@@ -160,6 +160,21 @@ def torchelastic(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: e[k] for k in names if e.get(k)}
 
 
+def early_upload_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """``CUDALOAD_EARLY_UPLOAD``: whether load_model copies a checkpoint to its GPU while transformers imports,
+    where the GPU and the fast path are certain before planning (default on; ``0`` / ``false`` / ``no`` /
+    ``off`` turn it off)."""
+    raw = _environ(env).get("CUDALOAD_EARLY_UPLOAD")
+    if raw is None or raw.strip() == "":
+        return True
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in {"0", "false", "no", "off"}:
+        return False
+    raise _invalid("CUDALOAD_EARLY_UPLOAD", raw, "1 or 0", "0")
+
+
 def gpu_start_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``CUDALOAD_GPU_START``: whether load_model creates the CUDA context on a thread while transformers
     imports (default on; ``0`` / ``false`` / ``no`` / ``off`` turn it off)."""

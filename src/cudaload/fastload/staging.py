@@ -184,14 +184,20 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _run_parallel(work: Callable[[Any], None], items: Sequence[Any], threads: int) -> None:
-    """Run ``work`` over ``items`` on ``threads`` threads; the first error stops the rest and is raised."""
+def _run_parallel(
+    work: Callable[[Any], None],
+    items: Sequence[Any],
+    threads: int,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run ``work`` over ``items`` on ``threads`` threads; the first error stops the rest and is raised.
+    ``stop``: once set, the items not started yet are skipped."""
     if not items:
         return
     failed = threading.Event()
 
     def guarded(item: Any) -> None:
-        if not failed.is_set():
+        if not failed.is_set() and not (stop is not None and stop.is_set()):
             try:
                 work(item)
             except BaseException:
@@ -207,9 +213,15 @@ def _run_parallel(work: Callable[[Any], None], items: Sequence[Any], threads: in
 
 
 def fill_cpu(
-    targets: Sequence[Target], infos: Sequence[TensorInfo], *, threads: int, buffer_bytes: int
+    targets: Sequence[Target],
+    infos: Sequence[TensorInfo],
+    *,
+    threads: int,
+    buffer_bytes: int,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Fill CPU tensors: same-dtype pieces are read straight into the tensor's storage."""
+    """Fill CPU tensors: same-dtype pieces are read straight into the tensor's storage. ``stop``: as for
+    :func:`fill_cuda`."""
     import torch
 
     pieces = [p for i, info in enumerate(infos) for p in split_pieces(i, info, buffer_bytes)]
@@ -232,7 +244,7 @@ def fill_cpu(
         dst.copy_(staged.view(t.src_dtype))
 
     try:
-        _run_parallel(work, pieces, threads)
+        _run_parallel(work, pieces, threads, stop)
     finally:
         files.close()
 
@@ -377,12 +389,14 @@ def fill_cuda(
     threads: int,
     buffer_bytes: int,
     pool: PinnedPool | None = None,
+    stop: threading.Event | None = None,
 ) -> dict[str, float]:
     """Fill tensors on one CUDA device through a pool of pinned buffers and a side stream.
 
     ``pool`` is a :class:`PinnedPool` started earlier (so its pinning overlapped other work); it is closed
-    here. Returns timings: ``pin_s`` (the pool's pinning, however much of it overlapped), ``wait_s`` (time
-    the first reader waited for a buffer)."""
+    here. ``stop``: once set, chunks not started yet are not read (the tensors are then partly filled: the
+    caller that stops must not use them). Returns timings: ``pin_s`` (the pool's pinning, however much of
+    it overlapped), ``wait_s`` (time the first reader waited for a buffer)."""
     import torch
 
     files: _Files | None = None
@@ -433,7 +447,7 @@ def fill_cuda(
             finally:
                 pool.put(slot)
 
-        _run_parallel(work, chunks, threads)
+        _run_parallel(work, chunks, threads, stop)
         stream.synchronize()
     finally:
         # every copy must be finished before the pinned buffers are unregistered or go back to torch's cache
