@@ -44,6 +44,14 @@ MAX_FREE_FRACTION = 0.5
 #: Checkpoint dtypes uploaded: the half-precision dtypes a plan keeps as they are on a GPU that computes in
 #: them (a float32 checkpoint is cast to the plan's dtype: uploading it would copy twice the bytes for nothing).
 UPLOAD_DTYPES = frozenset({"BF16", "F16"})
+#: Readers and staging buffer size of an early upload. Fewer and larger than the load's own (8 x 16 MiB): the
+#: upload runs while the main thread imports, and every chunk and piece takes the GIL a few times, each time
+#: waiting up to the interpreter's switch interval (5 ms) behind the import and interrupting it. On the H200
+#: (benchmarks/results/2026-12-01-h200 run 19) 8 x 16 MiB took 2.1-3.0 s during the import for what the load copies in
+#: 0.64 s alone; the import has 7 s or more to hide it in, so the upload can afford to be slower and take the
+#: GIL about a third as often.
+THREADS = 4
+BUFFER_BYTES = 64 << 20
 
 
 def _identity(file: str) -> tuple[str, int, int]:
@@ -189,8 +197,8 @@ class EarlyUpload:
             ids = {f: _identity(f) for f in {i.file for i in self.infos}}
             tensors = [torch.empty(i.shape, dtype=torch_dtype(i.dtype), device=dev) for i in self.infos]
             targets = [staging.Target(i.name, t, t.dtype) for i, t in zip(self.infos, tensors, strict=True)]
-            threads = self.threads or staging.default_threads()
-            buffer_bytes = self.buffer_bytes or staging.DEFAULT_BUFFER_BYTES
+            threads = self.threads or min(THREADS, staging.default_threads())
+            buffer_bytes = self.buffer_bytes or BUFFER_BYTES
             if dev.type == "cuda":
                 staging.fill_cuda(
                     targets,

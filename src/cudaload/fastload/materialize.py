@@ -626,12 +626,13 @@ def load(
     header, config = prep.header, prep.config
     root = header.root
     # Pinning the staging buffers is a fixed cost; started now, it runs while the skeleton is built and its
-    # GPU storage allocated instead of in front of the first read.
+    # GPU storage allocated instead of in front of the first read. With an early upload there is usually
+    # nothing left to read: fill_cuda then pins a pool for what is left, if anything.
     pool = (
         staging.PinnedPool(
             staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes, device=dev
         )
-        if dev.type == "cuda"
+        if dev.type == "cuda" and early is None
         else None
     )
     model: Any = None
@@ -709,6 +710,10 @@ def _fill(
 ) -> dict[str, float]:
     from . import staging
 
+    if not fills:  # all of it came from an early upload
+        if pool is not None:
+            pool.close()
+        return {}
     targets = [staging.Target(name, t.detach(), torch_dtype(info.dtype)) for name, t, info in fills]
     infos = [info for _, _, info in fills]
     if dev.type == "cuda":
