@@ -11,8 +11,9 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   readahead advice), whichever the default is;
 - ``cudaload-nogpustart``: the defaults with ``CUDALOAD_GPU_START=0`` (no CUDA context made on a thread while
   transformers imports), to show what that buys;
-- ``cudaload-noupload``: the defaults with ``CUDALOAD_EARLY_UPLOAD=0`` (the checkpoint is not copied to the GPU
-  while transformers imports: the fast path reads it after planning), to show what that buys.
+- ``cudaload-upload`` / ``cudaload-noupload``: the defaults with ``CUDALOAD_EARLY_UPLOAD=1`` / ``0`` (the
+  checkpoint copied to the GPU while transformers imports, or read by the fast path after planning; off by
+  default since runs 19-20), to show what that buys.
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -66,11 +67,11 @@ if spec["method"] == "plain":
 else:
     if spec["method"] == "cudaload-nogpustart":
         os.environ["CUDALOAD_GPU_START"] = "0"
-    if spec["method"] == "cudaload-noupload":
-        os.environ["CUDALOAD_EARLY_UPLOAD"] = "0"
+    if spec["method"] in ("cudaload-upload", "cudaload-noupload"):
+        os.environ["CUDALOAD_EARLY_UPLOAD"] = "1" if spec["method"] == "cudaload-upload" else "0"
     import cudaload; mark("import_cudaload")
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}, "cudaload-nogpustart": {}, "cudaload-noupload": {}}[spec["method"]]
+    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}, "cudaload-nogpustart": {}, "cudaload-noupload": {}, "cudaload-upload": {}}[spec["method"]]
     model = cudaload.load_model(spec["path"], quantization=quant, **kw)
     import torch
     if cuda: torch.cuda.synchronize()

@@ -173,7 +173,10 @@ def test_a_failed_upload_is_reported_and_the_load_reads_the_files(tiny_model: Ca
     assert got.cudaload_fastload["early_upload"] is None  # nothing handed over: all read by the load
 
 
-def test_start_reads_the_headers_and_says_why_not(tiny_model: Callable[..., Path]) -> None:
+def test_start_reads_the_headers_and_says_why_not(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDALOAD_EARLY_UPLOAD", "1")
     path = tiny_model("qwen3", "bfloat16")
     files = [str(f) for f in path.glob("*.safetensors")]
     up, why = early.start(
@@ -200,37 +203,38 @@ def test_start_reads_the_headers_and_says_why_not(tiny_model: Callable[..., Path
     assert up is None and why is not None and why.startswith("headers not read")
 
 
-def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_unless_the_switch_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
     from cudaload.errors import ConfigurationError
 
+    args: dict[str, Any] = {
+        "device_map": None,
+        "intent": "inference",
+        "quantization": "auto",
+        "dtype": "auto",
+        "fast": None,
+        "from_pretrained_kwargs": {},
+    }
+    monkeypatch.delenv("CUDALOAD_EARLY_UPLOAD", raising=False)
+    up, why = early.start(_one(), ["x.safetensors"], **args)
+    assert up is None and why is not None and why.startswith("off (CUDALOAD_EARLY_UPLOAD=1 turns it on")
     monkeypatch.setenv("CUDALOAD_EARLY_UPLOAD", "0")
-    assert early.start(
-        _one(),
-        ["x.safetensors"],
-        device_map=None,
-        intent="inference",
-        quantization="auto",
-        dtype="auto",
-        fast=None,
-        from_pretrained_kwargs={},
-    ) == (None, "CUDALOAD_EARLY_UPLOAD=0")
+    assert early.start(_one(), ["x.safetensors"], **args)[1] == why
+    monkeypatch.setenv("CUDALOAD_EARLY_UPLOAD", "1")
+    assert early.start(_one(), [], **args) == (None, "no local safetensors files")
     monkeypatch.setenv("CUDALOAD_EARLY_UPLOAD", "maybe")
     with pytest.raises(ConfigurationError, match="CUDALOAD_EARLY_UPLOAD"):
-        early.start(
-            _one(),
-            [],
-            device_map=None,
-            intent="inference",
-            quantization="auto",
-            dtype="auto",
-            fast=None,
-            from_pretrained_kwargs={},
-        )
+        early.start(_one(), [], **args)
 
 
-def test_load_model_on_the_cpu_says_it_did_not_upload(tiny_model: Callable[..., Path]) -> None:
+def test_load_model_on_the_cpu_says_it_did_not_upload(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import cudaload
 
+    monkeypatch.delenv("CUDALOAD_EARLY_UPLOAD", raising=False)
+    m = cudaload.load_model(tiny_model("qwen3", "bfloat16"))
+    assert m.cudaload_plan.verified["early_upload"]["outcome"].startswith("not started: off")
+    monkeypatch.setenv("CUDALOAD_EARLY_UPLOAD", "1")
     m = cudaload.load_model(tiny_model("qwen3", "bfloat16"))
     got = m.cudaload_plan.verified["early_upload"]
     assert got["outcome"].startswith("not started: ") and "not certain" in got["outcome"]

@@ -162,11 +162,12 @@ def torchelastic(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def early_upload_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``CUDALOAD_EARLY_UPLOAD``: whether load_model copies a checkpoint to its GPU while transformers imports,
-    where the GPU and the fast path are certain before planning (default on; ``0`` / ``false`` / ``no`` /
-    ``off`` turn it off)."""
+    where the GPU and the fast path are certain before planning. Default off (``1`` / ``true`` / ``yes`` /
+    ``on`` turn it on): on the H200 it hid the copy but the imports ran longer by about as much
+    (cudaload.fastload.early, MEASURED)."""
     raw = _environ(env).get("CUDALOAD_EARLY_UPLOAD")
     if raw is None or raw.strip() == "":
-        return True
+        return False
     v = raw.strip().lower()
     if v in _TRUE:
         return True

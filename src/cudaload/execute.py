@@ -779,7 +779,9 @@ def load_model(
     A call refused after that (a plan that does not fit, another rank's error) holds no memory of the load but
     leaves CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
     CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or
-    ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself.
+    ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself. ``CUDALOAD_EARLY_UPLOAD=1`` (off by default:
+    measured no faster end to end) also copies a bf16/fp16 checkpoint to that GPU while transformers imports,
+    used as the weights when the plan takes the fast path there (:mod:`cudaload.fastload.early`).
     ``plan.verified["phases"]`` says where the seconds went.
 
     Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the

@@ -13,6 +13,16 @@ What is uploaded is exactly what the fast path would copy: a tensor of the check
 its bytes; it is used only where the model wants that dtype and shape from the same byte range of the same file
 (compared again when the load reads the headers), so the loaded model is the fast path's, bit for bit.
 
+**Off unless ``CUDALOAD_EARLY_UPLOAD=1``**, because measured end to end it did not pay. On the H200
+(benchmarks/results/2026-12-01-h200 runs 19 and 20: Qwen3-8B bf16, warm page cache, fresh processes, 12 pairs
+interleaved with the same defaults minus the upload) the load phase fell from 0.73-0.92 s to 0.10-0.20 s in every
+pair (the upload was complete before the plan was), but the phase before it (importing torch and transformers,
+which the upload overlaps) ran a median 1.3 s longer (9 of 12 pairs longer) and the time to the first forward a
+median 0.6 s longer (8 of 12). The upload itself took 2.1-3.3 s on its threads for what the load copies in 0.6 s
+alone. Where the slowdown comes from (the GIL, the CUDA driver's locks taken by ``cudaMalloc`` and
+``cudaHostRegister`` while the import maps libraries, memory bandwidth) was not isolated; until it is, the
+default is the order that measured better.
+
 Pure part: :func:`upload_blockers` says why an upload does not start (tested over profiles). It starts only
 where the plan will almost surely take the fast path on that GPU in the checkpoint's dtype, so that the copy is
 rarely wasted: one GPU known before planning (not under torchrun, where the plan may shard the weights), no
@@ -47,9 +57,9 @@ UPLOAD_DTYPES = frozenset({"BF16", "F16"})
 #: Readers and staging buffer size of an early upload. Fewer and larger than the load's own (8 x 16 MiB): the
 #: upload runs while the main thread imports, and every chunk and piece takes the GIL a few times, each time
 #: waiting up to the interpreter's switch interval (5 ms) behind the import and interrupting it. On the H200
-#: (benchmarks/results/2026-12-01-h200 run 19) 8 x 16 MiB took 2.1-3.0 s during the import for what the load copies in
-#: 0.64 s alone; the import has 7 s or more to hide it in, so the upload can afford to be slower and take the
-#: GIL about a third as often.
+#: (benchmarks/results/2026-12-01-h200 run 19) 8 x 16 MiB took 2.1-3.0 s during the import for what the load copies
+#: in 0.64 s alone; the import has 7 s or more to hide it in, so the upload can afford to be slower and take the
+#: GIL about a third as often. Run 20 (4 x 64 MiB): 2.8-3.3 s, and the imports no less slowed.
 THREADS = 4
 BUFFER_BYTES = 64 << 20
 
@@ -287,7 +297,7 @@ def start(
     from .. import _env
 
     if not _env.early_upload_enabled():
-        return None, "CUDALOAD_EARLY_UPLOAD=0"
+        return None, "off (CUDALOAD_EARLY_UPLOAD=1 turns it on; measured no faster end to end on the H200)"
     if not files:
         return None, "no local safetensors files"
     infos: list[TensorInfo] = []
