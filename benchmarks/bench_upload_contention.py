@@ -14,8 +14,10 @@ background (threads, looping until the work is done):
 - ``none``; ``upload``: cudaload's EarlyUpload of the checkpoint (what load_model runs), discarded, again;
 - ``alloc``: only the GPU allocations the upload makes (one ``torch.empty`` per tensor, then freed and
   ``empty_cache``);
-- ``pin``: only the pinned staging pool (``cudaHostRegister`` / unregister of 6 x 64 MiB);
-- ``read``: only the reads (``preadv`` of the files from the page cache, 4 threads);
+- ``pin``: only the pinned staging pool (``cudaHostRegister`` / unregister of 6 x 64 MiB); ``pin_torch``: the
+  same through torch's pinned allocator;
+- ``read``: only the reads (``preadv`` of the files from the page cache, 4 threads x 64 MiB, as the upload
+  reads; ``read4x16M``, ``read2x256M``, ``read1x256M``: other thread counts and read sizes);
 - ``h2d``: only copies from one pinned buffer to the GPU.
 
     python benchmarks/bench_upload_contention.py --out DIR --shape Qwen3-8B --reps 5 --budget-s 200
@@ -89,21 +91,29 @@ def backgrounds(files: list[str], smoke: bool) -> dict[str, Callable[[], Backgro
 
     infos = [i for f in files for i in read_file_header(f)[0].values()]
 
-    def read_step() -> None:
-        buf = bytearray(64 << 20)
-        view = memoryview(buf)
-        for f in files:
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                off = 0
-                while os.preadv(fd, [view], off) > 0:
-                    off += len(buf)
-            finally:
-                os.close(fd)
+    def read_step(size: int) -> Callable[[], None]:
+        def step() -> None:
+            buf = bytearray(size)
+            view = memoryview(buf)
+            for f in files:
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    off = 0
+                    while os.preadv(fd, [view], off) > 0:
+                        off += len(buf)
+                finally:
+                    os.close(fd)
+
+        return step
 
     out: dict[str, Callable[[], Background | None]] = {
         "none": lambda: None,
-        "read": lambda: Background(read_step, threads=4),
+        # threads x read size: if the main thread's loss follows the number of reads per second (each read
+        # returns to Python and asks for the GIL), it is the GIL's hand-over; if not, memory bandwidth
+        "read": lambda: Background(read_step(64 << 20), threads=4),
+        "read4x16M": lambda: Background(read_step(16 << 20), threads=4),
+        "read2x256M": lambda: Background(read_step(256 << 20), threads=2),
+        "read1x256M": lambda: Background(read_step(256 << 20), threads=1),
     }
     if smoke:
         return out
@@ -123,11 +133,14 @@ def backgrounds(files: list[str], smoke: bool) -> dict[str, Callable[[], Backgro
         del ts
         torch.cuda.empty_cache()
 
-    def pin_step() -> None:
-        pool = staging.PinnedPool(6, 64 << 20, device=torch.device("cuda:0"))
-        for _ in range(6):
-            pool.put(pool.get())
-        pool.close()
+    def pin_step(register: bool) -> Callable[[], None]:
+        def step() -> None:
+            pool = staging.PinnedPool(6, 64 << 20, device=torch.device("cuda:0"), register=register)
+            for _ in range(6):
+                pool.put(pool.get())
+            pool.close()
+
+        return step
 
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     dev = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
@@ -140,7 +153,8 @@ def backgrounds(files: list[str], smoke: bool) -> dict[str, Callable[[], Backgro
     out.update(
         upload=lambda: Background(upload_step),
         alloc=lambda: Background(alloc_step),
-        pin=lambda: Background(pin_step),
+        pin=lambda: Background(pin_step(True)),
+        pin_torch=lambda: Background(pin_step(False)),
         h2d=lambda: Background(h2d_step),
     )
     return out
