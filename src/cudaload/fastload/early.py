@@ -19,9 +19,10 @@ interleaved with the same defaults minus the upload) the load phase fell from 0.
 pair (the upload was complete before the plan was), but the phase before it (importing torch and transformers,
 which the upload overlaps) ran a median 1.3 s longer (9 of 12 pairs longer) and the time to the first forward a
 median 0.6 s longer (8 of 12). The upload itself took 2.1-3.3 s on its threads for what the load copies in 0.6 s
-alone. Where the slowdown comes from (the GIL, the CUDA driver's locks taken by ``cudaMalloc`` and
-``cudaHostRegister`` while the import maps libraries, memory bandwidth) was not isolated; until it is, the
-default is the order that measured better.
+alone. Run 21 took the upload apart beside a main thread running bytecode: its reads from the page cache (4 threads
+x 64 MiB ``preadv``) slowed the main thread 1.82x while they ran, the pinned pool 1.32x, GPU allocations and
+copies 1.02-1.06x; whether through the GIL's hand-over after every read or memory bandwidth is not yet
+separated. Until a variant measures faster end to end, the default is the order that measured better.
 
 Pure part: :func:`upload_blockers` says why an upload does not start (tested over profiles). It starts only
 where the plan will almost surely take the fast path on that GPU in the checkpoint's dtype, so that the copy is
