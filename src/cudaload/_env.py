@@ -160,34 +160,32 @@ def torchelastic(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: e[k] for k in names if e.get(k)}
 
 
-def early_upload_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """``CUDALOAD_EARLY_UPLOAD``: whether load_model copies a checkpoint to its GPU while transformers imports,
-    where the GPU and the fast path are certain before planning. Default off (``1`` / ``true`` / ``yes`` /
-    ``on`` turn it on): on the H200 it hid the copy but the imports ran longer by about as much
-    (cudaload.fastload.early, MEASURED)."""
-    raw = _environ(env).get("CUDALOAD_EARLY_UPLOAD")
+def _switch(env: Mapping[str, str] | None, name: str, default: bool) -> bool:
+    """An on/off variable: unset or empty gives ``default``; ``1 true yes on`` / ``0 false no off``; anything
+    else is an error (a typo must not look like a choice)."""
+    raw = _environ(env).get(name)
     if raw is None or raw.strip() == "":
-        return False
+        return default
     v = raw.strip().lower()
     if v in _TRUE:
         return True
     if v in {"0", "false", "no", "off"}:
         return False
-    raise _invalid("CUDALOAD_EARLY_UPLOAD", raw, "1 or 0", "0")
+    raise _invalid(name, raw, "1 or 0", "0" if default else "1")
+
+
+def early_upload_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """``CUDALOAD_EARLY_UPLOAD``: whether load_model copies a checkpoint to its GPU while transformers imports,
+    where the GPU and the fast path are certain before planning. Default off (``1`` / ``true`` / ``yes`` /
+    ``on`` turn it on): on the H200 it hid the copy but the imports ran longer by about as much
+    (cudaload.fastload.early)."""
+    return _switch(env, "CUDALOAD_EARLY_UPLOAD", False)
 
 
 def gpu_start_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``CUDALOAD_GPU_START``: whether load_model creates the CUDA context on a thread while transformers
     imports (default on; ``0`` / ``false`` / ``no`` / ``off`` turn it off)."""
-    raw = _environ(env).get("CUDALOAD_GPU_START")
-    if raw is None or raw.strip() == "":
-        return True
-    v = raw.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in {"0", "false", "no", "off"}:
-        return False
-    raise _invalid("CUDALOAD_GPU_START", raw, "1 or 0", "0")
+    return _switch(env, "CUDALOAD_GPU_START", True)
 
 
 def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
