@@ -748,9 +748,10 @@ def test_the_plan_says_each_rank_reads_its_shards_and_when_it_cannot(tmp_path: P
         assert refused.load_path.choice == "from_pretrained" and why in refused.load_path.reasons[0]
         text = " ".join(rp.decision.reasons)
         assert SHARDED_REASON not in text and "host memory while the Trainer shards" in text
-    # LoRA with gradient checkpointing does not (its adapters would not be saved: tests/test_sharded_lora.py)
+    # LoRA with gradient checkpointing too (composable checkpoint keeps the names peft saves by:
+    # tests/test_sharded_lora.py test_trainer_trains_and_saves_the_sharded_adapters)
     lora = plan(str(path), **{**kw, "intent": "lora"}).parallelism
-    assert lora is not None and lora.config["gradient_checkpointing"] and not lora.config.get("sharded_load")
+    assert lora is not None and lora.config["gradient_checkpointing"] and lora.config.get("sharded_load")
 
 
 def test_a_failed_sharded_load_destroys_the_group_it_started(tmp_path: Path) -> None:

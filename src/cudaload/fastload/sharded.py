@@ -146,10 +146,24 @@ def _layer_modules(model: Any) -> list[Any]:
     return [m for m in model.modules() if m is not model and type(m).__name__ in names]
 
 
-def _checkpoint_layers(model: Any, layers: list[Any]) -> list[Any]:
+def _checkpoint_layers(model: Any, layers: list[Any], *, keep_names: bool = False) -> list[Any]:
     """Each layer replaced in its parent by ``checkpoint_wrapper(layer, preserve_rng_state=False)``, exactly as
     accelerate's fsdp2_apply_ac does (1.15 utils/fsdp_utils.py:719-727, ``model.set_submodule``); returns the
-    wrappers, which FSDP2 then shards as the units."""
+    wrappers, which FSDP2 then shards as the units.
+
+    ``keep_names``: checkpoint each layer with torch's composable ``checkpoint`` instead (forward hooks; "does not
+    modify model structure or fully-qualified names", torch 2.13 distributed/_composable/checkpoint_activation.py
+    :38-47), for a PeftModel: peft 0.21 finds the adapters to save by module names (tuners_utils.py:1717
+    _get_tuner_state_dict_key_prefixes) and matches them against the state dict's keys, which torch's
+    ``get_model_state_dict`` gives without the wrapper's ``_checkpoint_wrapped_module.``: behind wrappers
+    Trainer.save_model wrote an adapter file with no tensors. The RNG state is preserved (the default), so a
+    LoRA dropout draws the same mask when the layer is recomputed. Returns the layers themselves."""
+    if keep_names:
+        from torch.distributed._composable import checkpoint
+
+        for layer in layers:
+            checkpoint(layer)
+        return list(layers)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     wanted = {id(m) for m in layers}
@@ -300,17 +314,9 @@ def _fsdp_env_on() -> bool:
     return bool(is_fsdp_enabled is not None and is_fsdp_enabled())
 
 
-def _check_lora_sharding(root: str, peft_config: Any, activation_checkpointing: bool, world: int) -> None:
-    """What a sharded LoRA model cannot yet train and save right (found with a real Trainer on 2 gloo ranks,
+def _check_lora_sharding(root: str, peft_config: Any, world: int) -> None:
+    """What a sharded LoRA model cannot yet train right (found with a real Trainer on 2 gloo ranks,
     tests/test_sharded_lora.py test_trainer_trains_and_saves_the_sharded_adapters): steps aside on every rank."""
-    if activation_checkpointing:
-        # peft 0.21 get_peft_model_state_dict(model, state_dict=...) finds none of the adapters inside torch's
-        # checkpoint wrappers, so Trainer.save_model would write an adapter file with no tensors
-        raise _step_aside(
-            root,
-            "LoRA with activation checkpointing: the checkpoint-wrapped layers hide the adapters from peft's "
-            "get_peft_model_state_dict, so Trainer.save_model would save none of them",
-        )
     ranks = [
         int(getattr(peft_config, "r", 8) or 8),
         *(int(v) for v in (getattr(peft_config, "rank_pattern", None) or {}).values()),
@@ -417,7 +423,7 @@ def load_fsdp2(
     failure: Exception | None = None
     try:
         if peft_config is not None:
-            _check_lora_sharding(str(path), peft_config, activation_checkpointing, world)
+            _check_lora_sharding(str(path), peft_config, world)
         prep = prepare(path, from_pretrained_kwargs)
         root = prep.options.path
         if _fsdp_env_on():
@@ -468,7 +474,7 @@ def load_fsdp2(
                 "offload_policy": offload_policy or OffloadPolicy(),
             }
             if activation_checkpointing:
-                layers = _checkpoint_layers(model, layers)
+                layers = _checkpoint_layers(model, layers, keep_names=peft_config is not None)
             for layer in layers:
                 fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
             fully_shard(model, **kw)

@@ -185,7 +185,7 @@ SHARDED_STEPPED_ASIDE = "if the sharded load steps aside (a checkpoint the fast 
 
 
 def sharded_load_blockers(
-    info: Any, chosen: str, *, intent: str, dtype: str, quantization: str | None, checkpointing: bool = False
+    info: Any, chosen: str, *, intent: str, dtype: str, quantization: str | None
 ) -> list[str]:
     """Why the FSDP ranks of this plan cannot each read only their own shards (cudaload.fastload.sharded);
     empty when they can. What only the files tell (weights needing transformers' converters, e.g. fused MoE
@@ -199,14 +199,6 @@ def sharded_load_blockers(
         # quantized by from_pretrained
         out.append(
             f"intent {intent}: the sharded loader builds full fine-tunes and LoRA on an unquantized base"
-        )
-    if intent == "lora" and checkpointing:
-        # found with a real Trainer on 2 ranks (tests/test_sharded_lora.py): peft 0.21's
-        # get_peft_model_state_dict finds no adapter inside torch's checkpoint wrappers, so save_model would
-        # write an adapter file with no tensors (cudaload.fastload.sharded._check_lora_sharding)
-        out.append(
-            "LoRA with gradient checkpointing: on checkpoint-wrapped sharded layers Trainer.save_model would save "
-            "no adapters (peft's state dict does not see through the wrappers)"
         )
     if dtype not in ("bfloat16", "float32"):
         out.append(f"{dtype}: the sharded loader mirrors accelerate's bf16 or fp32 FSDP2 set-up only")
@@ -582,7 +574,6 @@ def choose_parallelism(
                 intent=intent,
                 dtype=dtype,
                 quantization=quantization,
-                checkpointing=bool(config.get("gradient_checkpointing")),
             )
             if launched and not sharded:
                 # cudaload.fastload.sharded.load_fsdp2: the ranks read their own rows of each weight onto their
