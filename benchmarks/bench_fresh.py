@@ -13,7 +13,9 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   transformers imports), to show what that buys;
 - ``cudaload-upload`` / ``cudaload-noupload``: the defaults with ``CUDALOAD_EARLY_UPLOAD=1`` / ``0`` (the
   checkpoint copied to the GPU while transformers imports, or read by the fast path after planning; off by
-  default since runs 19-20), to show what that buys.
+  default since runs 19-20), to show what that buys; ``cudaload-upload-NxSM`` (e.g. ``cudaload-upload-1x256M``):
+  the upload with N reader threads and S MiB staging buffers (``cudaload.fastload.early.THREADS`` /
+  ``BUFFER_BYTES``, set in the child), to see whether fewer, larger reads disturb the imports less.
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -67,12 +69,17 @@ if spec["method"] == "plain":
 else:
     if spec["method"] == "cudaload-nogpustart":
         os.environ["CUDALOAD_GPU_START"] = "0"
-    if spec["method"] in ("cudaload-upload", "cudaload-noupload"):
-        os.environ["CUDALOAD_EARLY_UPLOAD"] = "1" if spec["method"] == "cudaload-upload" else "0"
+    upload = spec["method"].startswith("cudaload-upload")
+    if upload or spec["method"] == "cudaload-noupload":
+        os.environ["CUDALOAD_EARLY_UPLOAD"] = "1" if upload else "0"
     import cudaload; mark("import_cudaload")
+    if upload and spec["method"] != "cudaload-upload":  # cudaload-upload-NxSM: N readers, S MiB buffers
+        import cudaload.fastload.early as early
+        n, size = spec["method"].rsplit("-", 1)[1].rstrip("M").split("x")
+        early.THREADS, early.BUFFER_BYTES = int(n), int(size) << 20
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {"cudaload": {}, "cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}, "cudaload-nogpustart": {}, "cudaload-noupload": {}, "cudaload-upload": {}}[spec["method"]]
-    model = cudaload.load_model(spec["path"], quantization=quant, **kw)
+    kw = {"cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}}
+    model = cudaload.load_model(spec["path"], quantization=quant, **kw.get(spec["method"], {}))
     import torch
     if cuda: torch.cuda.synchronize()
     mark("loaded")

@@ -17,7 +17,8 @@ background (threads, looping until the work is done):
 - ``pin``: only the pinned staging pool (``cudaHostRegister`` / unregister of 6 x 64 MiB); ``pin_torch``: the
   same through torch's pinned allocator;
 - ``read``: only the reads (``preadv`` of the files from the page cache, 4 threads x 64 MiB, as the upload
-  reads; ``read4x16M``, ``read2x256M``, ``read1x256M``: other thread counts and read sizes);
+  reads; ``read4x16M``, ``read2x256M``, ``read1x256M``: other thread counts and read sizes; ``read_process``:
+  ``read``'s reads in a child process, which shares no GIL with the main thread);
 - ``h2d``: only copies from one pinned buffer to the GPU.
 
     python benchmarks/bench_upload_contention.py --out DIR --shape Qwen3-8B --reps 5 --budget-s 200
@@ -86,7 +87,52 @@ class Background:
             t.join()
 
 
-def backgrounds(files: list[str], smoke: bool) -> dict[str, Callable[[], Background | None]]:
+#: A child process doing ``read``'s reads (4 threads x 64 MiB ``preadv``, looping): no GIL shared with the main
+#: thread. If the main thread slows beside it as beside ``read``, the cost is the machine's (memory bandwidth,
+#: caches, the kernel), not the GIL's.
+READ_CHILD = r"""
+import os, sys, threading
+files = sys.argv[1:]
+def loop():
+    view = memoryview(bytearray(64 << 20))
+    while True:
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            off = 0
+            while os.preadv(fd, [view], off) > 0:
+                off += len(view)
+            os.close(fd)
+ts = [threading.Thread(target=loop, daemon=True) for _ in range(4)]
+for t in ts: t.start()
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+class ProcessBackground:
+    """``READ_CHILD`` in a child process until ended (its steps are not counted)."""
+
+    def __init__(self, files: list[str]) -> None:
+        import subprocess
+
+        self.steps, self.error = None, None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", READ_CHILD, *files],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()  # "ready": the readers run
+
+    def end(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def backgrounds(
+    files: list[str], smoke: bool
+) -> dict[str, Callable[[], Background | ProcessBackground | None]]:
     from cudaload.fastload.reader import read_file_header
 
     infos = [i for f in files for i in read_file_header(f)[0].values()]
@@ -106,7 +152,7 @@ def backgrounds(files: list[str], smoke: bool) -> dict[str, Callable[[], Backgro
 
         return step
 
-    out: dict[str, Callable[[], Background | None]] = {
+    out: dict[str, Callable[[], Background | ProcessBackground | None]] = {
         "none": lambda: None,
         # threads x read size: if the main thread's loss follows the number of reads per second (each read
         # returns to Python and asks for the GIL), it is the GIL's hand-over; if not, memory bandwidth
@@ -114,6 +160,7 @@ def backgrounds(files: list[str], smoke: bool) -> dict[str, Callable[[], Backgro
         "read4x16M": lambda: Background(read_step(16 << 20), threads=4),
         "read2x256M": lambda: Background(read_step(256 << 20), threads=2),
         "read1x256M": lambda: Background(read_step(256 << 20), threads=1),
+        "read_process": lambda: ProcessBackground(files),
     }
     if smoke:
         return out

@@ -312,7 +312,12 @@ def _job_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]
         want = base(input_ids=ids).logits
     ref = dict(peft.get_peft_model(base, _lora_config()).named_parameters())
     out: dict[str, Any] = {}
-    for label, offload in (("device", None), ("offload", CPUOffloadPolicy(pin_memory=cuda))):
+    runs = (
+        ("device", None, False),
+        ("offload", CPUOffloadPolicy(pin_memory=cuda), False),
+        ("checkpointed", None, True),  # torch's composable checkpoint on each layer, recomputed in backward
+    )
+    for label, offload, checkpointing in runs:
         model = load_fsdp2(
             path,
             dtype=bf,
@@ -320,6 +325,7 @@ def _job_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]
             peft_config=_lora_config(),
             mp_policy=MixedPrecisionPolicy(param_dtype=bf, reduce_dtype=bf, output_dtype=bf),
             offload_policy=offload,
+            activation_checkpointing=checkpointing,
         )
         bad = []
         for n, p in model.named_parameters():
@@ -573,10 +579,11 @@ def test_one_rank_lora_on_its_device_and_offloaded(
     cuda: bool, tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
     """The CUDA side the gloo tests cannot reach (NCCL, the LoRA weights broadcast and sharded on cuda:0,
-    pinned CPU offload, a bf16 forward against the base model's, an AdamW step) on one GPU; the CPU case runs
-    the same job."""
+    pinned CPU offload, the layers checkpointed, a bf16 forward against the base model's, an AdamW step) on one
+    GPU; the CPU case runs the same job."""
     res = _spawn(1, "one_rank", {"path": str(tiny_model("qwen3", "bfloat16")), "cuda": cuda}, tmp_path)[0]
-    for label, want in (("device", ["cuda:0" if cuda else "cpu"]), ("offload", ["cpu"])):
+    on = ["cuda:0" if cuda else "cpu"]
+    for label, want in (("device", on), ("offload", ["cpu"]), ("checkpointed", on)):
         r = res[label]
         assert r["fsdp_module"] and r["bad"] == [], (label, r["bad"])
         assert r["param_devices"] == want, (label, r["param_devices"])
