@@ -96,7 +96,9 @@ def importtime_text(mods: dict[str, tuple[int, int, int]], top: int = 60) -> str
     return "\n".join(lines) + "\n"
 
 
-def modules_diff(a: dict[str, tuple[int, int, int]], b: dict[str, tuple[int, int, int]], an: str, bn: str) -> str:
+def modules_diff(
+    a: dict[str, tuple[int, int, int]], b: dict[str, tuple[int, int, int]], an: str, bn: str
+) -> str:
     """The modules ``b`` imports and ``a`` does not (and the reverse), grouped by top-level package."""
     out = []
     for x, y, xn, yn in ((a, b, an, bn), (b, a, bn, an)):
