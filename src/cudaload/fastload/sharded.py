@@ -159,7 +159,7 @@ def _checkpoint_layers(model: Any, layers: list[Any], *, keep_names: bool = Fals
     Trainer.save_model wrote an adapter file with no tensors. The RNG state is preserved (the default), so a
     LoRA dropout draws the same mask when the layer is recomputed. Returns the layers themselves."""
     if keep_names:
-        from torch.distributed._composable import checkpoint
+        from torch.distributed._composable.checkpoint_activation import checkpoint
 
         for layer in layers:
             checkpoint(layer)
