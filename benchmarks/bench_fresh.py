@@ -16,6 +16,9 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   default since runs 19-20), to show what that buys; ``cudaload-upload-NxSM`` (e.g. ``cudaload-upload-1x256M``):
   the upload with N reader threads and S MiB staging buffers (``cudaload.fastload.early.THREADS`` /
   ``BUFFER_BYTES``, set in the child), to see whether fewer, larger reads disturb the imports less.
+- ``plain-pyc`` / ``cudaload-pyc``: ``plain`` / ``cudaload`` after ``cudaload precompile --prefix DIR`` (run
+  once before the samples, its report in the meta), the children reading those caches through
+  ``PYTHONPYCACHEPREFIX=DIR``: what the packages' cached bytecode is worth where the installation has none.
 
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
@@ -52,7 +55,7 @@ T0 = float(os.environ["FRESH_T0"]); spec = json.loads(os.environ["FRESH_SPEC"])
 marks = {"python_started": time.time() - T0}
 def mark(name): marks[name] = time.time() - T0
 cuda = spec["device"].startswith("cuda")
-if spec["method"] == "plain":
+if spec["method"].startswith("plain"):
     import torch; mark("import_torch")
     if cuda: torch.cuda.init(); mark("cuda_context")
     import transformers; mark("import_transformers")
@@ -102,6 +105,8 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     src = str(HERE.parent / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("HF_HUB_OFFLINE", "1")
+    if spec["method"].endswith("-pyc"):  # the caches `cudaload precompile --prefix` wrote
+        env["PYTHONPYCACHEPREFIX"] = spec["pycache"]
     env["FRESH_T0"] = repr(time.time())
     t0 = time.perf_counter()
     try:
@@ -193,9 +198,14 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
             res = [s.get("resident_before") for s in ok if s.get("resident_before") is not None]
             row["resident_before_max"] = max(res) if res else None
         rows.append(row)
-    plain = {(r["shape"], r["quant"], r["temp"]): r["total_median"] for r in rows if r["method"] == "plain"}
+    # each against plain transformers in the same installation: the -pyc methods against plain-pyc
+    plain = {
+        (r["shape"], r["quant"], r["temp"], r["method"].endswith("-pyc")): r["total_median"]
+        for r in rows
+        if r["method"] in ("plain", "plain-pyc")
+    }
     for r in rows:
-        p = plain.get((r["shape"], r["quant"], r["temp"]))
+        p = plain.get((r["shape"], r["quant"], r["temp"], r["method"].endswith("-pyc")))
         r["vs_plain"] = round(r["total_median"] / p, 3) if p and r["total_median"] else None
     return sorted(rows, key=lambda r: (r["shape"], r["quant"], r["temp"], r["method"]))
 
@@ -205,7 +215,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "# Fresh process: start to first forward",
         "",
         f"{meta.get('date')}, {meta.get('gpu')}, torch {meta.get('torch')}, "
-        f"transformers {meta.get('transformers')}; median (min-max) of n fresh processes, seconds since start.",
+        f"transformers {meta.get('transformers')}; median (min-max) of n fresh processes, seconds since start; "
+        "vs plain: against plain transformers in the same installation (the -pyc rows against plain-pyc).",
         "",
         "| shape | quant | cache | method | n | total s | vs plain | import torch | import transformers/cudaload"
         " | loaded | resident before |",
@@ -269,6 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     meta["compile_sources"] = compile_sources()
+    pycache = str(work / "pycache")
+    if any(m.endswith("-pyc") for m in args.methods.split(",")):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(HERE.parent / "src") + (os.pathsep + env.get("PYTHONPATH", ""))
+        pc = subprocess.run(
+            [sys.executable, "-m", "cudaload", "precompile", "--prefix", pycache, "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        meta["precompile"] = json.loads(pc.stdout) if pc.returncode == 0 else {"error": pc.stderr[-800:]}
+        print(f"precompile: {meta['precompile'].get('seconds', meta['precompile'])}", flush=True)
     samples: list[dict[str, Any]] = []
 
     def save() -> None:
@@ -307,7 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                         if temp == "cold":
                             evict(files)
                             res_before = resident_fraction(files)
-                        spec = {"path": str(path), "device": device, "quant": quant, "method": method}
+                        spec = {
+                            "path": str(path),
+                            "device": device,
+                            "quant": quant,
+                            "method": method,
+                            "pycache": pycache,
+                        }
                         r = run_child(spec, timeout=max(20.0, min(left, 240.0)))
                         r.update(
                             shape=shape,

@@ -29,6 +29,7 @@ _LAZY = {
     "training_arguments": "cudaload.training",
     "hardware": "cudaload.profiles",
     "diagnose": "cudaload.doctor",
+    "precompile": "cudaload.precompile",
     "CudaloadError": "cudaload.errors",
     "ConfigurationError": "cudaload.errors",
     "InvalidChoiceError": "cudaload.errors",
@@ -64,6 +65,7 @@ __all__ = [
     "hardware",
     "load_model",
     "plan",
+    "precompile",
     "training_arguments",
 ]
 
@@ -87,6 +89,7 @@ if TYPE_CHECKING:
     from .execute import load_model
     from .planner import plan
     from .plans import Plan
+    from .precompile import precompile
     from .profiles import hardware
     from .training import training_arguments
 

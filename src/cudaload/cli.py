@@ -7,6 +7,7 @@ prints. Errors from cudaload are printed with their fix and exit 2; anything els
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -115,6 +116,30 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_precompile(args: argparse.Namespace) -> int:
+    from .detection.bytecode import finding_text, probe
+
+    if args.check:
+        state = probe()
+        for p in state.packages:
+            print(
+                f"{p.name}: {p.cached} of {p.sampled} sampled modules have cached bytecode"
+                + ("" if p.writable else "; Python will not write the missing ones")
+            )
+        text = finding_text(state)
+        print(
+            f"{text[0]}\nfix: {text[1]}"
+            if text
+            else "no package a load imports is compiled again by each process"
+        )
+        return 1 if text else 0
+    from .precompile import precompile
+
+    report = precompile(args.packages, prefix=args.prefix, workers=args.jobs)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else report.summary())
+    return 0 if report.ok else 1
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import diagnose
 
@@ -201,6 +226,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--hardware", metavar="PROFILE", help=hw_help("diagnose"))
     d.set_defaults(func=_cmd_doctor)
+
+    pc = sub.add_parser(
+        "precompile",
+        parents=[common],
+        help="byte-compile the packages a load imports, so new processes stop compiling them from source",
+        description="Byte-compile torch, transformers and the other packages a load imports (as pip does when it "
+        "installs), for environments where they have no cached bytecode and Python may not write it "
+        "(PYTHONDONTWRITEBYTECODE=1, uv without --compile-bytecode, a read-only install): there every new "
+        "process compiles them from source again. Run once per installation.",
+    )
+    pc.add_argument(
+        "--prefix", metavar="DIR", help="write the caches under DIR (then set PYTHONPYCACHEPREFIX=DIR)"
+    )
+    pc.add_argument(
+        "--packages", type=_csv, metavar="PKG,...", help="top-level packages (default: what a load imports)"
+    )
+    pc.add_argument(
+        "-j", "--jobs", type=int, default=0, metavar="N", help="compile processes (default: one per CPU)"
+    )
+    pc.add_argument(
+        "--check", action="store_true", help="only say whether new processes compile them (exit 1 if so)"
+    )
+    pc.add_argument("--json", action="store_true", help="print the report as JSON")
+    pc.set_defaults(func=_cmd_precompile)
 
     from .detection.packages import DISTRIBUTIONS
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from .. import _env
 from ..capabilities import GPU, CachedKernel, Capabilities, Distributed, Finding, HubState, PackageInfo
+from . import bytecode as _bytecode
 from . import hub as _hub
 from . import nvml as _nvml
 from . import packages as _packages
@@ -105,6 +106,7 @@ def _findings(
     torch_device_count: int | None,
     launch: _env.LaunchEnv,
     hub: HubState,
+    bytecode: _bytecode.BytecodeState | None = None,
 ) -> list[Finding]:
     out: list[Finding] = []
     cvd = _env.cuda_visible_devices(env)
@@ -241,6 +243,9 @@ def _findings(
                 "set HF_HUB_OFFLINE=1 to work from the local cache without waiting on the network",
             )
         )
+    slow_imports = _bytecode.finding_text(bytecode) if bytecode is not None else None
+    if slow_imports:
+        out.append(Finding("bytecode-uncached", *slow_imports))
     return out
 
 
@@ -263,8 +268,10 @@ def assemble(
     cuda_initialized: bool = False,
     torch_device_count: int | None = None,
     source: str = "detected",
+    bytecode: _bytecode.BytecodeState | None = None,
 ) -> Capabilities:
-    """Pure: NVML's devices + the environment -> a snapshot with GPUs in torch's order and findings."""
+    """Pure: NVML's devices + the environment -> a snapshot with GPUs in torch's order and findings.
+    ``bytecode``: whether the packages a load imports have cached bytecode (:mod:`.bytecode`; None: unknown)."""
     devices = tuple(devices)
     vis = resolve(devices, _env.cuda_visible_devices(env), _env.cuda_device_order(env))
     launch = _env.launch(env)
@@ -282,6 +289,7 @@ def assemble(
         torch_device_count=torch_device_count,
         launch=launch,
         hub=hub,
+        bytecode=bytecode,
     )
     return Capabilities(
         source=source,
@@ -363,6 +371,8 @@ def detect(
         host_memory=host_mem,
         cuda_initialized=initialized,
         torch_device_count=torch_count,
+        # this process's interpreter and files, like the CUDA state: not read for an explicit environment
+        bytecode=_bytecode.probe() if env is None else None,
     )
 
 

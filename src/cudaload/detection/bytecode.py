@@ -1,0 +1,150 @@
+"""Whether the packages a load imports have cached bytecode, so that a new process does not compile them.
+
+Python imports a module from its cached bytecode (``__pycache__/NAME.cpython-XY.pyc``, or under
+``PYTHONPYCACHEPREFIX``) when the cache matches the source, and otherwise compiles the source and, unless
+``PYTHONDONTWRITEBYTECODE`` is set or the folder is read-only, writes the cache for the next process. pip
+compiles a wheel's modules when it installs them; ``uv pip install`` does not unless asked
+(``--compile-bytecode``), and container images often set ``PYTHONDONTWRITEBYTECODE=1``. With both, every new
+process compiles torch's and transformers' modules from source again: on the H200 machine (uv-built, the
+variable set) a fresh process compiled 1,717 modules, 4.7-6.4 s under cProfile
+(benchmarks/results/2026-12-01-h200/run22-profile).
+
+:func:`probe` looks, with a few ``stat`` calls and 16-byte reads and without importing anything, at a fixed
+sample of modules every load imports; :func:`finding` turns the result into a detection finding.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Modules every ``load_model`` imports (transformers' model base, the config and generation machinery, torch's
+#: core), relative to their package folder: a sample, not a census (listing torch's 2,000+ files would cost
+#: more than the probe is worth). A file missing in some version is skipped.
+SAMPLE: dict[str, tuple[str, ...]] = {
+    "torch": ("__init__.py", "_tensor.py", "functional.py", "nn/modules/module.py", "_dynamo/__init__.py"),
+    "transformers": (
+        "__init__.py",
+        "modeling_utils.py",
+        "configuration_utils.py",
+        "generation/utils.py",
+        "utils/import_utils.py",
+    ),
+    "huggingface_hub": ("__init__.py", "file_download.py"),
+    "accelerate": ("__init__.py", "big_modeling.py"),
+}
+
+
+@dataclass(frozen=True)
+class PackageBytecode:
+    """One package's sample: how many modules were looked at, how many have a cache that matches the source,
+    and whether this process could write the missing ones (the next process then reads them)."""
+
+    name: str
+    sampled: int
+    cached: int
+    writable: bool
+
+    @property
+    def recompiled_every_process(self) -> bool:
+        return self.cached < self.sampled and not self.writable
+
+
+@dataclass(frozen=True)
+class BytecodeState:
+    dont_write: bool  # sys.dont_write_bytecode (PYTHONDONTWRITEBYTECODE or -B)
+    prefix: str | None  # sys.pycache_prefix (PYTHONPYCACHEPREFIX or -X pycache_prefix)
+    packages: tuple[PackageBytecode, ...]
+
+    @property
+    def uncached(self) -> tuple[PackageBytecode, ...]:
+        """The packages whose sampled modules a new process compiles from source, every time."""
+        return tuple(p for p in self.packages if p.recompiled_every_process)
+
+
+def cache_matches(source: str | os.PathLike[str]) -> bool:
+    """Whether the bytecode cache Python would read for ``source`` exists and matches it.
+
+    The header is what importlib checks (CPython Lib/importlib/_bootstrap_external.py ``_classify_pyc`` and
+    ``_validate_timestamp_pyc``): the magic number of this interpreter, then flags; a timestamp cache (flags 0)
+    holds the source's mtime and size, each mod 2**32. A hash-based cache (flags bit 0) is taken as matching:
+    checking it would mean hashing the source."""
+    try:
+        cache = importlib.util.cache_from_source(os.fspath(source))
+        with open(cache, "rb") as fh:
+            head = fh.read(16)
+        st = os.stat(source)
+    except (OSError, NotImplementedError, ValueError):
+        return False
+    if len(head) < 16 or head[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags = int.from_bytes(head[4:8], "little")
+    if flags & 0b1:
+        return True
+    mtime = int.from_bytes(head[8:12], "little")
+    size = int.from_bytes(head[12:16], "little")
+    return mtime == (int(st.st_mtime) & 0xFFFFFFFF) and size == (st.st_size & 0xFFFFFFFF)
+
+
+def _writable(folder: Path) -> bool:
+    """Whether Python could write a cache for a module in ``folder`` (into ``__pycache__`` or the prefix)."""
+    if sys.dont_write_bytecode:
+        return False
+    target = Path(sys.pycache_prefix) if sys.pycache_prefix else folder / "__pycache__"
+    while not target.exists():  # Python creates the missing folders: what matters is the first that exists
+        if target.parent == target:
+            return False
+        target = target.parent
+    return os.access(target, os.W_OK)
+
+
+def package_folder(name: str) -> Path | None:
+    """The folder of an installed top-level package, found without importing it (None: not installed)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    locations = list(spec.submodule_search_locations)
+    return Path(locations[0]) if locations else None
+
+
+def probe(sample: dict[str, tuple[str, ...]] | None = None) -> BytecodeState:
+    """The bytecode state of the sampled packages that are installed (impure: the file system)."""
+    out: list[PackageBytecode] = []
+    for name, files in (SAMPLE if sample is None else sample).items():
+        folder = package_folder(name)
+        if folder is None:
+            continue
+        present = [folder / f for f in files if (folder / f).is_file()]
+        if not present:
+            continue
+        cached = sum(1 for f in present if cache_matches(f))
+        out.append(PackageBytecode(name, len(present), cached, _writable(folder)))
+    return BytecodeState(bool(sys.dont_write_bytecode), sys.pycache_prefix, tuple(out))
+
+
+def finding_text(state: BytecodeState) -> tuple[str, str] | None:
+    """(message, fix) when a new process compiles the sampled packages from source; None otherwise."""
+    bad = state.uncached
+    if not bad:
+        return None
+    names = ", ".join(p.name for p in bad)
+    counts = "; ".join(f"{p.name} {p.sampled - p.cached} of {p.sampled}" for p in bad)
+    why = (
+        "PYTHONDONTWRITEBYTECODE (or -B) keeps Python from writing it"
+        if state.dont_write
+        else "their cache folders are not writable"
+    )
+    where = f" under PYTHONPYCACHEPREFIX={state.prefix}" if state.prefix else ""
+    return (
+        f"{names} have no up-to-date cached bytecode{where} (sampled modules without it: {counts}) and {why}: "
+        "every new process compiles their modules from source again (on the H200 machine 1,717 modules, "
+        "4.7-6.4 s of a fresh load)",
+        "run `cudaload precompile` once (it byte-compiles the packages a load imports, as pip does at install); "
+        "with uv, install with --compile-bytecode (or UV_COMPILE_BYTECODE=1)",
+    )
