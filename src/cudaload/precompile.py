@@ -42,19 +42,20 @@ for optional in ("accelerate", "peft", "cudaload.execute", "cudaload.planner"):
     except Exception:
         pass
 std = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+def in_std(path):
+    return any(path == s or path.startswith(s.rstrip("/") + "/") for s in std) and "-packages" not in path
 out = {}
 for name, mod in list(sys.modules.items()):
     top = name.partition(".")[0]
     if top in out or name != top:
         continue
     locations = list(getattr(getattr(mod, "__spec__", None), "submodule_search_locations", None) or [])
-    if not locations:
+    # a package: its folder; a one-file module (typing_extensions): the file
+    where = str(locations[0]) if locations else str(getattr(mod, "__file__", None) or "")
+    if not where or (not locations and not where.endswith(".py")) or in_std(where):
         continue
-    folder = str(locations[0])
-    if any(folder == s or folder.startswith(s.rstrip("/") + "/") for s in std) and "-packages" not in folder:
-        continue
-    out[top] = folder
-print(json.dumps(out))
+    out[top] = where
+print(json.dumps({"packages": out, "stdlib": sorted(std)}))
 """
 
 
@@ -62,10 +63,11 @@ print(json.dumps(out))
 class PrecompileReport:
     """What ``precompile`` did: the package folders it compiled, where the caches went, how long it took."""
 
-    packages: dict[str, str]  # top-level package -> folder
+    packages: dict[str, str]  # top-level package -> folder (or file, for a one-file module)
     prefix: str | None  # PYTHONPYCACHEPREFIX the caches were written under (None: next to the sources)
     seconds: float
     returncode: int
+    stdlib: list[str] = field(default_factory=list)  # standard-library folders compiled too (under a prefix)
     errors: list[str] = field(
         default_factory=list
     )  # files that did not compile (left to be compiled on import)
@@ -83,6 +85,7 @@ class PrecompileReport:
         lines = [
             f"byte-compiled {len(self.packages)} packages in {self.seconds:.1f} s, caches {where}: "
             + ", ".join(sorted(self.packages))
+            + (f"; and the standard library ({', '.join(self.stdlib)})" if self.stdlib else "")
         ]
         if self.errors:
             lines.append(
@@ -101,8 +104,7 @@ def _child_env(prefix: str | None) -> dict[str, str]:
     return env
 
 
-def load_packages(python: str = sys.executable, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The top-level packages (name -> folder) a load imports, outside the standard library."""
+def _inspect(python: str, env: Mapping[str, str] | None) -> dict[str, Any]:
     proc = subprocess.run(
         [python, "-c", _IMPORTS],
         env=dict(os.environ if env is None else env),
@@ -117,6 +119,18 @@ def load_packages(python: str = sys.executable, env: Mapping[str, str] | None = 
             fix="check that torch and transformers import in this environment (`cudaload doctor`)",
         )
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _stdlib(python: str) -> list[str]:
+    code = 'import json, sysconfig; print(json.dumps(sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})))'
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return list(json.loads(proc.stdout))
+
+
+def load_packages(python: str = sys.executable, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The top-level packages (name -> folder, or file for a one-file module) a load imports, outside the
+    standard library."""
+    return dict(_inspect(python, env)["packages"])
 
 
 def _check_writable(folders: Sequence[str], prefix: str | None) -> None:
@@ -145,19 +159,24 @@ def precompile(
     prefix: str | os.PathLike[str] | None = None,
     workers: int = 0,
     python: str = sys.executable,
+    stdlib: bool | None = None,
 ) -> PrecompileReport:
     """Byte-compile ``packages`` (top-level names; default: those a load imports, :func:`load_packages`).
 
     ``prefix``: write the caches under this folder (a ``PYTHONPYCACHEPREFIX`` tree) instead of next to the
     sources, for a read-only installation; processes then need ``PYTHONPYCACHEPREFIX`` set to it. Default:
     the ``PYTHONPYCACHEPREFIX`` of this environment if set, else next to the sources. ``workers``: compile
-    processes (0: one per CPU). Raises :class:`~cudaload.errors.ConfigurationError` before compiling anything
+    processes (0: one per CPU). ``stdlib``: also compile the standard library into the prefix (default: when
+    there is a prefix, which Python then reads for the standard library too). Raises :class:`~cudaload.errors.ConfigurationError` before compiling anything
     when the caches cannot be written, or a named package is not installed."""
     pre = os.fspath(prefix) if prefix is not None else (sys.pycache_prefix or None)
     env = _child_env(pre)
     t0 = time.perf_counter()
+    with_stdlib = bool(pre) if stdlib is None else stdlib
+    seen: dict[str, Any] = {"stdlib": []}
     if packages is None:
-        found = load_packages(python, env)
+        seen = _inspect(python, env)
+        found = dict(seen["packages"])
     else:
         from .detection.bytecode import package_folder
 
@@ -176,24 +195,46 @@ def precompile(
             )
     folders = sorted(set(found.values()))
     _check_writable(folders, pre)
+    std_folders = (seen["stdlib"] or _stdlib(python)) if with_stdlib else []
     # -q: errors only; -j: parallel; compileall skips what is already up to date
-    proc = subprocess.run(
-        [python, "-m", "compileall", "-q", "-j", str(max(0, workers)), *folders],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    runs = [[python, "-m", "compileall", "-q", "-j", str(max(0, workers)), *folders]]
+    if std_folders:
+        # under a prefix Python looks for every module's cache there, the standard library's too (its own
+        # __pycache__ is no longer read): without these, each process would compile the stdlib modules it
+        # imports instead. Its test suites are left out (never imported by a load; some files are invalid
+        # on purpose), and so is a venv's site-packages under it (the packages above)
+        runs.append(
+            [
+                python,
+                "-m",
+                "compileall",
+                "-q",
+                "-j",
+                str(max(0, workers)),
+                "-x",
+                r"[/\\](test|tests|idle_test|site-packages|dist-packages)[/\\]",
+                *std_folders,
+            ]
+        )
+    out_text, code = "", 0
+    for cmd in runs:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        out_text += proc.stdout + proc.stderr
+        code = code or proc.returncode
     # "*** Error compiling 'PATH'..." then the SyntaxError: a file written for another Python version (torch
     # ships py312_intrinsics.py, which 3.11 cannot parse) is skipped as pip skips it at install
-    errors = [
-        line.strip().removeprefix("*** Error compiling ").rstrip(".").strip("'")
-        for line in (proc.stdout + proc.stderr).splitlines()
-        if line.startswith("*** Error compiling")
-    ]
+    errors = list(
+        dict.fromkeys(
+            line.strip().removeprefix("*** Error compiling ").rstrip(".").strip("'")
+            for line in out_text.splitlines()
+            if line.startswith("*** Error compiling")
+        )
+    )
     return PrecompileReport(
         packages=found,
+        stdlib=list(std_folders),
         prefix=pre,
         seconds=round(time.perf_counter() - t0, 3),
-        returncode=proc.returncode,
+        returncode=code,
         errors=errors,
     )

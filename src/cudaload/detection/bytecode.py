@@ -5,9 +5,10 @@ Python imports a module from its cached bytecode (``__pycache__/NAME.cpython-XY.
 ``PYTHONDONTWRITEBYTECODE`` is set or the folder is read-only, writes the cache for the next process. pip
 compiles a wheel's modules when it installs them; ``uv pip install`` does not unless asked
 (``--compile-bytecode``), and container images often set ``PYTHONDONTWRITEBYTECODE=1``. With both, every new
-process compiles torch's and transformers' modules from source again: on the H200 machine (uv-built, the
-variable set) a fresh process compiled 1,717 modules, 4.7-6.4 s under cProfile
-(benchmarks/results/2026-12-01-h200/run22-profile).
+process compiles torch's and transformers' modules from source again: on the H200 machine (uv-built, torch
+without caches, the variable set) a fresh process compiled 1,717 modules (run 22), and a fresh 8B
+``load_model()`` took 14.84 s, 9.07 s with the caches ``cudaload precompile`` writes; plain ``from_pretrained``
+16.48 / 11.17 s (run 23, n=4 interleaved; benchmarks/results/2026-12-01-h200/README.md).
 
 :func:`probe` looks, with a few ``stat`` calls and 16-byte reads and without importing anything, at a fixed
 sample of modules every load imports; :func:`finding` turns the result into a detection finding.
@@ -142,9 +143,10 @@ def finding_text(state: BytecodeState) -> tuple[str, str] | None:
     )
     where = f" under PYTHONPYCACHEPREFIX={state.prefix}" if state.prefix else ""
     return (
-        f"{names} have no up-to-date cached bytecode{where} (sampled modules without it: {counts}) and {why}: "
-        "every new process compiles their modules from source again (on the H200 machine 1,717 modules, "
-        "4.7-6.4 s of a fresh load)",
+        f"{names} {'has' if len(bad) == 1 else 'have'} no up-to-date cached bytecode{where} (sampled modules "
+        f"without it: {counts}) and {why}: every new process compiles {'its' if len(bad) == 1 else 'their'} "
+        "modules from source again (on the H200 machine, torch without caches: a fresh 8B load_model() took "
+        "14.8 s, 9.1 s after `cudaload precompile`)",
         "run `cudaload precompile` once (it byte-compiles the packages a load imports, as pip does at install); "
         "with uv, install with --compile-bytecode (or UV_COMPILE_BYTECODE=1)",
     )
