@@ -1,0 +1,32 @@
+"""benchmarks/profile_fresh.py's readers: ``python -X importtime`` output and the modules only one side imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import profile_fresh  # noqa: E402
+
+
+def test_parse_importtime_reads_a_real_interpreters_output() -> None:
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import json"], capture_output=True, text=True, check=True
+    ).stderr
+    mods = profile_fresh.parse_importtime(err)
+    assert "json" in mods and "json.decoder" in mods
+    self_us, cum_us, depth = mods["json"]
+    assert cum_us >= self_us >= 0 and depth == 0
+    assert mods["json.decoder"][2] >= 1  # imported by json: nested one level deeper
+
+
+def test_modules_diff_groups_by_package_both_ways() -> None:
+    plain = {"torch": (10, 10, 0), "transformers": (5, 5, 0)}
+    other = {"torch": (10, 10, 0), "cudaload": (3000, 3000, 0), "cudaload.plans": (1000, 1000, 1)}
+    text = profile_fresh.modules_diff(plain, other, "plain", "cudaload")
+    assert "## imported by cudaload, not by plain" in text
+    assert "| cudaload | 2 | 4.0 |" in text
+    assert "## imported by plain, not by cudaload" in text and "| transformers | 1 | 0.0 |" in text
