@@ -98,7 +98,8 @@ print(__import__("os").environ.get("FRESH_TAG", "") + json.dumps({"marks": marks
 """
 
 
-def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+def child_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The child's environment: its spec, cudaload's sources first on the path, offline, the start time."""
     env = dict(os.environ)
     env["FRESH_SPEC"] = json.dumps(spec)
     env["FRESH_TAG"] = TAG
@@ -108,6 +109,11 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     if spec["method"].endswith("-pyc"):  # the caches `cudaload precompile --prefix` wrote
         env["PYTHONPYCACHEPREFIX"] = spec["pycache"]
     env["FRESH_T0"] = repr(time.time())
+    return env
+
+
+def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = child_env(spec)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(

@@ -18,19 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_fresh import CHILD, TAG, compile_sources, write_checkpoint, write_tiny  # noqa: E402
+from bench_fresh import (  # noqa: E402
+    CHILD,
+    TAG,
+    child_env,
+    compile_sources,
+    write_checkpoint,
+    write_tiny,
+)
 
 # cProfile around the child program: the stats are dumped where the parent asks, after the first forward
 PROFILED = (
@@ -41,17 +46,6 @@ PROFILED = (
 )
 
 _IMPORTTIME = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)")
-
-
-def _env(spec: dict[str, Any]) -> dict[str, str]:
-    env = dict(os.environ)
-    env["FRESH_SPEC"] = json.dumps(spec)
-    env["FRESH_TAG"] = TAG
-    src = str(HERE.parent / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env["FRESH_T0"] = repr(time.time())
-    return env
 
 
 def _run(args: list[str], env: dict[str, str], timeout: float) -> tuple[dict[str, Any], str]:
@@ -153,14 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             spec = {"method": method, "path": str(path), "quant": "bf16", "device": device}
             stats = out / f"profile-{shape}-{method}.pstats"
-            env = _env(spec)
+            env = child_env(spec)
             env["FRESH_CHILD"] = CHILD
             env["FRESH_PSTATS"] = str(stats)
             res, _ = _run([sys.executable, "-c", PROFILED], env, args.timeout_s)
             if stats.exists():
                 (out / f"profile-{shape}-{method}.txt").write_text(profile_text(stats))
                 stats.unlink()
-            res_it, err = _run([sys.executable, "-X", "importtime", "-c", CHILD], _env(spec), args.timeout_s)
+            res_it, err = _run(
+                [sys.executable, "-X", "importtime", "-c", CHILD], child_env(spec), args.timeout_s
+            )
             imports[method] = parse_importtime(err)
             (out / f"importtime-{shape}-{method}.txt").write_text(importtime_text(imports[method]))
             summary["runs"][f"{shape}/{method}"] = {"profiled": res, "importtime_run": res_it}
