@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from cudaload.bytecache import precompile
 from cudaload.capabilities import Capabilities
 from cudaload.detection import assemble
 from cudaload.detection import bytecode as bc
 from cudaload.doctor import diagnose
 from cudaload.errors import ConfigurationError
-from cudaload.precompile import precompile
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -156,7 +156,7 @@ def test_precompile_refuses_before_compiling(
     with pytest.raises(ConfigurationError, match="not installed as packages here: no_such_pkg_xyz"):
         precompile(["no_such_pkg_xyz"], stdlib=False)
     # root may write anywhere, so a read-only installation is stood for by os.access's answer
-    import cudaload.precompile as pc
+    import cudaload.bytecache as pc
 
     monkeypatch.setattr(pc.os, "access", lambda path, mode, **kw: False)
     with pytest.raises(ConfigurationError, match="read-only") as e:
@@ -172,4 +172,59 @@ def test_cli_check_exits_1_where_each_process_compiles(tmp_path: Path) -> None:
         [sys.executable, "-m", "cudaload", "precompile", "--check"], env=env, capture_output=True, text=True
     )
     assert out.returncode == 1, out.stderr
-    assert "torch" in out.stdout and "cudaload precompile" in out.stdout
+    assert "torch: 0 of 5 sampled modules have cached bytecode" in out.stdout
+
+
+def test_check_reads_the_prefix_it_is_given(pkg: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pkg.parent), SRC]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    args = [sys.executable, "-m", "cudaload", "precompile", "--check", "--prefix", str(tmp_path / "empty")]
+    out = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and "under PYTHONPYCACHEPREFIX=" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_cache_that_cannot_be_written_is_not_a_success(pkg: Path, tmp_path: Path) -> None:
+    # a file where the prefix's folder for clpkg would go: compileall cannot write there (as on a full or
+    # read-only disk), which must not read as "compiled"
+    prefix = tmp_path / "pyc"
+    blocker = prefix / str(pkg).lstrip(os.sep)
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a folder")
+    report = precompile(["clpkg"], prefix=prefix, stdlib=False, workers=1)
+    assert not report.ok and report.write_errors and report.errors == []
+    assert "caches could not be written" in report.summary()
+
+
+def test_a_relative_prefix_is_made_absolute(
+    pkg: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    report = precompile(["clpkg"], prefix="rel", stdlib=False, workers=1)
+    assert report.prefix == str(tmp_path / "rel") and list((tmp_path / "rel").rglob("core.*.pyc"))
+
+
+def test_reserved_flags_and_a_stale_checked_hash_are_not_cached(pkg: Path) -> None:
+    src = pkg / "core.py"
+    cache = Path(importlib.util.cache_from_source(str(src)))
+    py_compile.compile(
+        str(src),
+        cfile=str(cache),
+        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        doraise=True,
+    )
+    assert bc.cache_matches(src)
+    src.write_text("def f():\n    return 4\n")  # same size and maybe mtime: only the hash tells
+    assert not bc.cache_matches(src)
+    py_compile.compile(str(src), cfile=str(cache), doraise=True)
+    data = bytearray(cache.read_bytes())
+    data[4] |= 0b100  # a reserved flag bit
+    cache.write_bytes(bytes(data))
+    assert not bc.cache_matches(src)
+
+
+def test_the_function_stays_callable_after_its_module_is_imported() -> None:
+    import cudaload
+    import cudaload.bytecache
+
+    assert callable(cudaload.precompile) and cudaload.precompile is precompile

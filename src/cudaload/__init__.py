@@ -29,7 +29,7 @@ _LAZY = {
     "training_arguments": "cudaload.training",
     "hardware": "cudaload.profiles",
     "diagnose": "cudaload.doctor",
-    "precompile": "cudaload.precompile",
+    "precompile": "cudaload.bytecache",
     "CudaloadError": "cudaload.errors",
     "ConfigurationError": "cudaload.errors",
     "InvalidChoiceError": "cudaload.errors",
@@ -70,6 +70,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .bytecache import precompile
     from .capabilities import GPU, Capabilities, PackageInfo
     from .decision import Candidate, Decision
     from .detection import detect
@@ -89,7 +90,6 @@ if TYPE_CHECKING:
     from .execute import load_model
     from .planner import plan
     from .plans import Plan
-    from .precompile import precompile
     from .profiles import hardware
     from .training import training_arguments
 

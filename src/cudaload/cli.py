@@ -120,11 +120,20 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
     from .detection.bytecode import finding_text, probe
 
     if args.check:
-        state = probe()
+        import os
+
+        # under --prefix: whether processes started with PYTHONPYCACHEPREFIX=DIR would find the caches there
+        saved = sys.pycache_prefix
+        if args.prefix:
+            sys.pycache_prefix = os.path.abspath(args.prefix)
+        try:
+            state = probe()
+        finally:
+            sys.pycache_prefix = saved
         for p in state.packages:
             print(
                 f"{p.name}: {p.cached} of {p.sampled} sampled modules have cached bytecode"
-                + ("" if p.writable else "; Python will not write the missing ones")
+                + ("" if p.writable or p.cached == p.sampled else "; Python will not write the missing ones")
             )
         text = finding_text(state)
         print(
@@ -133,7 +142,7 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
             else "no package a load imports is compiled again by each process"
         )
         return 1 if text else 0
-    from .precompile import precompile
+    from .bytecache import precompile
 
     report = precompile(args.packages, prefix=args.prefix, workers=args.jobs)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.summary())

@@ -71,8 +71,8 @@ def cache_matches(source: str | os.PathLike[str]) -> bool:
 
     The header is what importlib checks (CPython Lib/importlib/_bootstrap_external.py ``_classify_pyc`` and
     ``_validate_timestamp_pyc``): the magic number of this interpreter, then flags; a timestamp cache (flags 0)
-    holds the source's mtime and size, each mod 2**32. A hash-based cache (flags bit 0) is taken as matching:
-    checking it would mean hashing the source."""
+    holds the source's mtime and size, each mod 2**32. A hash-based cache (flags bit 0) holds the source's hash,
+    compared when its check_source bit (1) is set, as importlib compares it; an unchecked one is read as is."""
     try:
         cache = importlib.util.cache_from_source(os.fspath(source))
         with open(cache, "rb") as fh:
@@ -83,8 +83,15 @@ def cache_matches(source: str | os.PathLike[str]) -> bool:
     if len(head) < 16 or head[:4] != importlib.util.MAGIC_NUMBER:
         return False
     flags = int.from_bytes(head[4:8], "little")
-    if flags & 0b1:
-        return True
+    if flags & ~0b11:  # reserved bits: importlib rejects the file
+        return False
+    if flags & 0b1:  # hash-based: unchecked is read as it is; checked is compared with the source's hash
+        if not flags & 0b10:
+            return True
+        try:
+            return head[8:16] == importlib.util.source_hash(Path(source).read_bytes())
+        except OSError:
+            return False
     mtime = int.from_bytes(head[8:12], "little")
     size = int.from_bytes(head[12:16], "little")
     return mtime == (int(st.st_mtime) & 0xFFFFFFFF) and size == (st.st_size & 0xFFFFFFFF)
@@ -147,6 +154,11 @@ def finding_text(state: BytecodeState) -> tuple[str, str] | None:
         f"without it: {counts}) and {why}: every new process compiles {'its' if len(bad) == 1 else 'their'} "
         "modules from source again (on the H200 machine, torch without caches: a fresh 8B load_model() took "
         "14.8 s, 9.1 s after `cudaload precompile`)",
-        "run `cudaload precompile` once (it byte-compiles the packages a load imports, as pip does at install); "
-        "with uv, install with --compile-bytecode (or UV_COMPILE_BYTECODE=1)",
+        (
+            "run `cudaload precompile` once (it byte-compiles the packages a load imports, as pip does at "
+            "install); with uv, install with --compile-bytecode (or UV_COMPILE_BYTECODE=1)"
+            if state.dont_write
+            else "run `cudaload precompile --prefix DIR` once (DIR writable, absolute) and set "
+            "PYTHONPYCACHEPREFIX=DIR for the processes that load, or precompile as the installation's owner"
+        ),
     )

@@ -10,14 +10,17 @@ Which packages: the top-level packages a fresh interpreter has imported after im
 ``load_model`` imports (torch, transformers' model base and auto classes, generation, accelerate, peft and
 cudaload itself where installed), found in a child process so the caller imports none of them; then every
 module of those packages is compiled (a model's own module, ``modeling_qwen3``, is in transformers' folder),
-by ``python -m compileall`` in a child process, in parallel. The standard library is left alone: the
-interpreter's installer compiles it.
+by ``python -m compileall`` in a child process, in parallel. The standard library is left alone in place (the
+interpreter's installer compiles it), but compiled into a prefix: Python then reads every module's cache,
+the standard library's included, from the prefix only. (The module is ``bytecache`` so that
+``cudaload.precompile`` stays the function.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -72,10 +75,12 @@ class PrecompileReport:
         default_factory=list
     )  # files that did not compile (left to be compiled on import)
 
+    write_errors: list[str] = field(default_factory=list)  # caches that could not be written, with the cause
+
     @property
     def ok(self) -> bool:
-        """compileall finished, and any failure was a file it named (compileall exits 1 for those too)."""
-        return self.returncode == 0 or bool(self.errors)
+        """Every cache was written, except for files this Python cannot parse (compileall exits 1 for those)."""
+        return not self.write_errors and (self.returncode == 0 or bool(self.errors))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +97,9 @@ class PrecompileReport:
                 f"{len(self.errors)} files did not compile (Python compiles them if they are imported):"
             )
             lines.extend(f"  {e}" for e in self.errors[:10])
+        if self.write_errors:
+            lines.append(f"{len(self.write_errors)} caches could not be written:")
+            lines.extend(f"  {e}" for e in self.write_errors[:10])
         if self.prefix:
             lines.append(f"new processes read these caches with PYTHONPYCACHEPREFIX={self.prefix} set")
         return "\n".join(lines)
@@ -169,7 +177,9 @@ def precompile(
     processes (0: one per CPU). ``stdlib``: also compile the standard library into the prefix (default: when
     there is a prefix, which Python then reads for the standard library too). Raises :class:`~cudaload.errors.ConfigurationError` before compiling anything
     when the caches cannot be written, or a named package is not installed."""
-    pre = os.fspath(prefix) if prefix is not None else (sys.pycache_prefix or None)
+    # absolute: Python resolves a relative PYTHONPYCACHEPREFIX against each process's working directory
+    raw = os.fspath(prefix) if prefix is not None else (sys.pycache_prefix or None)
+    pre = os.path.abspath(raw) if raw else None
     env = _child_env(pre)
     t0 = time.perf_counter()
     with_stdlib = bool(pre) if stdlib is None else stdlib
@@ -212,7 +222,11 @@ def precompile(
                 "-j",
                 str(max(0, workers)),
                 "-x",
-                r"[/\\](test|tests|idle_test|site-packages|dist-packages)[/\\]",
+                # anchored to each root: a venv under a folder named tests must not lose its whole stdlib
+                "|".join(
+                    rf"^{re.escape(root.rstrip(os.sep))}[/\\](.*[/\\])?(test|tests|idle_test|site-packages|dist-packages)[/\\]"
+                    for root in std_folders
+                ),
                 *std_folders,
             ]
         )
@@ -221,15 +235,24 @@ def precompile(
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         out_text += proc.stdout + proc.stderr
         code = code or proc.returncode
-    # "*** Error compiling 'PATH'..." then the SyntaxError: a file written for another Python version (torch
-    # ships py312_intrinsics.py, which 3.11 cannot parse) is skipped as pip skips it at install
-    errors = list(
-        dict.fromkeys(
-            line.strip().removeprefix("*** Error compiling ").rstrip(".").strip("'")
-            for line in out_text.splitlines()
-            if line.startswith("*** Error compiling")
-        )
-    )
+    # "*** Error compiling 'PATH'..." then the exception. A file written for another Python version (torch
+    # ships py312_intrinsics.py, which 3.11 cannot parse) is skipped as pip skips it at install; an OSError
+    # (a full disk, a read-only __pycache__) means the caches were not written: not a success
+    errors: list[str] = []
+    write_errors: list[str] = []
+    lines = out_text.splitlines()
+    starts = [k for k, line in enumerate(lines) if line.startswith("*** Error compiling")]
+    for n, k in enumerate(starts):
+        path = lines[k].strip().removeprefix("*** Error compiling ").rstrip(".").strip("'")
+        block = lines[k + 1 : starts[n + 1] if n + 1 < len(starts) else len(lines)]
+        # compileall prints an OSError as "PermissionError: [Errno 13] ..." (Lib/compileall.py compile_file);
+        # a source it cannot parse as py_compile's formatted SyntaxError
+        oserror = next((x.strip() for x in block if "[Errno" in x), None)
+        if oserror:
+            write_errors.append(f"{path}: {oserror}")
+        else:
+            errors.append(path)
+    errors, write_errors = list(dict.fromkeys(errors)), list(dict.fromkeys(write_errors))
     return PrecompileReport(
         packages=found,
         stdlib=list(std_folders),
@@ -237,4 +260,5 @@ def precompile(
         seconds=round(time.perf_counter() - t0, 3),
         returncode=code,
         errors=errors,
+        write_errors=write_errors,
     )
