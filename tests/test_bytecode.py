@@ -34,6 +34,8 @@ def pkg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "clpkg" / "__init__.py").write_text("X = 1\n")
     (root / "clpkg" / "core.py").write_text("def f():\n    return 2\n")
     monkeypatch.syspath_prepend(str(root))
+    # precompile finds packages in the interpreter that will import them (a child): on its path too
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), SRC]))
     monkeypatch.setattr(sys, "pycache_prefix", None)
     return root / "clpkg"
 
@@ -153,7 +155,7 @@ def test_precompile_names_a_file_that_does_not_compile(pkg: Path, tmp_path: Path
 def test_precompile_refuses_before_compiling(
     pkg: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(ConfigurationError, match="not installed as packages here: no_such_pkg_xyz"):
+    with pytest.raises(ConfigurationError, match=r"not installed for .*: no_such_pkg_xyz"):
         precompile(["no_such_pkg_xyz"], stdlib=False)
     # root may write anywhere, so a read-only installation is stood for by os.access's answer
     import cudaload.bytecache as pc
@@ -228,3 +230,11 @@ def test_the_function_stays_callable_after_its_module_is_imported() -> None:
     import cudaload.bytecache
 
     assert callable(cudaload.precompile) and cudaload.precompile is precompile
+
+
+def test_a_one_file_module_is_compiled_too(pkg: Path, tmp_path: Path) -> None:
+    single = pkg.parent / "clmod.py"
+    single.write_text("Y = 3\n")
+    report = precompile(["clmod"], prefix=tmp_path / "pyc", stdlib=False, workers=1)
+    assert report.ok and report.packages == {"clmod": str(single)}
+    assert list((tmp_path / "pyc").rglob("clmod.*.pyc"))

@@ -105,6 +105,15 @@ class PrecompileReport:
         return "\n".join(lines)
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on: compileall's ``-j 0`` is ``os.cpu_count()``, every CPU of the host,
+    also inside a container limited to a few."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _child_env(prefix: str | None) -> dict[str, str]:
     env = dict(os.environ)
     if prefix:
@@ -112,27 +121,55 @@ def _child_env(prefix: str | None) -> dict[str, str]:
     return env
 
 
-def _inspect(python: str, env: Mapping[str, str] | None) -> dict[str, Any]:
-    proc = subprocess.run(
-        [python, "-c", _IMPORTS],
-        env=dict(os.environ if env is None else env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise LoadError(
-            "could not import what a load imports, to find the packages to compile: "
-            + (proc.stderr.strip().splitlines() or ["(no output)"])[-1],
-            fix="check that torch and transformers import in this environment (`cudaload doctor`)",
+#: Where the named top-level modules are, in the interpreter that will import them, without importing them
+#: (find_spec of a top-level name runs no package code): a package's folder, or a one-file module's file.
+_LOCATE = r"""
+import importlib.util, json, sys, sysconfig
+out = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        continue
+    if spec.submodule_search_locations:
+        out[name] = str(list(spec.submodule_search_locations)[0])
+    elif spec.origin and spec.origin.endswith(".py"):
+        out[name] = spec.origin
+std = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+print(json.dumps({"packages": out, "stdlib": std}))
+"""
+
+
+def _child_json(python: str, args: Sequence[str], env: Mapping[str, str] | None, what: str) -> dict[str, Any]:
+    """Run ``python`` with ``args``; its last output line as JSON, or a LoadError that says what failed."""
+    try:
+        proc = subprocess.run(
+            [python, *args],
+            env=dict(os.environ if env is None else env),
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        last = (proc.stdout.strip().splitlines() or [""])[-1]
+        if proc.returncode == 0:
+            return dict(json.loads(last))
+        why = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}"
+    raise LoadError(
+        f"could not {what} with {python}: {why}",
+        fix="check that torch and transformers import in this environment (`cudaload doctor`)",
+    )
 
 
-def _stdlib(python: str) -> list[str]:
-    code = 'import json, sysconfig; print(json.dumps(sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})))'
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    return list(json.loads(proc.stdout))
+def _inspect(python: str, env: Mapping[str, str] | None) -> dict[str, Any]:
+    return _child_json(python, ["-c", _IMPORTS], env, "import what a load imports, to find the packages")
+
+
+def _locate(python: str, names: Sequence[str], env: Mapping[str, str] | None) -> dict[str, Any]:
+    return _child_json(python, ["-c", _LOCATE, json.dumps(list(names))], env, "locate the packages")
 
 
 def load_packages(python: str = sys.executable, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -188,26 +225,20 @@ def precompile(
         seen = _inspect(python, env)
         found = dict(seen["packages"])
     else:
-        from .detection.bytecode import package_folder
-
-        found = {}
-        missing = []
-        for name in packages:
-            folder = package_folder(name)
-            if folder is None:
-                missing.append(name)
-            else:
-                found[name] = str(folder)
+        seen = _locate(python, packages, env)
+        found = {n: seen["packages"][n] for n in packages if n in seen["packages"]}
+        missing = [n for n in packages if n not in found]
         if missing:
             raise ConfigurationError(
-                f"not installed as packages here: {', '.join(missing)}",
+                f"not installed for {python}: {', '.join(missing)}",
                 fix="name installed top-level packages (torch, transformers, ...), or leave --packages out",
             )
     folders = sorted(set(found.values()))
     _check_writable(folders, pre)
-    std_folders = (seen["stdlib"] or _stdlib(python)) if with_stdlib else []
+    std_folders = list(seen["stdlib"]) if with_stdlib else []
     # -q: errors only; -j: parallel; compileall skips what is already up to date
-    runs = [[python, "-m", "compileall", "-q", "-j", str(max(0, workers)), *folders]]
+    jobs = str(workers if workers > 0 else _usable_cpus())
+    runs = [[python, "-m", "compileall", "-q", "-j", jobs, *folders]]
     if std_folders:
         # under a prefix Python looks for every module's cache there, the standard library's too (its own
         # __pycache__ is no longer read): without these, each process would compile the stdlib modules it
@@ -220,7 +251,7 @@ def precompile(
                 "compileall",
                 "-q",
                 "-j",
-                str(max(0, workers)),
+                jobs,
                 "-x",
                 # anchored to each root: a venv under a folder named tests must not lose its whole stdlib
                 "|".join(

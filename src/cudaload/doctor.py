@@ -252,9 +252,10 @@ def diagnose(caps: Capabilities) -> Report:
         if f.code in handled and caps.gpus:
             continue  # already a per-GPU or kernels verdict
         fix = kernels_fix(caps.package("kernels").accepted) if f.code == "kernels-out-of-range" else f.fix
-        out.append(
-            Verdict("configuration", "fail" if f.severity == "error" else "warn", f.message, fix, code=f.code)
-        )
+        # the installation's bytecode is not a device or launch setting: kept apart so that it does not hide
+        # the verdict that those look right
+        subject = "environment" if f.code == "bytecode-uncached" else "configuration"
+        out.append(Verdict(subject, "fail" if f.severity == "error" else "warn", f.message, fix, code=f.code))
     if caps.gpus and not any(v.subject == "configuration" for v in out):
         out.append(
             Verdict(

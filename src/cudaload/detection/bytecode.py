@@ -97,11 +97,15 @@ def cache_matches(source: str | os.PathLike[str]) -> bool:
     return mtime == (int(st.st_mtime) & 0xFFFFFFFF) and size == (st.st_size & 0xFFFFFFFF)
 
 
-def _writable(folder: Path) -> bool:
-    """Whether Python could write a cache for a module in ``folder`` (into ``__pycache__`` or the prefix)."""
+def _writable(source: Path) -> bool:
+    """Whether Python could write the cache of ``source`` where it would look for it (its ``__pycache__``, or
+    the mirror of its folder under the prefix)."""
     if sys.dont_write_bytecode:
         return False
-    target = Path(sys.pycache_prefix) if sys.pycache_prefix else folder / "__pycache__"
+    try:
+        target = Path(importlib.util.cache_from_source(str(source))).parent
+    except (NotImplementedError, ValueError):
+        return False
     while not target.exists():  # Python creates the missing folders: what matters is the first that exists
         if target.parent == target:
             return False
@@ -132,7 +136,9 @@ def probe(sample: dict[str, tuple[str, ...]] | None = None) -> BytecodeState:
         if not present:
             continue
         cached = sum(1 for f in present if cache_matches(f))
-        out.append(PackageBytecode(name, len(present), cached, _writable(folder)))
+        # a package is as writable as its least writable sampled folder
+        writable = all(_writable(f) for f in present if not cache_matches(f))
+        out.append(PackageBytecode(name, len(present), cached, writable))
     return BytecodeState(bool(sys.dont_write_bytecode), sys.pycache_prefix, tuple(out))
 
 
