@@ -238,3 +238,19 @@ def test_a_one_file_module_is_compiled_too(pkg: Path, tmp_path: Path) -> None:
     report = precompile(["clmod"], prefix=tmp_path / "pyc", stdlib=False, workers=1)
     assert report.ok and report.packages == {"clmod": str(single)}
     assert list((tmp_path / "pyc").rglob("clmod.*.pyc"))
+
+
+def test_the_plan_warns_where_this_load_will_compile_its_imports(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudaload import plan
+    from cudaload.testing import full_config
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    caps = assemble((), {}, bytecode=bc.probe(SAMPLE))
+    p = plan(full_config("Qwen3-0.6B"), hardware=caps)
+    (w,) = [w for w in p.warnings if w.startswith("bytecode-uncached:")]
+    assert "cudaload precompile" in w and "bytecode-uncached" in p.explain()
+    assert not [
+        w for w in plan(full_config("Qwen3-0.6B"), hardware=assemble((), {})).warnings if "bytecode" in w
+    ]

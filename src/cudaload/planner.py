@@ -438,7 +438,8 @@ def plan(
             f"seq_len {seq_len} exceeds the model's max_position_embeddings {s.max_position_embeddings}"
         )
     for f in caps.findings:
-        if f.severity == "error":
+        # errors, and the one warning that is about this very load's time: its imports (cudaload.detection.bytecode)
+        if f.severity == "error" or f.code == "bytecode-uncached":
             warnings.append(f"{f.code}: {f.message} (fix: {f.fix})")
 
     p = Plan(
