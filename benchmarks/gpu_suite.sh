@@ -12,6 +12,7 @@
 #   choice    benchmarks/run.py --sections choice,firstuse   (FA4 wheels)
 #   attention benchmarks/bench_attention.py: every backend through generate() on 8+ work shapes (FA4 wheels)
 #   fresh     benchmarks/bench_fresh.py: process start to first forward, warm and cold (FRESH_ARGS)
+#   profile   benchmarks/profile_fresh.py: cProfile / -X importtime of fresh plain vs cudaload (PROFILE_SHAPES)
 #   memtrain  benchmarks/bench_memory_train.py: training peaks and fit boundaries (quant wheels)
 #   serving   benchmarks/bench_serving.py: 64 mixed requests, both shapes (SERVING_S each; SERVING_VARIANTS JSON,
 #             SERVING_PADDED batch sizes, SERVING_REPS)
@@ -51,6 +52,8 @@ for part in "$@"; do
             tail -40 "$dir/attention/results.md" ;;
     fresh) t "${FRESH_S:-330}" python benchmarks/bench_fresh.py --out "$dir/fresh" --budget-s "$(( ${FRESH_S:-330} - 30 ))" ${FRESH_ARGS:-} > "$dir/fresh.log" 2>&1
            tail -30 "$dir/fresh/fresh.md" ;;
+    profile) t "${PROFILE_S:-240}" python benchmarks/profile_fresh.py --out "$dir/profile" --shapes "${PROFILE_SHAPES:-Qwen3-0.6B}" > "$dir/profile.log" 2>&1
+             tail -8 "$dir/profile.log" ;;
     memtrain) t "${MEMTRAIN_S:-480}" python benchmarks/bench_memory_train.py --out "$dir/memtrain" --budget-s "$(( ${MEMTRAIN_S:-480} - 30 ))" ${MEMTRAIN_ARGS:-} > "$dir/memtrain.log" 2>&1
               tail -30 "$dir/memtrain.log" ;;
     serving) for shape in ${SERVING_SHAPES:-Qwen3-0.6B Qwen3-8B}; do
