@@ -254,3 +254,15 @@ def test_the_plan_warns_where_this_load_will_compile_its_imports(
     assert not [
         w for w in plan(full_config("Qwen3-0.6B"), hardware=assemble((), {})).warnings if "bytecode" in w
     ]
+
+
+def test_root_writing_into_another_users_install_is_noted(pkg: Path) -> None:
+    import cudaload.bytecache as pc
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        assert pc._owner_notes([str(pkg)]) == []
+        return
+    assert pc._owner_notes([str(pkg)]) == []  # root's own folder
+    os.chown(pkg, 12345, -1)
+    (note,) = pc._owner_notes([str(pkg)])
+    assert "uid 12345" in note

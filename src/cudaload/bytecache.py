@@ -76,6 +76,7 @@ class PrecompileReport:
     )  # files that did not compile (left to be compiled on import)
 
     write_errors: list[str] = field(default_factory=list)  # caches that could not be written, with the cause
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +101,7 @@ class PrecompileReport:
         if self.write_errors:
             lines.append(f"{len(self.write_errors)} caches could not be written:")
             lines.extend(f"  {e}" for e in self.write_errors[:10])
+        lines.extend(self.notes)
         if self.prefix:
             lines.append(f"new processes read these caches with PYTHONPYCACHEPREFIX={self.prefix} set")
         return "\n".join(lines)
@@ -178,6 +180,26 @@ def load_packages(python: str = sys.executable, env: Mapping[str, str] | None = 
     return dict(_inspect(python, env)["packages"])
 
 
+def _owner_notes(paths: Sequence[str]) -> list[str]:
+    """In place as root into an installation another user owns (``sudo cudaload precompile`` on a user's venv):
+    the caches belong to root, and that user's later ``pip install -U`` cannot replace them."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return []
+    owners = set()
+    for p in paths:
+        try:
+            owners.add(os.stat(p).st_uid)
+        except OSError:
+            continue
+    others = sorted(u for u in owners if u != 0)
+    if not others:
+        return []
+    return [
+        f"note: the caches were written as root into folders owned by uid {', '.join(map(str, others))}; "
+        "that user cannot replace them on a later upgrade (run precompile as that user instead)"
+    ]
+
+
 def _check_writable(folders: Sequence[str], prefix: str | None) -> None:
     if prefix:
         target = Path(prefix)
@@ -235,6 +257,7 @@ def precompile(
             )
     folders = sorted(set(found.values()))
     _check_writable(folders, pre)
+    notes = [] if pre else _owner_notes(folders)
     std_folders = list(seen["stdlib"]) if with_stdlib else []
     # -q: errors only; -j: parallel; compileall skips what is already up to date
     jobs = str(workers if workers > 0 else _usable_cpus())
@@ -292,4 +315,5 @@ def precompile(
         returncode=code,
         errors=errors,
         write_errors=write_errors,
+        notes=notes,
     )
