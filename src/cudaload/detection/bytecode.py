@@ -115,14 +115,10 @@ def _writable(source: Path) -> bool:
 
 def package_folder(name: str) -> Path | None:
     """The folder of an installed top-level package, found without importing it (None: not installed)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    locations = list(spec.submodule_search_locations)
-    return Path(locations[0]) if locations else None
+    from .versions import package_locations
+
+    locations = package_locations(name)
+    return locations[0] if locations else None
 
 
 def probe(sample: dict[str, tuple[str, ...]] | None = None) -> BytecodeState:

@@ -47,16 +47,21 @@ def version_tuple(v: str | None) -> tuple[int, ...] | None:
     return tuple(out) or None
 
 
-def _module_file(module: str, relative: str) -> Path | None:
-    """``relative`` inside the installed package ``module``, located without importing it."""
+def package_locations(module: str) -> list[Path]:
+    """The folders of the installed top-level package ``module``, found without importing it ([]: none)."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        return None
+        return []
     if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / relative
+        return []
+    return [Path(loc) for loc in spec.submodule_search_locations]
+
+
+def _module_file(module: str, relative: str) -> Path | None:
+    """``relative`` inside the installed package ``module``, located without importing it."""
+    for loc in package_locations(module):
+        p = loc / relative
         if p.is_file():
             return p
     return None
