@@ -266,3 +266,18 @@ def test_root_writing_into_another_users_install_is_noted(pkg: Path) -> None:
     os.chown(pkg, 12345, -1)
     (note,) = pc._owner_notes([str(pkg)])
     assert "uid 12345" in note
+
+
+def test_the_default_search_leaves_the_standard_library_out(pkg: Path) -> None:
+    # what precompile() does after its child has imported what a load imports: the same locating code, run
+    # here after importing a stdlib package and the test package instead of torch and transformers
+    import cudaload.bytecache as pc
+
+    head = "import json, sys, email, clpkg\nnames, outside_stdlib = sorted(sys.modules), True\n"
+    seen = pc._child_json(sys.executable, ["-c", head + pc._LOCATE], None, "locate")
+    assert seen["packages"]["clpkg"] == str(pkg)
+    assert "email" not in seen["packages"] and "json" not in seen["packages"]
+    assert "sys" not in seen["packages"]  # built in: no file to compile
+    assert seen["stdlib"] and all(Path(s).is_dir() for s in seen["stdlib"])
+    # named explicitly, a stdlib package is located like any other
+    assert "email" in pc._locate(sys.executable, ["email"], None)["packages"]

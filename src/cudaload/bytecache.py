@@ -35,7 +35,7 @@ from .errors import ConfigurationError, LoadError
 #: ``from transformers import AutoConfig, PreTrainedModel``, the auto class, generate()), and the optional
 #: packages a plan may import, where installed.
 _IMPORTS = r"""
-import importlib, json, sys, sysconfig
+import importlib, sys
 import torch
 import transformers
 from transformers import AutoConfig, PreTrainedModel, AutoModelForCausalLM, GenerationMixin
@@ -44,21 +44,7 @@ for optional in ("accelerate", "peft", "cudaload.execute", "cudaload.planner"):
         importlib.import_module(optional)
     except Exception:
         pass
-std = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
-def in_std(path):
-    return any(path == s or path.startswith(s.rstrip("/") + "/") for s in std) and "-packages" not in path
-out = {}
-for name, mod in list(sys.modules.items()):
-    top = name.partition(".")[0]
-    if top in out or name != top:
-        continue
-    locations = list(getattr(getattr(mod, "__spec__", None), "submodule_search_locations", None) or [])
-    # a package: its folder; a one-file module (typing_extensions): the file
-    where = str(locations[0]) if locations else str(getattr(mod, "__file__", None) or "")
-    if not where or (not locations and not where.endswith(".py")) or in_std(where):
-        continue
-    out[top] = where
-print(json.dumps({"packages": out, "stdlib": sorted(std)}))
+names, outside_stdlib = sorted({n.partition(".")[0] for n in sys.modules}), True
 """
 
 
@@ -71,10 +57,8 @@ class PrecompileReport:
     seconds: float
     returncode: int
     stdlib: list[str] = field(default_factory=list)  # standard-library folders compiled too (under a prefix)
-    errors: list[str] = field(
-        default_factory=list
-    )  # files that did not compile (left to be compiled on import)
-
+    # files that did not compile (Python compiles them if they are imported)
+    errors: list[str] = field(default_factory=list)
     write_errors: list[str] = field(default_factory=list)  # caches that could not be written, with the cause
     notes: list[str] = field(default_factory=list)
 
@@ -123,12 +107,16 @@ def _child_env(prefix: str | None) -> dict[str, str]:
     return env
 
 
-#: Where the named top-level modules are, in the interpreter that will import them, without importing them
-#: (find_spec of a top-level name runs no package code): a package's folder, or a one-file module's file.
+#: Where top-level modules are (``names``), in the interpreter that will import them, without importing them
+#: (find_spec of a top-level name runs no package code): a package's folder, or a one-file module's file;
+#: with ``outside_stdlib`` the standard library's are left out (a venv's site-packages lies inside platstdlib).
 _LOCATE = r"""
 import importlib.util, json, sys, sysconfig
+std = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+def in_std(path):
+    return "-packages" not in path and any(path == s or path.startswith(s.rstrip("/") + "/") for s in std)
 out = {}
-for name in json.loads(sys.argv[1]):
+for name in names:
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
@@ -136,10 +124,13 @@ for name in json.loads(sys.argv[1]):
     if spec is None:
         continue
     if spec.submodule_search_locations:
-        out[name] = str(list(spec.submodule_search_locations)[0])
+        where = str(list(spec.submodule_search_locations)[0])
     elif spec.origin and spec.origin.endswith(".py"):
-        out[name] = spec.origin
-std = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+        where = spec.origin
+    else:
+        continue
+    if not (outside_stdlib and in_std(where)):
+        out[name] = where
 print(json.dumps({"packages": out, "stdlib": std}))
 """
 
@@ -167,17 +158,15 @@ def _child_json(python: str, args: Sequence[str], env: Mapping[str, str] | None,
 
 
 def _inspect(python: str, env: Mapping[str, str] | None) -> dict[str, Any]:
-    return _child_json(python, ["-c", _IMPORTS], env, "import what a load imports, to find the packages")
+    """The packages a load imports, outside the standard library, and the standard library's folders."""
+    return _child_json(
+        python, ["-c", _IMPORTS + _LOCATE], env, "import what a load imports, to find the packages"
+    )
 
 
 def _locate(python: str, names: Sequence[str], env: Mapping[str, str] | None) -> dict[str, Any]:
-    return _child_json(python, ["-c", _LOCATE, json.dumps(list(names))], env, "locate the packages")
-
-
-def load_packages(python: str = sys.executable, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The top-level packages (name -> folder, or file for a one-file module) a load imports, outside the
-    standard library."""
-    return dict(_inspect(python, env)["packages"])
+    head = "import json, sys\nnames, outside_stdlib = json.loads(sys.argv[1]), False\n"
+    return _child_json(python, ["-c", head + _LOCATE, json.dumps(list(names))], env, "locate the packages")
 
 
 def _owner_notes(paths: Sequence[str]) -> list[str]:
@@ -201,11 +190,10 @@ def _owner_notes(paths: Sequence[str]) -> list[str]:
 
 
 def _check_writable(folders: Sequence[str], prefix: str | None) -> None:
+    from .detection.bytecode import can_create
+
     if prefix:
-        target = Path(prefix)
-        while not target.exists() and target.parent != target:
-            target = target.parent
-        if not os.access(target, os.W_OK):
+        if not can_create(Path(prefix)):
             raise ConfigurationError(
                 f"cannot write bytecode caches under {prefix}", fix="pass a writable folder as --prefix"
             )
@@ -228,7 +216,7 @@ def precompile(
     python: str = sys.executable,
     stdlib: bool | None = None,
 ) -> PrecompileReport:
-    """Byte-compile ``packages`` (top-level names; default: those a load imports, :func:`load_packages`).
+    """Byte-compile ``packages`` (top-level names; default: those a load imports).
 
     ``prefix``: write the caches under this folder (a ``PYTHONPYCACHEPREFIX`` tree) instead of next to the
     sources, for a read-only installation; processes then need ``PYTHONPYCACHEPREFIX`` set to it. Default:
@@ -242,7 +230,6 @@ def precompile(
     env = _child_env(pre)
     t0 = time.perf_counter()
     with_stdlib = bool(pre) if stdlib is None else stdlib
-    seen: dict[str, Any] = {"stdlib": []}
     if packages is None:
         seen = _inspect(python, env)
         found = dict(seen["packages"])

@@ -11,7 +11,7 @@ without caches, the variable set) a fresh process compiled 1,717 modules (run 22
 16.48 / 11.17 s (run 23, n=4 interleaved; benchmarks/results/2026-12-01-h200/README.md).
 
 :func:`probe` looks, with a few ``stat`` calls and 16-byte reads and without importing anything, at a fixed
-sample of modules every load imports; :func:`finding` turns the result into a detection finding.
+sample of modules every load imports; :func:`finding_text` turns the result into a detection finding.
 """
 
 from __future__ import annotations
@@ -106,11 +106,17 @@ def _writable(source: Path) -> bool:
         target = Path(importlib.util.cache_from_source(str(source))).parent
     except (NotImplementedError, ValueError):
         return False
-    while not target.exists():  # Python creates the missing folders: what matters is the first that exists
-        if target.parent == target:
+    return can_create(target)
+
+
+def can_create(folder: Path) -> bool:
+    """Whether ``folder`` can be written, or created: Python (and compileall) make the missing folders, so
+    what matters is the first one that exists."""
+    while not folder.exists():
+        if folder.parent == folder:
             return False
-        target = target.parent
-    return os.access(target, os.W_OK)
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
 
 
 def package_folder(name: str) -> Path | None:
@@ -131,10 +137,10 @@ def probe(sample: dict[str, tuple[str, ...]] | None = None) -> BytecodeState:
         present = [folder / f for f in files if (folder / f).is_file()]
         if not present:
             continue
-        cached = sum(1 for f in present if cache_matches(f))
-        # a package is as writable as its least writable sampled folder
-        writable = all(_writable(f) for f in present if not cache_matches(f))
-        out.append(PackageBytecode(name, len(present), cached, writable))
+        missing = [f for f in present if not cache_matches(f)]
+        # a package is as writable as the least writable folder a missing cache would go to
+        writable = all(_writable(f) for f in missing)
+        out.append(PackageBytecode(name, len(present), len(present) - len(missing), writable))
     return BytecodeState(bool(sys.dont_write_bytecode), sys.pycache_prefix, tuple(out))
 
 
