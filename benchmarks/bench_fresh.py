@@ -16,6 +16,10 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   default since runs 19-20), to show what that buys; ``cudaload-upload-NxSM`` (e.g. ``cudaload-upload-1x256M``):
   the upload with N reader threads and S MiB staging buffers (``cudaload.fastload.early.THREADS`` /
   ``BUFFER_BYTES``, set in the child), to see whether fewer, larger reads disturb the imports less.
+- ``plain-online`` / ``cudaload-online``: ``plain`` / ``cudaload`` without ``HF_HUB_OFFLINE`` (the other
+  methods set it), as a user whose machine is not marked offline runs them; with ``--silent-hub`` the Hub
+  endpoint is a loopback socket that accepts and never answers (what a firewall that drops packets looks like
+  to a client), else the machine's real network;
 - ``plain-pyc`` / ``cudaload-pyc``: ``plain`` / ``cudaload`` after ``cudaload precompile --prefix DIR`` (run
   once before the samples, its report in the meta), the children reading those caches through
   ``PYTHONPYCACHEPREFIX=DIR``: what the packages' cached bytecode is worth where the installation has none.
@@ -103,9 +107,14 @@ def child_env(spec: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
     env["FRESH_SPEC"] = json.dumps(spec)
     env["FRESH_TAG"] = TAG
-    src = str(HERE.parent / "src")
+    src = spec.get("src") or str(HERE.parent / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    if spec["method"].endswith("-online"):
+        env.pop("HF_HUB_OFFLINE", None)
+        if spec.get("hub_endpoint"):
+            env["HF_ENDPOINT"] = spec["hub_endpoint"]
+    else:
+        env.setdefault("HF_HUB_OFFLINE", "1")
     if spec["method"].endswith("-pyc"):  # the caches `cudaload precompile --prefix` wrote
         env["PYTHONPYCACHEPREFIX"] = spec["pycache"]
     env["FRESH_T0"] = repr(time.time())
@@ -204,16 +213,23 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
             res = [s.get("resident_before") for s in ok if s.get("resident_before") is not None]
             row["resident_before_max"] = max(res) if res else None
         rows.append(row)
-    # each against plain transformers in the same installation: the -pyc methods against plain-pyc
+    # each against plain transformers in the same installation and environment: the -pyc methods against
+    # plain-pyc, the -online ones against plain-online
     plain = {
-        (r["shape"], r["quant"], r["temp"], r["method"].endswith("-pyc")): r["total_median"]
+        (r["shape"], r["quant"], r["temp"], _setting(r["method"])): r["total_median"]
         for r in rows
-        if r["method"] in ("plain", "plain-pyc")
+        if r["method"] in ("plain", "plain-pyc", "plain-online")
     }
     for r in rows:
-        p = plain.get((r["shape"], r["quant"], r["temp"], r["method"].endswith("-pyc")))
+        p = plain.get((r["shape"], r["quant"], r["temp"], _setting(r["method"])))
         r["vs_plain"] = round(r["total_median"] / p, 3) if p and r["total_median"] else None
     return sorted(rows, key=lambda r: (r["shape"], r["quant"], r["temp"], r["method"]))
+
+
+def _setting(method: str) -> str:
+    """The installation/environment a method runs in, which its plain counterpart shares."""
+    base = method.partition("@")[0]
+    return next((suffix for suffix in ("-pyc", "-online") if base.endswith(suffix)), "")
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -222,7 +238,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"{meta.get('date')}, {meta.get('gpu')}, torch {meta.get('torch')}, "
         f"transformers {meta.get('transformers')}; median (min-max) of n fresh processes, seconds since start; "
-        "vs plain: against plain transformers in the same installation (the -pyc rows against plain-pyc).",
+        "vs plain: against plain transformers in the same installation (the -pyc rows against plain-pyc, the "
+        "-online rows against plain-online).",
         "",
         "| shape | quant | cache | method | n | total s | vs plain | import torch | import transformers/cudaload"
         " | loaded | resident before |",
@@ -260,10 +277,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant", default="bf16", help="comma list of bf16,int8,nf4")
     ap.add_argument("--temps", default="warm,cold")
     ap.add_argument("--methods", default="plain,cudaload,cudaload-noprefetch")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--reps", type=int, default=None, help="fresh processes per method (default 3; --smoke 1)"
+    )
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temp dir)")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny model, one rep")
+    ap.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="other cudaload sources: a method METHOD@NAME imports cudaload from DIR (an A/B of two commits, "
+        "interleaved); without @NAME, this repo's src",
+    )
+    ap.add_argument(
+        "--silent-hub",
+        action="store_true",
+        help="the -online methods' Hub endpoint is a loopback socket that never answers (a dropping firewall)",
+    )
     args = ap.parse_args(argv)
 
     from pagecache import evict, files_of, resident_fraction
@@ -274,8 +306,21 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.smoke else "cuda:0"
     work = Path(args.workdir or tempfile.mkdtemp(prefix="cudaload-fresh-"))
     shapes = ["tiny"] if args.smoke else args.shapes.split(",")
-    reps = 1 if args.smoke else args.reps
+    reps = args.reps or (1 if args.smoke else 3)
     meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": device, "command": sys.argv}
+    hub_endpoint = None
+    if args.silent_hub:
+        import socket
+
+        silent = socket.socket()  # held open for the whole run; nothing ever accepts
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        hub_endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    sources = dict(item.split("=", 1) for item in args.src)
+    unknown = {m.partition("@")[2] for m in args.methods.split(",")} - set(sources) - {""}
+    if unknown:
+        ap.error(f"methods name sources not given with --src NAME=DIR: {', '.join(sorted(unknown))}")
+    meta.update(sources=sources, hub_endpoint=hub_endpoint)
     try:
         import torch
         import transformers
@@ -336,12 +381,15 @@ def main(argv: list[str] | None = None) -> int:
                         if temp == "cold":
                             evict(files)
                             res_before = resident_fraction(files)
+                        base, _, src_name = method.partition("@")
                         spec = {
                             "path": str(path),
                             "device": device,
                             "quant": quant,
-                            "method": method,
+                            "method": base,
                             "pycache": pycache,
+                            "src": sources[src_name] if src_name else None,
+                            "hub_endpoint": hub_endpoint,
                         }
                         r = run_child(spec, timeout=max(20.0, min(left, 240.0)))
                         r.update(

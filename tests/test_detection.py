@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,6 +256,84 @@ def test_hub_probe_is_bounded() -> None:
     # offline: never probed, whatever the timeout says
     caps = detect(env={"HF_HUB_OFFLINE": "1", "CUDALOAD_HUB_TIMEOUT": "5"}, probe_hub=True)
     assert caps.hub.reachable is None
+
+
+def _silent_hub(monkeypatch: pytest.MonkeyPatch, timeout: str = "0.5") -> Any:
+    """An endpoint that accepts connections and never answers (a firewall that drops the packets looks the same
+    to the probe: the whole timeout), with probing on and the per-process probe cache empty."""
+    import socket
+
+    from cudaload.detection import clear_cache
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setenv("CUDALOAD_HUB_TIMEOUT", timeout)
+    clear_cache()
+    return silent
+
+
+def _connected(sock: Any) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0.2)[0])
+
+
+def test_planning_asks_the_hub_only_when_a_decision_needs_it(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Any
+) -> None:
+    from cudaload.detection import with_hub_answer
+    from cudaload.hub_kernels import needs_hub_answer
+    from cudaload.planner import hub_probe_for, plan, resolve_hardware
+
+    silent = _silent_hub(monkeypatch)
+    try:
+        caps = resolve_hardware(None)
+        assert caps.hub.reachable is None  # detected without the request
+        assert not _connected(silent)
+        needed = needs_hub_answer(caps)  # kernels usable here? (true in two of ./dev test's three sets)
+        probe = hub_probe_for(caps)
+        assert (probe is not None) == needed
+        if needed:
+            assert with_hub_answer(caps, probe).hub.reachable is False  # silent: no answer within the timeout
+            assert _connected(silent)
+        else:
+            plan(str(tiny_model("qwen3")))
+            assert not _connected(silent)  # no decision could use the answer: no request at all
+        # cudaload env and doctor still report reachability
+        assert detect().hub.reachable is False
+        assert _connected(silent)
+    finally:
+        silent.close()
+        from cudaload.detection import clear_cache
+
+        clear_cache()
+
+
+def test_load_model_collects_the_hub_answer_after_the_imports(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Any
+) -> None:
+    import cudaload
+    from cudaload.hub_kernels import needs_hub_answer
+
+    silent = _silent_hub(monkeypatch)
+    try:
+        needed = needs_hub_answer(detect(probe_hub=False))
+        model = cudaload.load_model(str(tiny_model("qwen3")), prefetch=False)
+        phases = model.cudaload_plan.verified["phases"]
+        # the answer is waited for after transformers is imported, as its own phase, and only when needed
+        assert ("hub_probe" in phases) == needed
+        assert list(phases).index("import_transformers") < list(phases).index("plan")
+        if needed:
+            assert list(phases).index("hub_probe") == list(phases).index("import_transformers") + 1
+        assert _connected(silent) == needed
+    finally:
+        silent.close()
+        from cudaload.detection import clear_cache
+
+        clear_cache()
 
 
 def test_support_facts() -> None:

@@ -22,6 +22,7 @@ from cudaload.hub_kernels import (
     build_kernel_config,
     check_attention_kernel,
     check_variant,
+    needs_hub_answer,
     plan_kernels,
     read_lock,
     registered_layers,
@@ -428,3 +429,21 @@ def test_lock_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="not cached yet"):
         write_lock(online, tmp_path / "x.lock")
     assert not os.path.exists(tmp_path / "x.lock")
+
+
+# -- whether the Hub's answer matters ---------------------------------------------------------------------
+
+
+def test_the_hub_is_asked_only_where_kernels_could_download() -> None:
+    online = replace(gpu_caps(offline=False), hub=HubState(offline=False, reachable=None, cache_dir="/c"))
+    assert needs_hub_answer(online)  # kernels usable, reachability unknown: a download may depend on it
+    assert not needs_hub_answer(gpu_caps(offline=True))  # offline: no download, whatever the network says
+    known = replace(online, hub=replace(online.hub, reachable=False))
+    assert not needs_hub_answer(known)  # already answered (a recorded machine, detect() with the probe)
+    out = replace(online, packages=(kernels_pkg("0.17.2", in_range=False),))
+    assert not needs_hub_answer(out)  # transformers would not use kernels: every Hub kernel is refused anyway
+    missing = replace(online, packages=(PackageInfo("kernels", False),))
+    assert not needs_hub_answer(missing)
+    # and when unreachable is the answer, a kernel that is not cached is refused for it
+    ok, reasons = check_attention_kernel(FA2, known, trust=["*"])
+    assert not ok and any("unreachable" in r for r in reasons)

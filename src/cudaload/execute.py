@@ -802,8 +802,8 @@ def load_model(
             f"{', '.join(clash)} are decided by cudaload",
             fix="use load_model's own options (dtype=, attn=, device_map=)",
         )
+    from .planner import hub_probe_for, resolve_hardware
     from .planner import plan as make_plan
-    from .planner import resolve_hardware
 
     # a profile name or a recorded machine's JSON, as plan() takes: resolved the same way (cheap), and refused
     # when it is not this machine, before any file is read
@@ -835,8 +835,11 @@ def load_model(
     # a refusal from here to the load (a broken GPU selection, a plan that does not fit, an import) must not
     # leave the threads reading a checkpoint nobody will load
     try:
+        hub = None
         if caps is None:
-            caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation
+            caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation, no network
+            # asked now, answered after transformers has imported: the round trip hides under the imports
+            hub = hub_probe_for(caps)
         phases.mark("detect")
         # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the
         # visible GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here.
@@ -903,6 +906,11 @@ def load_model(
             from transformers import AutoConfig, PreTrainedModel  # noqa: F401
 
             phases.mark("import_transformers")
+            if hub is not None:
+                from .detection import with_hub_answer
+
+                plan_kwargs["hardware"] = caps = with_hub_answer(caps, hub)
+                phases.mark("hub_probe")
             plan = make_plan(model, **plan_kwargs)
             if tune:
                 plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)

@@ -39,15 +39,34 @@ DEFAULT_SEQ_UNKNOWN = 2048
 
 
 def resolve_hardware(hardware: Capabilities | str | os.PathLike[str] | None) -> Capabilities:
+    """A snapshot as given, a profile or recorded machine by name or path, or this machine (None).
+
+    This machine is detected without asking the Hub (``hub.reachable`` None): the answer is asked for only
+    where a decision needs it, through :func:`hub_probe_for` and ``detection.with_hub_answer``."""
     if isinstance(hardware, Capabilities):
         return hardware
     if hardware is None:
         from .detection import detect
 
-        return detect()
+        return detect(probe_hub=False)
     from .profiles import hardware as profile
 
     return profile(os.fspath(hardware))
+
+
+def hub_probe_for(caps: Capabilities) -> Any:
+    """The Hub reachability probe, started on a thread, when a decision on this detected machine needs its answer
+    (``hub_kernels.needs_hub_answer``: a Hub kernel ``kernels`` might download); None otherwise. Before this, every
+    ``load_model()`` waited for a HEAD request to the Hub before importing anything: a round trip online, and the
+    whole ``CUDALOAD_HUB_TIMEOUT`` (2 s) behind a firewall that drops packets, for a local model whose plan no
+    answer could change."""
+    from .hub_kernels import needs_hub_answer
+
+    if not needs_hub_answer(caps):
+        return None
+    from .detection import hub_probe
+
+    return hub_probe()
 
 
 def hardware_summary(caps: Capabilities) -> dict[str, Any]:
@@ -273,6 +292,10 @@ def plan(
     caps = resolve_hardware(hardware)
     if assume_installed or assume_missing:
         caps = caps.with_packages(assume_installed, assume_missing)
+    if hardware is None:
+        from .detection import with_hub_answer
+
+        caps = with_hub_answer(caps, hub_probe_for(caps))
     info = model_info(model, model_class=model_class, revision=revision)
     s = info.summary
     # the work the caller declared (both numbers), before defaults fill them in for the memory estimate

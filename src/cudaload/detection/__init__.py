@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 
 from .. import _env
 from ..capabilities import GPU, CachedKernel, Capabilities, Distributed, Finding, HubState, PackageInfo
@@ -25,15 +26,48 @@ from .visible import NvmlDevice, Selected, Visibility, resolve
 
 log = logging.getLogger(__name__)
 
-__all__ = ["assemble", "clear_cache", "detect", "process_device", "render"]
+__all__ = [
+    "assemble",
+    "clear_cache",
+    "detect",
+    "hub_probe",
+    "process_device",
+    "render",
+    "with_hub_answer",
+]
 
-_hub_cache: dict[tuple[str, float], bool] = {}
+#: one probe per process and (endpoint, timeout): a second detect() reuses the answer, or the running request
+_hub_probes: dict[tuple[str, float], _hub.Probe] = {}
 
 
 def clear_cache() -> None:
     """Forget cached package probes and Hub answers (``detect(refresh=True)`` does this)."""
     _packages.clear_cache()
-    _hub_cache.clear()
+    _hub_probes.clear()
+
+
+def hub_probe(env: Mapping[str, str] | None = None) -> _hub.Probe | None:
+    """The Hub reachability probe, started on a thread if this process has none for this endpoint yet, without
+    waiting for it; None where detection may not probe (``HF_HUB_OFFLINE``, ``CUDALOAD_HUB_TIMEOUT=0``).
+
+    ``load_model()`` starts it only when a decision needs the answer and collects it after transformers has
+    imported (:func:`with_hub_answer`), so the request costs the load nothing it would wait for."""
+    e: Mapping[str, str] = os.environ if env is None else env
+    if not _env.hub_probe_enabled(e):
+        return None
+    key = (_env.hf_endpoint(e), _env.hub_probe_timeout(e))
+    probe = _hub_probes.get(key)
+    if probe is None:
+        probe = _hub_probes[key] = _hub.Probe(*key)
+    return probe
+
+
+def with_hub_answer(caps: Capabilities, probe: _hub.Probe | None) -> Capabilities:
+    """``caps`` with the probe's answer as ``hub.reachable`` (waits for it, within its timeout); ``caps`` itself
+    when there is no probe."""
+    if probe is None:
+        return caps
+    return replace(caps, hub=replace(caps.hub, reachable=probe.answer()))
 
 
 def _host_memory() -> int | None:
@@ -338,16 +372,11 @@ def detect(
     endpoint = _env.hf_endpoint(e)
     timeout = _env.hub_probe_timeout(e)
     do_probe = _env.hub_probe_enabled(e) if probe_hub is None else (probe_hub and not offline and timeout > 0)
-    reachable: bool | None = None
-    if do_probe:
-        key = (endpoint, timeout)
-        if key not in _hub_cache:
-            _hub_cache[key] = _hub.probe(endpoint, timeout)
-        reachable = _hub_cache[key]
+    probe = hub_probe(e) if do_probe else None
     cache_dir = _env.hub_cache(e)
     hub = HubState(
         offline=offline,
-        reachable=reachable,
+        reachable=None if probe is None else probe.answer(),
         cache_dir=cache_dir,
         endpoint=endpoint,
         # kernels downloads into KERNELS_CACHE when set, else the Hub cache: look where it will

@@ -38,6 +38,7 @@ from .preflight import (
     is_local_kernel,
     kernels_device,
     kernels_package_reasons,
+    needs_hub_answer,
     preflight_hub_kernel,
     trusted,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "kernel_mapping",
     "kernels_device",
     "kernels_package_reasons",
+    "needs_hub_answer",
     "plan_kernels",
     "preflight_hub_kernel",
     "read_lock",

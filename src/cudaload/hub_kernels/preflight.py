@@ -223,6 +223,15 @@ def kernels_package_reasons(caps: Capabilities) -> list[str]:
     return []
 
 
+def needs_hub_answer(caps: Capabilities) -> bool:
+    """Whether a decision on ``caps`` can turn on the Hub's reachability, still unknown (``hub.reachable`` None).
+
+    Only one does: whether ``kernels`` can download a Hub kernel that is not cached (:func:`_offline` below).
+    Where ``kernels`` cannot serve transformers (not installed, out of range, not loadable) every Hub kernel is
+    rejected for that reason first, whatever the network says, so the probe is not worth its round trip."""
+    return not caps.hub.offline and caps.hub.reachable is None and not kernels_package_reasons(caps)
+
+
 def _offline(caps: Capabilities) -> bool:
     return caps.hub.offline or caps.hub.reachable is False
 
