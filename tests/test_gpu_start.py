@@ -38,6 +38,14 @@ def test_the_gpu_is_started_only_when_it_is_certain_before_planning() -> None:
     assert gpu_start.target_gpu(dataclasses.replace(two, gpus=()), None) is None
 
 
+def test_no_thread_where_cuda_is_already_initialised() -> None:
+    """A process that already made its CUDA context has nothing to hide; a thread would only add a cuBLAS
+    workspace (32 MiB on the H200) that the process keeps."""
+    one = dataclasses.replace(hardware("2xH200"), gpus=hardware("2xH200").gpus[:1])
+    assert gpu_start.target_gpu(one, None) == 0
+    assert gpu_start.start(dataclasses.replace(one, cuda_initialized=True), None) is None
+
+
 def test_a_failed_start_is_reported_not_raised() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
@@ -81,13 +89,26 @@ def test_load_model_on_one_gpu_makes_the_context_while_importing(tiny_model) -> 
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU (runs on the H200 device machine)")
-    import cudaload
+    import json
+    import subprocess
+    import sys
 
-    m = cudaload.load_model(tiny_model("qwen3"), device_map="cuda:0")
-    gs = m.cudaload_plan.verified["gpu_start"]
+    # a fresh process, as a user's script is: this one has used CUDA already (other tests), where no thread starts
+    code = (
+        "import json, sys, cudaload, torch\n"
+        "m = cudaload.load_model(sys.argv[1], device_map='cuda:0')\n"
+        "print(json.dumps({'gs': m.cudaload_plan.verified['gpu_start'], 'dev': next(m.parameters()).device.type,"
+        " 'explained': 'CUDA context and cuBLAS on cuda:0' in m.cudaload_plan.explain()}))\n"
+        "m2 = cudaload.load_model(sys.argv[1], device_map='cuda:0')\n"  # CUDA initialised now: no second thread
+        "print(json.dumps({'second': m2.cudaload_plan.verified['gpu_start']}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tiny_model("qwen3"))], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    first, second = (json.loads(line) for line in p.stdout.strip().splitlines()[-2:])
+    gs = first["gs"]
     assert gs["device"] == "cuda:0" and gs["error"] is None and gs["seconds"] > 0
-    assert next(m.parameters()).device.type == "cuda"
-    assert "CUDA context and cuBLAS on cuda:0" in m.cudaload_plan.explain()
+    assert first["dev"] == "cuda" and first["explained"]
+    assert second["second"] is None
 
 
 def test_starting_the_gpu_in_a_fresh_process_under_torchrun_does_not_abort_it() -> None:

@@ -7,7 +7,8 @@ a thread right after detection, the same work finished inside the 6-7 s import a
 is imported and one bf16 GEMM has run, 4 fresh processes each, interleaved: the serial processes waited
 0.41-0.58 s after the import, the threaded ones 0.00 s; the import itself took the same time).
 
-Started only when the GPU the model will load onto is known before planning: cuda:LOCAL_RANK under torchrun,
+Started only in a process where CUDA is not initialised yet, and only when the GPU the model will load onto
+is known before planning: cuda:LOCAL_RANK under torchrun,
 the one GPU of a one-GPU process, or a ``device_map`` naming one GPU. The thread holds no objects of the load
 and its failure is only reported (the load then meets the same error with its own message).
 """
@@ -90,6 +91,12 @@ class GpuStart:
 
 def start(caps: Capabilities, device_map: Any) -> GpuStart | None:
     if not _env.gpu_start_enabled():
+        return None
+    if caps.cuda_initialized:
+        # CUDA was initialised in this process before the call (a notebook's second load, a script that already
+        # used the GPU): its context exists, so nothing is left to hide, and a new thread's first GEMM would
+        # make a cuBLAS handle with a workspace of its own, 32 MiB on the H200 held for the process's life
+        # (run 25: tests/test_gpu_load.py::test_failed_load_returns_gpu_memory_to_baseline found it left over)
         return None
     i = target_gpu(caps, device_map)
     if i is None:
