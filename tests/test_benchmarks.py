@@ -341,3 +341,35 @@ def test_gpu_run_measures_peaks_backends_and_estimates(tmp_path: Path) -> None:
     assert all(r["measured"] is not None and r["ratio"] is not None for r in rows), rows
     if secs["firstuse"]["status"] == "ok":
         assert all("error" not in r for r in secs["firstuse"]["rows"]), secs["firstuse"]["rows"]
+
+
+def test_quant_peak_parts_names_what_is_alive_at_the_peak() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "cudaload_quant_peak_parts", RUNNER.parent / "quant_peak_parts.py"
+    )
+    assert spec is not None and spec.loader is not None
+    qp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(qp)
+    scratch = [{"filename": "/x/src/cudaload/fastload/quantized.py", "line": 564, "name": "_load"}]
+    bnb = [
+        {"filename": "/usr/lib/site-packages/bitsandbytes/nn/modules.py", "line": 9, "name": "_quantize"},
+        {"filename": "/x/src/cudaload/fastload/quantized.py", "line": 590, "name": "_load"},
+    ]
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": scratch},
+        {"action": "alloc", "addr": 2, "size": 30, "frames": bnb},
+        {"action": "free_requested", "addr": 2, "size": 30},
+        {"action": "free_completed", "addr": 2, "size": 30},  # counted once
+        {"action": "alloc", "addr": 3, "size": 50, "frames": bnb},  # the peak: 150
+        {"action": "alloc", "addr": 4, "size": 10, "frames": []},  # an owner-less block: the peak, 160
+        {"action": "free_requested", "addr": 3, "size": 50},
+        {"action": "free_requested", "addr": 4, "size": 10},
+        {"action": "free_requested", "addr": 1, "size": 100},
+    ]
+    peak, parts, at = qp.peak_parts(events)
+    assert (peak, at) == (160, 5)
+    assert parts == {
+        "cudaload/fastload/quantized.py:564 _load": 100,
+        "bitsandbytes/nn/modules.py:9 _quantize": 50,
+        "?": 10,
+    }
