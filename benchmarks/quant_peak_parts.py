@@ -80,6 +80,18 @@ def recorded(load: Callable[[], Any], torch: Any) -> tuple[Any, dict[str, Any]]:
     torch.cuda.memory._record_memory_history(enabled=None)
     events = snap["device_traces"][torch.cuda.current_device()]
     peak, parts, at = peak_parts(events)
+    # what stays: every block still allocated, from the allocator's own segments (authoritative where the trace
+    # and memory_allocated disagree); blocks made before the window carry no frames
+    final: Counter[str] = Counter()
+    for seg in snap["segments"]:
+        if seg.get("device") != torch.cuda.current_device():
+            continue
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                final[owner(b.get("frames") or []) if b.get("frames") else "(before the window)"] += int(
+                    b["size"]
+                )
+    actions = Counter(str(e.get("action")) for e in events)
     return model, {
         "peak_allocated": torch.cuda.max_memory_allocated() - base,
         "final_allocated": torch.cuda.memory_allocated() - base,
@@ -87,6 +99,8 @@ def recorded(load: Callable[[], Any], torch: Any) -> tuple[Any, dict[str, Any]]:
         "trace_peak_event": at,
         "events": len(events),
         "parts": dict(parts.most_common(25)),
+        "final_parts": dict(final.most_common(25)),
+        "actions": dict(actions),
     }
 
 
@@ -147,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             f"final {r['final_allocated'] / 2**20:.2f} MiB"
         )
         for k, v in r["parts"].items():
+            print(f"  {v / 2**20:10.2f} MiB  {k}")
+        print(f"  alive at the end (allocator segments), events {r['actions']}:")
+        for k, v in r["final_parts"].items():
             print(f"  {v / 2**20:10.2f} MiB  {k}")
     print(f"scratch {result['scratch_bytes'] / 2**20:.2f} MiB, largest weight {largest} elements")
     return 0
