@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _env
 from .capabilities import Capabilities
@@ -29,6 +29,9 @@ from .policies.quantization import fit
 from .policies.serving import ServingPlan, choose_paged_attention, plan_serving
 from .tuning import Timings, Work
 from .tuning import lookup as lookup_timings
+
+if TYPE_CHECKING:
+    from .detection.hub import Probe
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ def resolve_hardware(hardware: Capabilities | str | os.PathLike[str] | None) -> 
     return profile(os.fspath(hardware))
 
 
-def hub_probe_for(caps: Capabilities) -> Any:
+def hub_probe_for(caps: Capabilities) -> Probe | None:
     """The Hub reachability probe, started on a thread, when a decision on this detected machine needs its answer
     (``hub_kernels.needs_hub_answer``: a Hub kernel ``kernels`` might download); None otherwise. Before this, every
     ``load_model()`` waited for a HEAD request to the Hub before importing anything: a round trip online, and the

@@ -43,9 +43,6 @@ class Probe:
         except Exception:
             self._result.append(False)
 
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
     def answer(self) -> bool:
         """True when any HTTP answer came back within the timeout (waits for it, never past the deadline)."""
         self._thread.join(max(0.0, self._deadline - time.monotonic()))
