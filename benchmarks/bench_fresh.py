@@ -16,10 +16,12 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   default since runs 19-20), to show what that buys; ``cudaload-upload-NxSM`` (e.g. ``cudaload-upload-1x256M``):
   the upload with N reader threads and S MiB staging buffers (``cudaload.fastload.early.THREADS`` /
   ``BUFFER_BYTES``, set in the child), to see whether fewer, larger reads disturb the imports less.
-- ``plain-online`` / ``cudaload-online``: ``plain`` / ``cudaload`` without ``HF_HUB_OFFLINE`` (the other
-  methods set it), as a user whose machine is not marked offline runs them; with ``--silent-hub`` the Hub
-  endpoint is a loopback socket that accepts and never answers (what a firewall that drops packets looks like
-  to a client), else the machine's real network;
+- ``METHOD-online`` (``plain-online``, ``cudaload-online``, ``cudaload-noprefetch-online``...): without
+  ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` (the other methods set the first), as a user whose machine is
+  not marked offline runs them; with ``--silent-hub`` the Hub endpoint is a loopback socket that accepts and
+  never answers (what a firewall that drops packets looks like to a client), else the machine's real network;
+- ``METHOD@NAME``: the method with cudaload imported from ``--src NAME=DIR`` (byte-compiled first like this
+  repo's, and checked in the child), to compare two commits in one interleaved run;
 - ``plain-pyc`` / ``cudaload-pyc``: ``plain`` / ``cudaload`` after ``cudaload precompile --prefix DIR`` (run
   once before the samples, its report in the meta), the children reading those caches through
   ``PYTHONPYCACHEPREFIX=DIR``: what the packages' cached bytecode is worth where the installation has none.
@@ -91,7 +93,7 @@ else:
     if cuda: torch.cuda.synchronize()
     mark("loaded")
     v = model.cudaload_plan.verified or {}
-    extra = {"phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"), "early_upload": v.get("early_upload"),
+    extra = {"cudaload_file": cudaload.__file__, "phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"), "early_upload": v.get("early_upload"),
              "attention": model.cudaload_plan.attention.choice}
 ids = torch.randint(4, int(model.config.vocab_size), (1, 16), device=spec["device"])
 with torch.no_grad():
@@ -109,13 +111,14 @@ def child_env(spec: dict[str, Any]) -> dict[str, str]:
     env["FRESH_TAG"] = TAG
     src = spec.get("src") or str(HERE.parent / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if spec["method"].endswith("-online"):
-        env.pop("HF_HUB_OFFLINE", None)
+    if spec.get("online"):
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # either makes huggingface_hub offline
+            env.pop(name, None)
         if spec.get("hub_endpoint"):
             env["HF_ENDPOINT"] = spec["hub_endpoint"]
     else:
         env.setdefault("HF_HUB_OFFLINE", "1")
-    if spec["method"].endswith("-pyc"):  # the caches `cudaload precompile --prefix` wrote
+    if spec.get("pyc"):  # the caches `cudaload precompile --prefix` wrote
         env["PYTHONPYCACHEPREFIX"] = spec["pycache"]
     env["FRESH_T0"] = repr(time.time())
     return env
@@ -162,7 +165,20 @@ def write_checkpoint(shape: str, path: Path, device: str) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def compile_sources() -> dict[str, Any]:
+def split_method(method: str) -> tuple[str, frozenset[str], str]:
+    """``cudaload-noprefetch-online@before`` -> (``cudaload-noprefetch``, {``online``}, ``before``): the load the
+    child makes, the settings its environment gets (``-pyc``, ``-online``, in any order), the sources it imports."""
+    core, _, src_name = method.partition("@")
+    settings: set[str] = set()
+    while True:
+        suffix = next((x for x in ("-pyc", "-online") if core.endswith(x)), None)
+        if suffix is None:
+            return core, frozenset(settings), src_name
+        settings.add(suffix[1:])
+        core = core[: -len(suffix)]
+
+
+def compile_sources(extra: list[str] | None = None) -> dict[str, Any]:
     """Byte-compile cudaload's sources, as ``pip install`` does for a wheel, so the children time an installed
     cudaload: from a source checkout under PYTHONDONTWRITEBYTECODE (set on some machines) every fresh process
     would otherwise compile its ~60 modules from source again (0.2 s on a 2-core CPU), which no installed
@@ -170,7 +186,10 @@ def compile_sources() -> dict[str, Any]:
     import compileall
 
     t = time.perf_counter()
-    ok = compileall.compile_dir(str(HERE.parent / "src" / "cudaload"), quiet=1)
+    ok = all(
+        compileall.compile_dir(str(Path(src) / "cudaload"), quiet=1)
+        for src in [str(HERE.parent / "src"), *(extra or [])]
+    )
     return {
         "ok": bool(ok),
         "seconds": round(time.perf_counter() - t, 3),
@@ -218,7 +237,7 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     plain = {
         (r["shape"], r["quant"], r["temp"], _setting(r["method"])): r["total_median"]
         for r in rows
-        if r["method"] in ("plain", "plain-pyc", "plain-online")
+        if split_method(r["method"])[0] == "plain" and not split_method(r["method"])[2]
     }
     for r in rows:
         p = plain.get((r["shape"], r["quant"], r["temp"], _setting(r["method"])))
@@ -226,10 +245,9 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["shape"], r["quant"], r["temp"], r["method"]))
 
 
-def _setting(method: str) -> str:
+def _setting(method: str) -> frozenset[str]:
     """The installation/environment a method runs in, which its plain counterpart shares."""
-    base = method.partition("@")[0]
-    return next((suffix for suffix in ("-pyc", "-online") if base.endswith(suffix)), "")
+    return split_method(method)[1]
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -316,8 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         hub_endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
-    sources = dict(item.split("=", 1) for item in args.src)
-    unknown = {m.partition("@")[2] for m in args.methods.split(",")} - set(sources) - {""}
+    if any("=" not in item for item in args.src):
+        ap.error("--src takes NAME=DIR")
+    sources = {name: str(Path(d).resolve()) for name, d in (item.split("=", 1) for item in args.src)}
+    unknown = {split_method(m)[2] for m in args.methods.split(",")} - set(sources) - {""}
     if unknown:
         ap.error(f"methods name sources not given with --src NAME=DIR: {', '.join(sorted(unknown))}")
     meta.update(sources=sources, hub_endpoint=hub_endpoint)
@@ -330,9 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             meta["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
-    meta["compile_sources"] = compile_sources()
+    meta["compile_sources"] = compile_sources(list(sources.values()))
     pycache = str(work / "pycache")
-    if any(m.endswith("-pyc") for m in args.methods.split(",")):
+    if any("pyc" in split_method(m)[1] for m in args.methods.split(",")):
         env = dict(os.environ)
         env["PYTHONPATH"] = str(HERE.parent / "src") + (os.pathsep + env.get("PYTHONPATH", ""))
         pc = subprocess.run(
@@ -381,17 +401,23 @@ def main(argv: list[str] | None = None) -> int:
                         if temp == "cold":
                             evict(files)
                             res_before = resident_fraction(files)
-                        base, _, src_name = method.partition("@")
+                        core, settings, src_name = split_method(method)
                         spec = {
                             "path": str(path),
                             "device": device,
                             "quant": quant,
-                            "method": base,
+                            "method": core,
+                            "online": "online" in settings,
+                            "pyc": "pyc" in settings,
                             "pycache": pycache,
                             "src": sources[src_name] if src_name else None,
                             "hub_endpoint": hub_endpoint,
                         }
                         r = run_child(spec, timeout=max(20.0, min(left, 240.0)))
+                        got = r.get("cudaload_file")
+                        if spec["src"] and got and not str(got).startswith(spec["src"] + os.sep):
+                            # PYTHONPATH did not win (DIR is not a src folder): both sides would time one tree
+                            r = {"error": f"imported cudaload from {got}, not from {spec['src']}"}
                         r.update(
                             shape=shape,
                             quant=quant,

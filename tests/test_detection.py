@@ -297,7 +297,9 @@ def test_planning_asks_the_hub_only_when_a_decision_needs_it(
         probe = hub_probe_for(caps)
         assert (probe is not None) == needed
         if needed:
-            assert with_hub_answer(caps, probe).hub.reachable is False  # silent: no answer within the timeout
+            answered = with_hub_answer(caps, probe)
+            assert answered.hub.reachable is False  # silent: no answer within the timeout
+            assert "hub-unreachable" in {f.code for f in answered.findings}  # as detect() would say
             assert _connected(silent)
         else:
             plan(str(tiny_model("qwen3")))
@@ -310,6 +312,35 @@ def test_planning_asks_the_hub_only_when_a_decision_needs_it(
         from cudaload.detection import clear_cache
 
         clear_cache()
+
+
+def test_a_probe_answers_once_for_its_life() -> None:
+    """A request still running at the deadline can finish later: the answer given first stays the answer."""
+    import socket
+    import threading
+
+    from cudaload.detection import hub
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def slow_answer() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(1024)
+            for piece in (b"HTTP/1.0 200 OK\r\n", b"Content-Length: 0\r\n", b"\r\n"):
+                time.sleep(0.15)  # each read within the socket timeout, the whole past the probe's deadline
+                conn.sendall(piece)
+
+    t = threading.Thread(target=slow_answer, daemon=True)
+    t.start()
+    probe = hub.Probe(f"http://127.0.0.1:{srv.getsockname()[1]}", 0.3)
+    assert probe.answer() is False
+    t.join(5)
+    time.sleep(0.2)  # the request has had its answer by now
+    assert probe.answer() is False
+    srv.close()
 
 
 def test_load_model_collects_the_hub_answer_after_the_imports(

@@ -96,13 +96,17 @@ def test_load_model_on_one_gpu_makes_the_context_while_importing(tiny_model) -> 
     # a fresh process, as a user's script is: this one has used CUDA already (other tests), where no thread starts
     code = (
         "import json, sys, cudaload, torch\n"
+        "caps = cudaload.detect()\n"  # taken before CUDA is initialised: stale by the second load
         "m = cudaload.load_model(sys.argv[1], device_map='cuda:0')\n"
         "print(json.dumps({'gs': m.cudaload_plan.verified['gpu_start'], 'dev': next(m.parameters()).device.type,"
         " 'explained': 'CUDA context and cuBLAS on cuda:0' in m.cudaload_plan.explain()}))\n"
-        "m2 = cudaload.load_model(sys.argv[1], device_map='cuda:0')\n"  # CUDA initialised now: no second thread
+        # CUDA initialised now, though the snapshot passed says it is not: no second thread
+        "m2 = cudaload.load_model(sys.argv[1], device_map='cuda:0', hardware=caps)\n"
         "print(json.dumps({'second': m2.cudaload_plan.verified['gpu_start']}))\n"
     )
-    p = subprocess.run([sys.executable, "-c", code, str(tiny_model("qwen3"))], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_model("qwen3"))], capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     first, second = (json.loads(line) for line in p.stdout.strip().splitlines()[-2:])
     gs = first["gs"]

@@ -30,3 +30,41 @@ def test_modules_diff_groups_by_package_both_ways() -> None:
     assert "## imported by cudaload, not by plain" in text
     assert "| cudaload | 2 | 4.0 |" in text
     assert "## imported by plain, not by cudaload" in text and "| transformers | 1 | 0.0 |" in text
+
+
+def test_bench_fresh_pairs_each_method_with_plain_in_its_setting() -> None:
+    import bench_fresh
+
+    assert bench_fresh.split_method("cudaload-noprefetch-online@before") == (
+        "cudaload-noprefetch",
+        frozenset({"online"}),
+        "before",
+    )
+    assert bench_fresh.split_method("plain-pyc-online") == ("plain", frozenset({"pyc", "online"}), "")
+
+    def sample(method: str, total: float) -> dict[str, object]:
+        return {
+            "shape": "s",
+            "quant": "bf16",
+            "temp": "warm",
+            "method": method,
+            "marks": {"first_forward": total},
+        }
+
+    rows = bench_fresh.summarize(
+        [
+            sample("plain", 10.0),
+            sample("plain-online", 20.0),
+            sample("cudaload", 5.0),
+            sample("cudaload-online", 10.0),
+            sample("cudaload-online@before", 30.0),
+        ]
+    )
+    ratio = {r["method"]: r["vs_plain"] for r in rows}
+    assert ratio == {
+        "plain": 1.0,
+        "plain-online": 1.0,
+        "cudaload": 0.5,
+        "cudaload-online": 0.5,
+        "cudaload-online@before": 1.5,  # another tree, the same environment: against plain-online
+    }

@@ -211,7 +211,9 @@ class CachedKernel:
 @dataclass(frozen=True)
 class HubState:
     offline: bool = False
-    reachable: bool | None = None  # None: not probed (offline set, or probing disabled)
+    reachable: bool | None = (
+        None  # None: not probed (offline, probing disabled, or no decision needed the answer)
+    )
     cache_dir: str | None = None
     endpoint: str | None = None
     cached_kernels: tuple[CachedKernel, ...] = ()

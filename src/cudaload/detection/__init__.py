@@ -63,11 +63,24 @@ def hub_probe(env: Mapping[str, str] | None = None) -> _hub.Probe | None:
 
 
 def with_hub_answer(caps: Capabilities, probe: _hub.Probe | None) -> Capabilities:
-    """``caps`` with the probe's answer as ``hub.reachable`` (waits for it, within its timeout); ``caps`` itself
-    when there is no probe."""
+    """``caps`` with the probe's answer as ``hub.reachable`` (waits for it, within its timeout) and the finding
+    :func:`detect` would have made of it; ``caps`` itself when there is no probe."""
     if probe is None:
         return caps
-    return replace(caps, hub=replace(caps.hub, reachable=probe.answer()))
+    hub = replace(caps.hub, reachable=probe.answer())
+    unreachable = _hub_finding(hub)
+    findings = caps.findings if unreachable is None else (*caps.findings, unreachable)
+    return replace(caps, hub=hub, findings=findings)
+
+
+def _hub_finding(hub: HubState) -> Finding | None:
+    if hub.reachable is not False:
+        return None
+    return Finding(
+        "hub-unreachable",
+        f"the Hub ({hub.endpoint}) did not answer within the probe bound",
+        "set HF_HUB_OFFLINE=1 to work from the local cache without waiting on the network",
+    )
 
 
 def _host_memory() -> int | None:
@@ -269,14 +282,9 @@ def _findings(
                     severity="error",
                 )
             )
-    if hub.reachable is False:
-        out.append(
-            Finding(
-                "hub-unreachable",
-                f"the Hub ({hub.endpoint}) did not answer within the probe bound",
-                "set HF_HUB_OFFLINE=1 to work from the local cache without waiting on the network",
-            )
-        )
+    unreachable = _hub_finding(hub)
+    if unreachable is not None:
+        out.append(unreachable)
     slow_imports = _bytecode.finding_text(bytecode) if bytecode is not None else None
     if slow_imports:
         out.append(Finding("bytecode-uncached", *slow_imports))

@@ -22,6 +22,7 @@ class Probe:
         self.endpoint = endpoint
         self.timeout = timeout
         self._result: list[bool] = []
+        self._answer: bool | None = None
         self._deadline = time.monotonic() + timeout
         self._thread = threading.Thread(target=self._run, name="cudaload-hub-probe", daemon=True)
         self._thread.start()
@@ -44,9 +45,15 @@ class Probe:
             self._result.append(False)
 
     def answer(self) -> bool:
-        """True when any HTTP answer came back within the timeout (waits for it, never past the deadline)."""
-        self._thread.join(max(0.0, self._deadline - time.monotonic()))
-        return bool(self._result and self._result[0])
+        """True when any HTTP answer came back within the timeout (waits for it, never past the deadline).
+
+        The first answer given is the answer for the life of the probe: a request still running at the deadline
+        may finish later, and one process must not see the Hub unreachable in one snapshot and reachable in the
+        next (a plan made from the first would disagree with a later explain)."""
+        if self._answer is None:
+            self._thread.join(max(0.0, self._deadline - time.monotonic()))
+            self._answer = bool(self._result and self._result[0])
+        return self._answer
 
 
 def probe(endpoint: str, timeout: float) -> bool:
