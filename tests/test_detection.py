@@ -235,7 +235,7 @@ def test_hub_probe_is_bounded() -> None:
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)
     t = time.perf_counter()
-    assert hub.probe(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.3) is False
+    assert hub.Probe(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.3).answer() is False
     assert time.perf_counter() - t < 1.0
     silent.close()
 
@@ -250,7 +250,9 @@ def test_hub_probe_is_bounded() -> None:
     srv = HTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        assert hub.probe(f"http://127.0.0.1:{srv.server_address[1]}", 2.0) is True  # any answer = reachable
+        assert (
+            hub.Probe(f"http://127.0.0.1:{srv.server_address[1]}", 2.0).answer() is True
+        )  # any answer = reachable
     finally:
         srv.shutdown()
     # offline: never probed, whatever the timeout says

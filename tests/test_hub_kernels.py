@@ -444,6 +444,3 @@ def test_the_hub_is_asked_only_where_kernels_could_download() -> None:
     assert not needs_hub_answer(out)  # transformers would not use kernels: every Hub kernel is refused anyway
     missing = replace(online, packages=(PackageInfo("kernels", False),))
     assert not needs_hub_answer(missing)
-    # and when unreachable is the answer, a kernel that is not cached is refused for it
-    ok, reasons = check_attention_kernel(FA2, known, trust=["*"])
-    assert not ok and any("unreachable" in r for r in reasons)

@@ -211,9 +211,8 @@ class CachedKernel:
 @dataclass(frozen=True)
 class HubState:
     offline: bool = False
-    reachable: bool | None = (
-        None  # None: not probed (offline, probing disabled, or no decision needed the answer)
-    )
+    # None: not probed (offline, probing disabled, or no decision needed the answer)
+    reachable: bool | None = None
     cache_dir: str | None = None
     endpoint: str | None = None
     cached_kernels: tuple[CachedKernel, ...] = ()

@@ -54,8 +54,3 @@ class Probe:
             self._thread.join(max(0.0, self._deadline - time.monotonic()))
             self._answer = bool(self._result and self._result[0])
         return self._answer
-
-
-def probe(endpoint: str, timeout: float) -> bool:
-    """HEAD ``endpoint`` and wait: True when any HTTP answer comes back within ``timeout`` seconds."""
-    return Probe(endpoint, timeout).answer()
