@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .decision import Decision
-
-if TYPE_CHECKING:
-    from .policies.serving import ServingPlan
+from .serving_plan import ServingPlan
 
 PLAN_SCHEMA_VERSION = 1
 INTENTS = ("inference", "training", "lora", "qlora", "serving")
@@ -189,7 +187,8 @@ class Plan:
     peft: dict[str, Any] | None = None  # LoraConfig kwargs for lora / qlora
     warnings: tuple[str, ...] = ()
     verified: dict[str, Any] | None = None  # filled in by load_model()
-    # intent "serving": transformers' continuous-batching settings (cudaload.policies.serving.ServingPlan)
+    # intent "serving": transformers' continuous-batching settings (cudaload.serving_plan.ServingPlan, decided by
+    # cudaload.policies.serving)
     serving: ServingPlan | None = None
     # training intents: the optimizer (TrainingArguments optim name) and gradient checkpointing ("on"/"off")
     optimizer: Decision | None = None
@@ -280,8 +279,4 @@ class Plan:
 
 
 def _serving_from(d: dict[str, Any] | None) -> ServingPlan | None:
-    if not d:
-        return None
-    from .policies.serving import ServingPlan
-
-    return ServingPlan.from_dict(d)
+    return ServingPlan.from_dict(d) if d else None
