@@ -14,8 +14,12 @@ from typing import Any
 from .decision import Decision
 from .serving_plan import ServingPlan
 
+# Plan data sits below every policy: this module imports none (the policies import it), so a plan read back from
+# JSON needs no policy, and explain() renders each section from its own data.
+
 PLAN_SCHEMA_VERSION = 1
 INTENTS = ("inference", "training", "lora", "qlora", "serving")
+_GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,51 @@ class Parallelism:
             config=dict(d.get("config") or {}),
         )
 
+    def explain_lines(self) -> list[str]:
+        """The parallelism section of ``Plan.explain()``: the choice, every candidate's per-GPU bytes, the launch
+        command and the settings the choice needs."""
+        d = self.decision
+        head = f"parallelism: {d.choice or 'none (no multi-process strategy fits)'} ({self.world_size} GPUs"
+        head += ", launched under torchrun)" if self.launched else ")"
+        lines = [head + ("  (explicit)" if d.explicit else "")]
+        lines.extend(f"    because {r}" for r in d.reasons)
+        for c in d.candidates:
+            need = self.per_gpu_bytes(c.name)
+            size = f" {need / _GiB:.1f} GiB/GPU" if need is not None else ""
+            mark = "*  " if c.name == d.choice else ("ok " if c.ok else "no ")
+            lines.append(
+                f"  - {mark}{c.name}:{size}: {'; '.join(c.reasons[1:]) if len(c.reasons) > 1 else ''}".rstrip(
+                    ": "
+                )
+            )
+        chosen = self.per_gpu.get(d.choice or "")
+        if chosen:
+            lines.append(
+                "    per GPU: "
+                + ", ".join(f"{k} {v / _GiB:.2f} GiB" for k, v in chosen.items() if k != "total")
+                + f"; total {chosen['total'] / _GiB:.2f} GiB"
+                + (f" of {self.budget_per_gpu / _GiB:.1f} GiB" if self.budget_per_gpu else "")
+            )
+        if self.launch:
+            lines.append(f"    launch: {self.launch}")
+        ta = self.config.get("training_arguments")
+        if ta:
+            lines.append("    TrainingArguments: " + ", ".join(f"{k}={v!r}" for k, v in ta.items()))
+        fp = self.config.get("from_pretrained")
+        if fp:
+            lines.append("    from_pretrained: " + ", ".join(f"{k}={v!r}" for k, v in fp.items()))
+        alt = self.config.get("deepspeed_alternative")
+        if alt:
+            lines.append(
+                f"    DeepSpeed instead ({alt['strategy']}): TrainingArguments(deepspeed={alt['config']!r})"
+            )
+        ds = self.config.get("deepspeed_config")
+        if ds:
+            lines.append(f"    DeepSpeed config: {ds!r}")
+        if self.config.get("quantization_config"):
+            lines.append(f"    quantization_config: {self.config['quantization_config']!r}")
+        return lines
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -272,9 +321,7 @@ class Plan:
         if self.serving is not None:
             text = text.rstrip("\n") + "\n" + "\n".join(self.serving.explain_lines()) + "\n"
         if self.parallelism is not None:
-            from .policies.parallelism import explain_lines
-
-            text += "\n" + "\n".join(explain_lines(self.parallelism))
+            text += "\n" + "\n".join(self.parallelism.explain_lines())
         return text
 
 
