@@ -12,12 +12,12 @@
 #   choice    benchmarks/run.py --sections choice,firstuse   (FA4 wheels)
 #   attention benchmarks/bench_attention.py: every backend through generate() on 8+ work shapes (FA4 wheels)
 #   fresh     benchmarks/bench_fresh.py: process start to first forward, warm and cold (FRESH_ARGS)
-#   profile   benchmarks/profile_fresh.py: cProfile / -X importtime of fresh plain vs cudaload (PROFILE_SHAPES)
+#   profile   benchmarks/investigations/profile_fresh.py: cProfile / -X importtime of fresh plain vs cudaload (PROFILE_SHAPES)
 #   memtrain  benchmarks/bench_memory_train.py: training peaks and fit boundaries (quant wheels)
 #   serving   benchmarks/bench_serving.py: 64 mixed requests, both shapes (SERVING_S each; SERVING_VARIANTS JSON,
 #             SERVING_PADDED batch sizes, SERVING_REPS)
 #   parallel  benchmarks/bench_parallel.py: DDP / FSDP2 / TP / layer split on 2 GPUs
-#   masked    benchmarks/bench_masked_transient.py: one masked paged attention layer, memory vs the plan's formula
+#   masked    benchmarks/investigations/bench_masked_transient.py: one masked paged attention layer, memory vs the plan's formula
 #   servingeager  the serving plan cudaload makes with attn="eager" (0.6B), against the same with paged|sdpa
 # DEV=cuda:N (or CUDA_VISIBLE_DEVICES) puts a single-GPU part on another GPU of a 2-GPU machine, so two
 # parts can run side by side: `benchmarks/gpu_suite.sh OUT memtrain & DEV=1 benchmarks/gpu_suite.sh OUT serving`.
@@ -52,7 +52,7 @@ for part in "$@"; do
             tail -40 "$dir/attention/results.md" ;;
     fresh) t "${FRESH_S:-330}" python benchmarks/bench_fresh.py --out "$dir/fresh" --budget-s "$(( ${FRESH_S:-330} - 30 ))" ${FRESH_ARGS:-} > "$dir/fresh.log" 2>&1
            tail -30 "$dir/fresh/fresh.md" ;;
-    profile) t "${PROFILE_S:-240}" python benchmarks/profile_fresh.py --out "$dir/profile" --shapes "${PROFILE_SHAPES:-Qwen3-0.6B}" > "$dir/profile.log" 2>&1
+    profile) t "${PROFILE_S:-240}" python benchmarks/investigations/profile_fresh.py --out "$dir/profile" --shapes "${PROFILE_SHAPES:-Qwen3-0.6B}" > "$dir/profile.log" 2>&1
              tail -8 "$dir/profile.log" ;;
     memtrain) t "${MEMTRAIN_S:-480}" python benchmarks/bench_memory_train.py --out "$dir/memtrain" --budget-s "$(( ${MEMTRAIN_S:-480} - 30 ))" ${MEMTRAIN_ARGS:-} > "$dir/memtrain.log" 2>&1
               tail -30 "$dir/memtrain.log" ;;
@@ -61,7 +61,7 @@ for part in "$@"; do
                tail -20 "$dir/serving-$shape.log"; done ;;
     parallel) t "${PARALLEL_S:-300}" python benchmarks/bench_parallel.py --out "$dir/parallel" --budget-s "$(( ${PARALLEL_S:-300} - 20 ))" ${PARALLEL_ARGS:-} > "$dir/parallel.log" 2>&1
               tail -30 "$dir/parallel.log" ;;
-    masked) t "${MASKED_S:-240}" python benchmarks/bench_masked_transient.py --out "$dir/masked" --budget-s "$(( ${MASKED_S:-240} - 20 ))" > "$dir/masked.log" 2>&1
+    masked) t "${MASKED_S:-240}" python benchmarks/investigations/bench_masked_transient.py --out "$dir/masked" --budget-s "$(( ${MASKED_S:-240} - 20 ))" > "$dir/masked.log" 2>&1
             tail -20 "$dir/masked.log" ;;
     servingeager)
       settings=$(python -c 'import json, cudaload; from cudaload.testing import full_config; p = cudaload.plan(full_config("Qwen3-0.6B"), intent="serving", attn="eager", seq_len=2304, batch_size=64); print(json.dumps(p.serving.settings()))')

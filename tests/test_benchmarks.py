@@ -345,7 +345,7 @@ def test_gpu_run_measures_peaks_backends_and_estimates(tmp_path: Path) -> None:
 
 def test_quant_peak_parts_names_what_is_alive_at_the_peak() -> None:
     spec = importlib.util.spec_from_file_location(
-        "cudaload_quant_peak_parts", RUNNER.parent / "quant_peak_parts.py"
+        "cudaload_quant_peak_parts", RUNNER.parent / "investigations" / "quant_peak_parts.py"
     )
     assert spec is not None and spec.loader is not None
     qp = importlib.util.module_from_spec(spec)

@@ -1,4 +1,5 @@
-"""benchmarks/profile_fresh.py's readers: ``python -X importtime`` output and the modules only one side imports."""
+"""benchmarks/investigations/profile_fresh.py's readers: ``python -X importtime`` output and the modules only
+one side imports; bench_fresh.py's method names and summary."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
+# profile_fresh from investigations/, bench_fresh (which it imports too) from benchmarks/
+sys.path[:0] = [str(BENCH / "investigations"), str(BENCH)]
 
 import profile_fresh  # noqa: E402
 

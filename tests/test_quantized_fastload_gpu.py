@@ -111,9 +111,10 @@ def test_06b_same_and_peak_within_one_layer(qwen3_06b: Path, method: str) -> Non
     assert got_peak - got_final <= one_layer + temporaries, (got_peak, got_final, one_layer, temporaries)
     # what stays: the same tensors (assert_same_quantized below), in allocator blocks that round up differently
     # with the order of allocations: a block of 1-3 MiB is not split when its segment's remainder would be 1 MiB
-    # or less. Run 28 (benchmarks/quant_peak_parts.py, 0.6B int8): 420 MiB of int8 weights held 456 MiB of
-    # blocks through the fast path, 446 MiB through from_pretrained (finals 754.2 / 744.2 MiB); the earlier bound,
-    # peak <= from_pretrained's peak + one layer + temporaries, missed by 0.26 MiB for that reason (runs 26-27)
+    # or less. Run 28 (benchmarks/investigations/quant_peak_parts.py, 0.6B int8): 420 MiB of int8 weights held
+    # 456 MiB of blocks through the fast path, 446 MiB through from_pretrained (finals 754.2 / 744.2 MiB); the
+    # earlier bound, peak <= from_pretrained's peak + one layer + temporaries, missed by 0.26 MiB for that reason
+    # (runs 26-27)
     assert got_final <= ref_final * 1.02, (got_final, ref_final)
     assert_same_quantized(ref, got)
 

@@ -151,11 +151,11 @@ def test_the_padding_is_transformers_own() -> None:
 
 
 def _bench() -> Any:
-    """benchmarks/bench_masked_transient.py as a module: its LiveBytes (the CPU stand-in for the allocator's
-    peak) is what this file's live-tensor check uses too."""
+    """benchmarks/investigations/bench_masked_transient.py as a module: its LiveBytes (the CPU stand-in for
+    the allocator's peak) is what this file's live-tensor check uses too."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_masked_transient.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "investigations" / "bench_masked_transient.py"
     spec = importlib.util.spec_from_file_location("bench_masked_transient", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -3,9 +3,9 @@
 In a fresh process the first GPU work pays for the CUDA context and the first GEMM's set-up (cuBLAS handle and
 workspace, lazily loaded kernels): 0.41-0.58 s on the H200 after transformers is imported, serially. Started on
 a thread right after detection, the same work finished inside the 6-7 s import and did not slow it
-(benchmarks/bench_init_overlap.py, results/2026-12-01-h200 run 16: time from process start until transformers
-is imported and one bf16 GEMM has run, 4 fresh processes each, interleaved: the serial processes waited
-0.41-0.58 s after the import, the threaded ones 0.00 s; the import itself took the same time).
+(benchmarks/investigations/bench_init_overlap.py, results/2026-12-01-h200 run 16: time from process start until
+transformers is imported and one bf16 GEMM has run, 4 fresh processes each, interleaved: the serial processes
+waited 0.41-0.58 s after the import, the threaded ones 0.00 s; the import itself took the same time).
 
 Started only in a process where CUDA is not initialised yet, and only when the GPU the model will load onto
 is known before planning: cuda:LOCAL_RANK under torchrun,

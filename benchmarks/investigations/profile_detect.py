@@ -9,8 +9,8 @@ machine has it, unless ``HF_HUB_OFFLINE`` is set); and the whole ``detect()`` ag
 without the Hub. Children alternate with a child that times only ``detect(probe_hub=False)`` cold, the figure
 ``load_model()`` pays.
 
-    python benchmarks/profile_detect.py --out DIR --reps 5          # the machine's own network
-    HF_HUB_OFFLINE=1 python benchmarks/profile_detect.py --out DIR  # no Hub request at all
+    python benchmarks/investigations/profile_detect.py --out DIR --reps 5          # the machine's own network
+    HF_HUB_OFFLINE=1 python benchmarks/investigations/profile_detect.py --out DIR  # no Hub request at all
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ print(os.environ["DETECT_TAG"] + json.dumps({"detect_cold": round(time.perf_coun
 def child(code: str) -> dict[str, Any]:
     env = dict(os.environ)
     env["DETECT_TAG"] = TAG
-    src = str(HERE.parent / "src")
+    src = str(HERE.parents[1] / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     for line in p.stdout.splitlines():

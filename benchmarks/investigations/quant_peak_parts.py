@@ -6,7 +6,7 @@ over that bound by 0.26 MiB of a 39 MiB difference. This records every allocatio
 memory history, Python stacks), finds the moment of the peak, and sums the blocks alive then by the innermost
 frame in cudaload, bitsandbytes or transformers, so the difference can be named instead of guessed.
 
-    python benchmarks/quant_peak_parts.py --out DIR --shape Qwen3-0.6B --quant int8   # on the GPU
+    python benchmarks/investigations/quant_peak_parts.py --out DIR --shape Qwen3-0.6B --quant int8   # on the GPU
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# benchmarks/, for benchlib
+sys.path.insert(0, str(HERE.parent))
 
 #: frames named after these (path parts) are the places a block is attributed to, innermost first
 OWNERS = ("cudaload", "bitsandbytes", "transformers", "accelerate", "safetensors")

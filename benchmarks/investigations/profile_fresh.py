@@ -10,8 +10,8 @@ cProfile for the whole program (imports included) and once more under ``python -
   import time: what cudaload imports that plain transformers does not is overhead it must justify.
 
     # on the H200, from the repo root (PYTHONPATH=src); the checkpoint is written as bench_fresh writes it
-    python benchmarks/profile_fresh.py --out $OUT/prof --shapes Qwen3-0.6B,Qwen3-8B
-    python benchmarks/profile_fresh.py --smoke --out /tmp/prof     # CPU, a tiny model, seconds
+    python benchmarks/investigations/profile_fresh.py --out $OUT/prof --shapes Qwen3-0.6B,Qwen3-8B
+    python benchmarks/investigations/profile_fresh.py --smoke --out /tmp/prof     # CPU, a tiny model, seconds
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# benchmarks/, for bench_fresh
+sys.path.insert(0, str(HERE.parent))
 
 from bench_fresh import (  # noqa: E402
     CHILD,

@@ -3,8 +3,8 @@
 ``cudaload.policies.serving.masked_step_transient``) and the time it takes, for transformers' own
 ``paged|eager`` and ``paged|sdpa`` forwards at the step shapes continuous batching runs.
 
-    python benchmarks/bench_masked_transient.py --out DIR [--budget-s 240] [--device cuda:0] [--reps 5]
-    python benchmarks/bench_masked_transient.py --smoke --out /tmp/masked-smoke      # CPU, tiny heads, seconds
+    python benchmarks/investigations/bench_masked_transient.py --out DIR [--budget-s 240] [--device cuda:0] [--reps 5]
+    python benchmarks/investigations/bench_masked_transient.py --smoke --out /tmp/masked-smoke  # CPU, tiny heads
 
 Why: the serving plan counts, per layer step, the K/V gathered from the cache and repeated to every head, and for
 ``paged|eager`` the scores (heads x q x K at 10 bytes each for bf16: the scores, their float32 copy, the float32
@@ -35,7 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 if SRC.is_dir() and str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
