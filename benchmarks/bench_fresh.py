@@ -11,11 +11,6 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   readahead advice), whichever the default is;
 - ``cudaload-nogpustart``: the defaults with ``CUDALOAD_GPU_START=0`` (no CUDA context made on a thread while
   transformers imports), to show what that buys;
-- ``cudaload-upload`` / ``cudaload-noupload``: the defaults with ``CUDALOAD_EARLY_UPLOAD=1`` / ``0`` (the
-  checkpoint copied to the GPU while transformers imports, or read by the fast path after planning; off by
-  default since runs 19-20), to show what that buys; ``cudaload-upload-NxSM`` (e.g. ``cudaload-upload-1x256M``):
-  the upload with N reader threads and S MiB staging buffers (``cudaload.fastload.early.THREADS`` /
-  ``BUFFER_BYTES``, set in the child), to see whether fewer, larger reads disturb the imports less.
 - ``METHOD-online`` (``plain-online``, ``cudaload-online``, ``cudaload-noprefetch-online``...): without
   ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` (the other methods set the first), as a user whose machine is
   not marked offline runs them; with ``--silent-hub`` the Hub endpoint is a loopback socket that accepts and
@@ -78,14 +73,7 @@ if spec["method"].startswith("plain"):
 else:
     if spec["method"] == "cudaload-nogpustart":
         os.environ["CUDALOAD_GPU_START"] = "0"
-    upload = spec["method"].startswith("cudaload-upload")
-    if upload or spec["method"] == "cudaload-noupload":
-        os.environ["CUDALOAD_EARLY_UPLOAD"] = "1" if upload else "0"
     import cudaload; mark("import_cudaload")
-    if upload and spec["method"] != "cudaload-upload":  # cudaload-upload-NxSM: N readers, S MiB buffers
-        import cudaload.fastload.early as early
-        n, size = spec["method"].rsplit("-", 1)[1].rstrip("M").split("x")
-        early.THREADS, early.BUFFER_BYTES = int(n), int(size) << 20
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
     kw = {"cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}}
     model = cudaload.load_model(spec["path"], quantization=quant, **kw.get(spec["method"], {}))
@@ -93,7 +81,7 @@ else:
     if cuda: torch.cuda.synchronize()
     mark("loaded")
     v = model.cudaload_plan.verified or {}
-    extra = {"cudaload_file": cudaload.__file__, "phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"), "early_upload": v.get("early_upload"),
+    extra = {"cudaload_file": cudaload.__file__, "phases": v.get("phases"), "load_path": v.get("load_path"), "prefetch": v.get("prefetch"), "gpu_start": v.get("gpu_start"),
              "attention": model.cudaload_plan.attention.choice}
 ids = torch.randint(4, int(model.config.vocab_size), (1, 16), device=spec["device"])
 with torch.no_grad():
@@ -227,8 +215,6 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["marks_median"] = {k: round(statistics.median(s["marks"][k] for s in ok), 3) for k in keys}
             if ok[0].get("phases"):
                 row["phases_first"] = ok[0]["phases"]
-            if ok[0].get("early_upload"):
-                row["early_upload_first"] = ok[0]["early_upload"]
             res = [s.get("resident_before") for s in ok if s.get("resident_before") is not None]
             row["resident_before_max"] = max(res) if res else None
         rows.append(row)
@@ -279,10 +265,6 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for r in rows:
         if r.get("phases_first"):
             out.append(f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']} phases: `{r['phases_first']}`")
-        if r.get("early_upload_first"):
-            out.append(
-                f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']} early upload: `{r['early_upload_first']}`"
-            )
         for e in r["errors"][:2]:
             out.append(f"\nerror {r['shape']} {r['quant']} {r['temp']} {r['method']}: `{e}`")
     return "\n".join(out) + "\n"

@@ -174,14 +174,6 @@ def _switch(env: Mapping[str, str] | None, name: str, default: bool) -> bool:
     raise _invalid(name, raw, "1 or 0", "0" if default else "1")
 
 
-def early_upload_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """``CUDALOAD_EARLY_UPLOAD``: whether load_model copies a checkpoint to its GPU while transformers imports,
-    where the GPU and the fast path are certain before planning. Default off (``1`` / ``true`` / ``yes`` /
-    ``on`` turn it on): on the H200 it hid the copy but the imports ran longer by about as much
-    (cudaload.fastload.early)."""
-    return _switch(env, "CUDALOAD_EARLY_UPLOAD", False)
-
-
 def gpu_start_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``CUDALOAD_GPU_START``: whether load_model creates the CUDA context on a thread while transformers
     imports (default on; ``0`` / ``false`` / ``no`` / ``off`` turn it off)."""

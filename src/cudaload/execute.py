@@ -96,7 +96,7 @@ class _Phases:
         # the fast path's own split of "load": skeleton, GPU storage, read+copy, finish; the quantized fast path
         # reports its unquantized tensors (plain) and its layer-by-layer read+quantize instead of alloc/fill
         if fastload:
-            for key in ("build_s", "early_wait_s", "alloc_s", "fill_s", "plain_s", "quantize_s", "finish_s"):
+            for key in ("build_s", "alloc_s", "fill_s", "plain_s", "quantize_s", "finish_s"):
                 if key in fastload:
                     out[f"load.{key.removesuffix('_s')}"] = fastload[key]
         out["total"] = round(time.perf_counter() - self._start, 4)
@@ -383,21 +383,7 @@ def _load_fsdp2_for_plan(
     return model
 
 
-def _upload_unused(plan: Plan) -> str | None:
-    """Why the plan does not load through the fast path onto one GPU unquantized (what an early upload
-    prepared for), or None when it does."""
-    if _fsdp_sharded(plan):
-        return "the plan shards the weights"
-    if plan.load_path.choice != "fast":
-        return "the plan loads with from_pretrained"
-    if plan.quantization.choice:
-        return f"the plan quantizes to {plan.quantization.choice}"
-    return None
-
-
-def _load_once(
-    plan: Plan, auto_class: str, passthrough: Mapping[str, Any], upload: Any = None
-) -> tuple[Any, str, list[str]]:
+def _load_once(plan: Plan, auto_class: str, passthrough: Mapping[str, Any]) -> tuple[Any, str, list[str]]:
     """Load by the planned path; the fast path steps aside to from_pretrained on anything it cannot do
     exactly as from_pretrained does, and fails only where from_pretrained fails too (corrupt checkpoint,
     mismatched shapes without ignore_mismatched_sizes)."""
@@ -440,7 +426,6 @@ def _load_once(
                         device=plan.placement.devices[0],
                         dtype=_torch_dtype(plan.dtype.choice or "float32"),
                         attn_implementation=plan.attention.choice,
-                        early=upload,
                         **passthrough,
                     )
             return model, "fast", notes
@@ -452,8 +437,6 @@ def _load_once(
             stepped = isinstance(e, (fastload.StepAside, QuantizedStepAside))
             what = "stepped aside" if stepped else "failed"
             notes.append(f"fast path {what} ({type(e).__name__}: {e}); loaded with from_pretrained instead")
-            if upload is not None and upload.outcome != "handed to the load":
-                upload.discard("the fast path stepped aside")  # free before from_pretrained copies again
             # the load still succeeds, but slower than planned: say so where it is seen, not only in the plan
             logger.warning("%s", notes[-1])
             del e
@@ -779,10 +762,8 @@ def load_model(
     A call refused after that (a plan that does not fit, another rank's error) holds no memory of the load but
     leaves CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
     CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or
-    ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself. ``CUDALOAD_EARLY_UPLOAD=1`` (off by default:
-    measured no faster end to end) also copies a bf16/fp16 checkpoint to that GPU while transformers imports,
-    used as the weights when the plan takes the fast path there (:mod:`cudaload.fastload.early`).
-    ``plan.verified["phases"]`` says where the seconds went.
+    ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself. ``plan.verified["phases"]`` says where the
+    seconds went.
 
     Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
     attention choice use measured timings: this GPU's tune cache, else cudaload's shipped priors.
@@ -816,8 +797,6 @@ def load_model(
     # after the argument checks (no reading for a call that is refused), before everything slow
     pre = None
     early: Any = None
-    upload: Any = None
-    upload_note: str | None = None if prefetch is True else "prefetch is not True"
     if prefetch is not True and prefetch is not False and prefetch not in _PREFETCH_MODES:
         raise ConfigurationError(
             f"prefetch={prefetch!r} is not a prefetch mode",
@@ -860,21 +839,6 @@ def load_model(
             from . import gpu_start as _gpu_start
 
             early = _gpu_start.start(caps, device_map)
-        if prefetch is True and pre is not None:
-            # the checkpoint's tensors copied to that GPU on threads, used by the fast path as the weights'
-            # storage when the plan takes it there (cudaload.fastload.early)
-            from .fastload import early as _early
-
-            upload, upload_note = _early.start(
-                caps,
-                pre.files,
-                device_map=device_map,
-                intent=intent,
-                quantization=quantization,
-                dtype=dtype,
-                fast=fast,
-                from_pretrained_kwargs=from_pretrained_kwargs,
-            )
         # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
         rendezvous, ranks_note = None, None
         if caps.distributed.active:
@@ -947,22 +911,16 @@ def load_model(
     except BaseException:
         if pre is not None:
             pre.stop()
-        if upload is not None:
-            upload.discard("the call failed before loading")
         if early is not None:
             early.join()  # short: no thread of this call outlives its error
         raise
     early_start = early.join() if early is not None else None
-    if upload is not None:
-        why_not = _upload_unused(plan)
-        if why_not:
-            upload.discard(why_not)  # its memory is free before another loader runs
     before = _gpu_memory_snapshot()
     failure: CudaloadError | None = None
     loaded: Any = None
     t0 = time.perf_counter()
     try:
-        loaded, path_taken, notes = _load_once(plan, auto_class, from_pretrained_kwargs, upload)
+        loaded, path_taken, notes = _load_once(plan, auto_class, from_pretrained_kwargs)
         if plan.kernels.get("use_kernels"):
             # exactly the planned mapping, by kernels' kernelize after loading (see hub_kernels.plan_kernels:
             # from_pretrained's use_kernels also pulls transformers' default kernels from the Hub)
@@ -1001,8 +959,6 @@ def load_model(
     except Exception as e:  # translated below, after the attempt's memory is released
         failure = _translate(e, f"loading {plan.model.name}")
         del e
-    if upload is not None and upload.outcome != "handed to the load":
-        upload.discard("the load did not take it")
     if failure is not None:
         if pre is not None:
             pre.stop()  # nothing will read those pages now
@@ -1025,9 +981,6 @@ def load_model(
             "fa4_compile_cache": fa4_cache_note,
             "prefetch": pre.summary() if pre is not None else None,
             "gpu_start": early_start,
-            "early_upload": upload.summary()
-            if upload is not None
-            else {"outcome": f"not started: {upload_note}"},
             "ranks": ranks_note,
         }
     )

@@ -171,17 +171,6 @@ def explain(plan: Plan) -> str:
                 + (f" ({gs['seconds']:.3f} s on a thread)" if gs.get("seconds") is not None else "")
                 + (f"; failed there: {gs['error']}" if gs.get("error") else "")
             )
-        up = ver.get("early_upload")
-        if up:
-            if up.get("bytes") is not None:
-                took = f"in {up['seconds']:.3f} s" if up.get("seconds") is not None else "unfinished"
-                out.append(
-                    f"    early upload: {size(up['bytes'])} of the checkpoint copied to {up.get('device')} while "
-                    f"transformers imported ({took}): {up.get('outcome')}"
-                    + (f"; {up['error']}" if up.get("error") else "")
-                )
-            else:
-                out.append(f"    early upload: {up.get('outcome')}")
         if ver.get("fa4_compile_cache"):
             out.append(f"    {ver['fa4_compile_cache']}")
     return "\n".join(out)

@@ -48,8 +48,6 @@ from .reader import CheckpointHeader, TensorInfo, read_files
 if TYPE_CHECKING:
     import torch
 
-    from .early import EarlyUpload, Preloaded
-
 logger = logging.getLogger(__name__)
 
 #: safetensors dtype string -> torch dtype name
@@ -336,7 +334,6 @@ def allocate(
     dtype: torch.dtype,
     *,
     skip: Collection[str] = (),
-    preloaded: Preloaded | None = None,
 ) -> list[tuple[str, Any, TensorInfo]]:
     """Give every tensor the checkpoint fills uninitialised storage on ``device``, set on its module as
     transformers' ``set_param_for_module`` sets it (a new ``Parameter``, ``requires_grad`` for floating
@@ -345,9 +342,6 @@ def allocate(
 
     ``skip``: model keys of ``keys.load`` the caller gives storage itself (the quantized path quantizes those
     weights layer by layer; full-size storage for them here would double its peak).
-
-    ``preloaded``: tensors already on ``device`` holding a checkpoint tensor's bytes in the dtype wanted here
-    (:mod:`cudaload.fastload.early`): used as the storage itself and not filled again.
 
     Returns (model key, tensor, source) for every tensor to fill."""
     import torch
@@ -367,18 +361,12 @@ def allocate(
             if m is not None and m.lastgroup in fp32_by_group:
                 target_dtype = fp32_by_group[m.lastgroup]
         src_info = header.tensors[src]
-        early = (
-            preloaded.pop(src_info, target_dtype, device)
-            if preloaded is not None and tuple(meta.shape) == src_info.shape
-            else None
-        )
-        real = early if early is not None else torch.empty(meta.shape, dtype=target_dtype, device=device)
+        real = torch.empty(meta.shape, dtype=target_dtype, device=device)
         value: Any = (
             real if name in buffers else torch.nn.Parameter(real, requires_grad=real.is_floating_point())
         )
         value._is_hf_initialized = True  # what set_param_for_module marks: init must not touch it
-        if early is None:
-            fills.append((name, value, src_info))
+        fills.append((name, value, src_info))
         _set_tensor(model, name, value)
     return fills
 
@@ -597,13 +585,9 @@ def load(
     attn_implementation: str | None = None,
     threads: int | None = None,
     buffer_bytes: int | None = None,
-    early: EarlyUpload | None = None,
     **from_pretrained_kwargs: Any,
 ) -> Any:
     """Load a safetensors checkpoint straight into the model's parameter storage on ``device``.
-
-    ``early``: an upload of this checkpoint started before (:mod:`cudaload.fastload.early`); the tensors it
-    holds that match are used as they are, the rest is read as usual.
 
     ``from_pretrained_kwargs`` mean what they mean to ``from_pretrained``: config overrides
     (``rms_norm_eps=...``), ``variant``, ``subfolder``, ``ignore_mismatched_sizes``, model ``__init__``
@@ -626,20 +610,16 @@ def load(
     header, config = prep.header, prep.config
     root = header.root
     # Pinning the staging buffers is a fixed cost; started now, it runs while the skeleton is built and its
-    # GPU storage allocated instead of in front of the first read. With an early upload there is usually
-    # nothing left to read: fill_cuda then pins a pool for what is left, if anything.
+    # GPU storage allocated instead of in front of the first read.
     pool = (
         staging.PinnedPool(
             staging.pool_size(header.total_bytes, threads, buffer_bytes), buffer_bytes, device=dev
         )
-        if dev.type == "cuda" and early is None
+        if dev.type == "cuda"
         else None
     )
     model: Any = None
     fills: Any = None
-    preloaded: Preloaded | None = None
-    early_used: dict[str, int] | None = None
-    t_wait = t0
     try:
         if attn_implementation is not None:
             config._attn_implementation = attn_implementation
@@ -652,15 +632,7 @@ def load(
         # convert_and_load_state_dict_in_model): the transforms that matched a checkpoint key
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         t_build = time.perf_counter()
-        preloaded = early.take() if early is not None else None
-        t_wait = time.perf_counter()
-        fills = allocate(model, keys, header, dev, dtype, preloaded=preloaded)
-        if preloaded is not None:
-            early_used = {"tensors": preloaded.used, "bytes": preloaded.used_bytes, "unused_bytes": 0}
-            early_used["unused_bytes"] = preloaded.release()
-            preloaded = None
-            if early_used["unused_bytes"] and dev.type == "cuda":
-                torch.cuda.empty_cache()  # tensors of the checkpoint the model does not take
+        fills = allocate(model, keys, header, dev, dtype)
         t_alloc = time.perf_counter()
         fill_times = _fill(fills, dev, threads, buffer_bytes, pool)
         pool = None  # _fill closed it
@@ -672,7 +644,7 @@ def load(
         if pool is not None:
             pool.close()
         # this frame is still running, so clearing tracebacks cannot drop its locals: drop them here
-        model = fills = preloaded = None
+        model = fills = None
         clear_tracebacks(e)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -682,13 +654,11 @@ def load(
     model.cudaload_fastload = {
         "seconds": round(t_end - t0, 4),
         "build_s": round(t_build - t0, 4),
-        **({"early_wait_s": round(t_wait - t_build, 4)} if early is not None else {}),
-        "alloc_s": round(t_alloc - t_wait, 4),
+        "alloc_s": round(t_alloc - t_build, 4),
         "fill_s": round(t_fill - t_alloc, 4),
         "finish_s": round(t_end - t_fill, 4),
         **fill_times,
-        "bytes": read_bytes + (early_used["bytes"] if early_used else 0),
-        "early_upload": early_used,
+        "bytes": read_bytes,
         **load_report(header, info, threads, buffer_bytes, dev),
     }
     logger.info(
@@ -710,7 +680,7 @@ def _fill(
 ) -> dict[str, float]:
     from . import staging
 
-    if not fills:  # all of it came from an early upload
+    if not fills:  # no checkpoint tensor has a place in the model: nothing to read
         if pool is not None:
             pool.close()
         return {}
