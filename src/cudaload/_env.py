@@ -29,6 +29,9 @@ RECORDED = (
     "TRANSFORMERS_OFFLINE",
     "BNB_CUDA_VERSION",
     "KERNELS_CACHE",
+    # torch's switches for cuDNN's place in SDPA's dispatch (cudaload.policies.sdpa_dispatch)
+    "TORCH_CUDNN_SDPA_PREFERRED",
+    "TORCH_CUDNN_SDPA_DEPRIORITIZED",
 )
 
 

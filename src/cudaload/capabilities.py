@@ -266,6 +266,7 @@ class Capabilities:
     cuda_driver_version: str | None = None  # the CUDA version the driver supports, e.g. "13.0"
     torch_version: str | None = None
     torch_cuda_version: str | None = None  # the CUDA torch was built with; None for a CPU build
+    cudnn_version: str | None = None  # the cuDNN distribution torch loads (nvidia-cudnn-cu*), when installed
     transformers_version: str | None = None
     accelerate_version: str | None = None
     python_version: str | None = None
@@ -339,6 +340,7 @@ class Capabilities:
             "cuda_driver_version": self.cuda_driver_version,
             "torch_version": self.torch_version,
             "torch_cuda_version": self.torch_cuda_version,
+            "cudnn_version": self.cudnn_version,
             "transformers_version": self.transformers_version,
             "accelerate_version": self.accelerate_version,
             "python_version": self.python_version,
@@ -369,6 +371,7 @@ class Capabilities:
             cuda_driver_version=d.get("cuda_driver_version"),
             torch_version=d.get("torch_version"),
             torch_cuda_version=d.get("torch_cuda_version"),
+            cudnn_version=d.get("cudnn_version"),
             transformers_version=d.get("transformers_version"),
             accelerate_version=d.get("accelerate_version"),
             python_version=d.get("python_version"),

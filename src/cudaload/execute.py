@@ -33,6 +33,7 @@ from .errors import (
     VerificationError,
 )
 from .plans import Placement, Plan
+from .policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from .prefetch import MODES as _PREFETCH_MODES
 
 if TYPE_CHECKING:
@@ -564,6 +565,28 @@ def _probe_and_fallback(
     return plan, fallbacks
 
 
+def _confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[Plan, dict[str, Any] | None]:
+    """A variant chosen automatically is kept only where torch really sends decode steps to cuDNN on this GPU
+    (the policy predicted it from the snapshot); elsewhere the model takes plain sdpa, which then runs the same
+    kernels without the per-call switch."""
+    att = plan.attention
+    if att.choice not in SDPA_VARIANTS:
+        return plan, None
+    from .sdpa_decode import confirm
+
+    keep, seen, why = confirm(model)
+    if keep or att.explicit:
+        return plan, {"backend": seen, "kept": True, "why": why}
+    model.set_attn_implementation("sdpa")
+    plan = replace(
+        plan,
+        attention=replace(
+            att, choice="sdpa", reasons=(*att.reasons, f"checked on the GPU: {why}; sdpa kept")
+        ),
+    )
+    return plan, {"backend": seen, "kept": False, "why": why}
+
+
 def _tuned_plan(
     model: Any, plan: Plan, caps: Capabilities, plan_kwargs: Mapping[str, Any], budget_s: float | None
 ) -> Plan:
@@ -908,6 +931,12 @@ def load_model(
             fa4_cache_note = enable_fa4_compile_cache().note
         else:
             fa4_cache_note = None
+        if any(c.ok and c.name in SDPA_VARIANTS for c in plan.attention.candidates):
+            # cudaload's sdpa variants are transformers attention functions: registered before the model is built
+            # (and for a runtime fallback to one of them)
+            from .sdpa_decode import register as _register_sdpa_variants
+
+            _register_sdpa_variants()
     except BaseException:
         if pre is not None:
             pre.stop()
@@ -953,6 +982,7 @@ def load_model(
             plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
             if fallbacks and plan.serving is not None:
                 plan = _serving_after_fallback(plan, model, plan_kwargs)
+        plan, sdpa_dispatch = _confirm_sdpa_variant(loaded, plan)
         phases.mark("probe")
         verified = verify(loaded, plan, allow_offload=allow_offload)
         phases.mark("verify")
@@ -979,6 +1009,7 @@ def load_model(
             "auto_class": auto_class,
             "phases": phases.as_dict(getattr(loaded, "cudaload_fastload", None)),
             "fa4_compile_cache": fa4_cache_note,
+            "sdpa_decode_dispatch": sdpa_dispatch,
             "prefetch": pre.summary() if pre is not None else None,
             "gpu_start": early_start,
             "ranks": ranks_note,

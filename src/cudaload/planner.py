@@ -26,8 +26,9 @@ from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
 from .policies.parallelism import SHARDED_REASON, SHARDED_STEPPED_ASIDE
 from .policies.parallelism import decide as decide_parallelism
 from .policies.quantization import fit
+from .policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from .policies.serving import ServingPlan, choose_paged_attention, plan_serving
-from .tuning import Timings, Work
+from .tuning import Timings, Work, load_sdpa_facts
 from .tuning import lookup as lookup_timings
 
 if TYPE_CHECKING:
@@ -192,9 +193,9 @@ def _serving_attention(at: Decision, info: ModelInfo, caps: Capabilities, usable
     """The attention decision for intent="serving": the implementation whose paged form the serving policy
     prefers, when it differs from the one-batch choice (every candidate kept, the reason stated first)."""
     paged = choose_paged_attention(
-        at.choice or "sdpa",
+        sdpa_family(at.choice) or "sdpa",
         supports_sdpa=bool(getattr(info, "supports_sdpa", True)),
-        usable=usable,
+        usable=[sdpa_family(u) or u for u in usable],
         transformers_version=caps.transformers_version,
     )
     base = (paged.choice or "").removeprefix("paged|")
@@ -215,6 +216,11 @@ def _serving_attention(at: Decision, info: ModelInfo, caps: Capabilities, usable
             f"(for one generate() batch: {at.choice})",
         ),
     )
+
+
+def sdpa_family(name: str | None) -> str | None:
+    """``sdpa`` for cudaload's sdpa variants (same kernels, masks and memory), else the name itself."""
+    return "sdpa" if name in SDPA_VARIANTS else name
 
 
 def _first_use_here(caps: Capabilities) -> dict[str, float] | None:
@@ -334,6 +340,8 @@ def plan(
         timings=timings.seconds if timings is not None else None,
         timings_source=timings.source if timings is not None else None,
         first_use=_first_use_here(caps),
+        timings_repeated=timings.repeated if timings is not None else None,
+        sdpa_facts=load_sdpa_facts(),
     )
     assert at.choice is not None
     usable_attention: list[str] | None = None
@@ -353,7 +361,8 @@ def plan(
         # serving: one longest request must fit beside the weights; the paged cache for the rest is the serving
         # section's (transformers queues what does not fit at once)
         batch_size=1 if intent == "serving" else batch_size,
-        attn=at.choice,
+        # cudaload's sdpa variants run sdpa's kernels and masks: the memory model's sdpa
+        attn=sdpa_family(at.choice),
         quantization=quantization,
         device_map=device_map,
         max_memory=max_memory,
@@ -485,7 +494,15 @@ def plan(
         peft=_peft(info) if intent in ("lora", "qlora") else None,
         warnings=tuple(warnings),
         serving=_serving(
-            info, caps, dt.choice, attn_choice, fr, gpu_devs, declared_seq, declared_batch, usable_attention
+            info,
+            caps,
+            dt.choice,
+            sdpa_family(attn_choice) or attn_choice,
+            fr,
+            gpu_devs,
+            declared_seq,
+            declared_batch,
+            usable_attention,
         )
         if intent == "serving"
         else None,

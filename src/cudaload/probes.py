@@ -20,7 +20,8 @@ from .capabilities import Capabilities
 
 logger = logging.getLogger(__name__)
 
-_NEVER_PROBED = {"sdpa", "eager"}
+#: torch's own kernels: nothing to probe (cudaload's sdpa variants are sdpa with one backend switched off)
+_NEVER_PROBED = {"sdpa", "eager", "cudaload_sdpa", "cudaload_sdpa_nocudnn"}
 _LOCK = threading.Lock()
 _CACHE_FILE = "attention-probes.json"
 

@@ -302,6 +302,7 @@ def assemble(
     hub: HubState | None = None,
     torch_version: str | None = None,
     torch_cuda_version: str | None = None,
+    cudnn_version: str | None = None,
     transformers_version: str | None = None,
     accelerate_version: str | None = None,
     python_version: str | None = None,
@@ -345,6 +346,7 @@ def assemble(
         cuda_driver_version=cuda_driver_version,
         torch_version=torch_version,
         torch_cuda_version=torch_cuda_version,
+        cudnn_version=cudnn_version,
         transformers_version=transformers_version,
         accelerate_version=accelerate_version,
         python_version=python_version,
@@ -401,6 +403,8 @@ def detect(
         hub=hub,
         torch_version=_versions.dist_version("torch"),
         torch_cuda_version=torch_cuda,
+        # torch's CUDA wheels load cuDNN from this distribution (its version decides SDPA's dispatch)
+        cudnn_version=_versions.dist_version("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11"),
         transformers_version=transformers_version,
         accelerate_version=_versions.dist_version("accelerate"),
         python_version=platform.python_version(),
@@ -437,6 +441,8 @@ def render(caps: Capabilities) -> str:
     torch_line = caps.torch_version or "?"
     if caps.torch_version:
         torch_line += f" (CUDA {caps.torch_cuda_version})" if caps.torch_cuda_version else " (CPU build)"
+        if caps.cudnn_version:
+            torch_line += f", cuDNN {caps.cudnn_version}"
     lines.append(
         f"  torch {torch_line}, transformers {caps.transformers_version or '?'}, "
         f"accelerate {caps.accelerate_version or '?'}"

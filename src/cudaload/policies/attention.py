@@ -34,6 +34,8 @@ from ..decision import Candidate, Decision
 from ..detection.support import flash_support, hub_kernel_support, smem_per_block
 from ..detection.versions import version_tuple as _version
 from ..errors import InvalidChoiceError
+from . import sdpa_dispatch
+from .sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 
 #: attn_implementation -> distribution that provides it
 FLASH_PACKAGE = {
@@ -70,6 +72,8 @@ ALL_NAMES = (
     "flash_attention_2",
     HUB_KERNEL["flash_attention_2"],
     "sdpa",
+    SDPA_DECODE,
+    SDPA_NO_CUDNN,
     "flex_attention",
     "eager",
 )
@@ -129,7 +133,7 @@ FIRST_USE: Mapping[str, FirstUse] = first_use_costs()
 def priority(gpu: GPU | None) -> tuple[str, ...]:
     """Candidate order for one GPU (None: the CPU). Every name appears, so rejections are explained too."""
     fa = {n: (n, HUB_KERNEL[n]) for n in HUB_KERNEL}
-    tail = ("sdpa", "flex_attention", "eager")
+    tail = ("sdpa", SDPA_DECODE, SDPA_NO_CUDNN, "flex_attention", "eager")
     if gpu is None:
         head: tuple[str, ...] = ()
     elif gpu.compute_capability >= (10, 0):
@@ -488,9 +492,11 @@ def _candidates(
     trust: Sequence[str],
     revision: str | None,
     seq_len: int | None = None,
+    sdpa_facts: Sequence[SdpaFacts] = (),
 ) -> list[Candidate]:
     order = priority(caps.gpus[0] if caps.gpus else None)
     cands: list[Candidate] = []
+    variants = {c.name: c for c in sdpa_dispatch.candidates(caps, _sdpa(info, caps), sdpa_facts, dtype)}
     for name in order:
         if name in FLASH_PACKAGE:
             cands.append(_package_candidate(name, info, caps, dtype, intent, seq_len))
@@ -500,6 +506,8 @@ def _candidates(
             )
         elif name == "sdpa":
             cands.append(_sdpa(info, caps))
+        elif name in variants:
+            cands.append(variants[name])
         elif name == "flex_attention":
             cands.append(_flex(info, caps, intent))
         else:
@@ -549,6 +557,8 @@ def choose_attention(
     timings: Mapping[str, float] | None = None,
     timings_source: str | None = None,
     first_use: Mapping[str, float] | None = None,
+    timings_repeated: Mapping[str, float] | None = None,
+    sdpa_facts: Sequence[SdpaFacts] = (),
 ) -> Decision:
     """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``.
 
@@ -562,8 +572,12 @@ def choose_attention(
     2026-12-01" or "shipped prior: H200, 2026-12-01, torch 2.11, transformers 5.17".
     ``first_use``: backend -> one-time seconds this process would still pay (import, JIT); overrides the
     shipped :data:`FIRST_USE` per name (pass 0.0 for a backend already imported and compiled here).
+    ``timings`` are for the state a new process is in (lengths it has not met); ``timings_repeated``, the
+    same work on lengths already met, is shown beside them and not weighed.
+    ``sdpa_facts``: what was measured about SDPA's cuDNN dispatch (:mod:`cudaload.policies.sdpa_dispatch`);
+    where they say leaving cuDNN out of decode helps on this GPU, the default is ``cudaload_sdpa``.
     """
-    cands = _candidates(info, caps, dtype, intent, trust, revision, work[1] if work else None)
+    cands = _candidates(info, caps, dtype, intent, trust, revision, work[1] if work else None, sdpa_facts)
     by = {c.name: c for c in cands}
     costs: dict[str, tuple[float, str]] = {n: (f.seconds, f.source) for n, f in FIRST_USE.items()}
     for n, sec in (first_use or {}).items():
@@ -624,6 +638,12 @@ def choose_attention(
                 "first use not yet paid in this process: " + ", ".join(f"{n} +{_fmt(cost(n))}" for n in paid)
             )
             reasons.append("steady state + first use: " + ", ".join(f"{n} {_fmt(total[n])}" for n in ranked))
+        rep_ok = {n: float(t) for n, t in (timings_repeated or {}).items() if n in usable}
+        if rep_ok:
+            reasons.append(
+                "the same work on lengths already met (not weighed: a new process has met none): "
+                + ", ".join(f"{n} {_fmt(rep_ok[n])}" for n in sorted(rep_ok, key=lambda n: rep_ok[n]))
+            )
         reasons.append(f"{best} costs least on the declared work")
         if ignored:
             reasons.append("measured but not valid here: " + ", ".join(ignored))
@@ -650,7 +670,11 @@ def choose_attention(
         order = tuple(n for n in order if cost(n) == 0) + tuple(n for n in order if cost(n) > 0)
     chosen = next(n for n in order if by[n].ok)
     reasons = []
-    if chosen == "sdpa":
+    variant = _sdpa_variant(caps, by, sdpa_facts, training) if chosen == "sdpa" else None
+    if variant is not None:
+        chosen, why = variant
+        reasons += why
+    elif chosen == "sdpa":
         reasons.append(
             "sdpa: no import or compile cost, and what plain transformers uses (declare the work -- batch_size, "
             "seq_len, new_tokens -- to choose from measured generate() timings instead: on the H200 eager or "
@@ -677,6 +701,25 @@ def choose_attention(
         )
     reasons += note
     return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), _ordered(cands, chosen, caps))
+
+
+def _sdpa_variant(
+    caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[SdpaFacts], training: bool
+) -> tuple[str, list[str]] | None:
+    """``cudaload_sdpa`` in place of sdpa, with why, where it is valid here and measured to help on this GPU."""
+    c = by.get(SDPA_DECODE)
+    if c is None or not c.ok or training:
+        return None
+    f = sdpa_dispatch.facts_for(caps, facts, SDPA_DECODE)
+    if f is None or not f.helps:
+        return None
+    takes = sdpa_dispatch.cudnn_takes_decode(caps)[1]
+    return SDPA_DECODE, [
+        "sdpa without cuDNN on lengths met for the first times: " + takes,
+        f.describe(),
+        f"a shape met {sdpa_dispatch.RECUR}+ times before goes to cuDNN, whose graph is then built once; "
+        "load_model checks on the GPU that cuDNN takes decode calls, else keeps sdpa",
+    ]
 
 
 def _short_decode(work: tuple[int, int] | None, intent: str, caps: Capabilities) -> str | None:
