@@ -11,11 +11,22 @@ benchmark row mean the same thing. What is timed:
 - **decode per token**: ``(generate - prefill) / (n - 1)``: generate's first token comes out of the
   prefill, each further token costs one decode step.
 
+**Two states, timed apart.** A backend's cost can depend on what the process has already run: torch's cuDNN
+SDPA builds an execution graph for every new problem (key length, batch) and keeps it in a per-thread cache
+(torch ``aten/src/ATen/native/cudnn/MHA.cpp``, ``getMHAGraphCache_``: ``thread_local``), so generate() on
+lengths the process has not met pays a build per decode step, and on lengths it has met pays none.
+- **first-seen**: the call runs on a new thread, whose cuDNN graph cache is empty: the state a fresh
+  ``load_model()`` process is in for every length;
+- **repeated**: the same call again on that thread, which has just run those lengths: the state of a
+  process that keeps meeting the same lengths. Both states time the very same work.
+Prefill (one forward of the prompt) is timed in both states the same way, on a thread of its own.
+Choices are made on first-seen seconds (what a new process meets); repeated ones are reported beside them.
+
 Several models (one per backend, same weights) are held at once and called round-robin, the starting
 backend rotating each round, so drift in the machine's state (clocks, other processes, page-cache writeback)
 lands on every backend alike. Every (backend, work) gets one warm-up call first (its time is kept: it
-holds the JIT / compile cost of FA4 and flex_attention), then up to ``reps`` timed calls while the budget
-lasts. Decode through generate() is bound by the host (one kernel launch stream per token; H200 8B at
+holds the JIT / compile cost of FA4 and flex_attention), then up to ``reps`` rounds of a first-seen and a
+repeated call while the budget lasts. Decode through generate() is bound by the host (one kernel launch stream per token; H200 8B at
 batch 8: ~30 ms a step of which little is GPU math), so each sample also records the process's CPU
 seconds: a call whose CPU time is close to its wall time was host-bound.
 
@@ -25,6 +36,7 @@ torch and transformers are imported inside the functions: ``import cudaload`` st
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -127,6 +139,29 @@ def timed(fn: Callable[[], Any], device: Any) -> tuple[float, float, Any]:
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
+def on_new_thread(fn: Callable[[], Any], device: Any) -> Any:
+    """``fn()`` on a new thread: per-thread caches (cuDNN's execution graphs) start empty, as in a new process.
+    Its exception is raised here."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            import torch
+
+            if str(device).startswith("cuda"):
+                torch.cuda.set_device(device)  # a new thread starts on device 0
+            box["r"] = fn()
+        except BaseException as e:  # re-raised on the caller's thread
+            box["e"] = e
+
+    t = threading.Thread(target=run, name="cudaload-first-seen")
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["r"]
+
+
 def model_device(model: Any) -> Any:
     for p in model.parameters():
         if p.device.type != "meta":
@@ -181,8 +216,15 @@ class Measurement:
     work: WorkShape
     warmup_s: float | None = None
     warmup_tokens: int = 0
+    #: repeated-length samples (the measuring thread, after the full-length warm-up)
     generate_s: list[float] = field(default_factory=list)
     generate_cpu_s: list[float] = field(default_factory=list)
+    #: first-seen samples: the same call on a new thread (empty per-thread plan caches)
+    first_s: list[float] = field(default_factory=list)
+    first_cpu_s: list[float] = field(default_factory=list)
+    prefill_first_s: list[float] = field(default_factory=list)
+    #: per round, the calls between the first-seen and the repeated sample (``settle``)
+    settle_s: list[list[float]] = field(default_factory=list)
     #: seconds since the run started at which each generate sample began (drift shows here)
     generate_at: list[float] = field(default_factory=list)
     prefill_s: list[float] = field(default_factory=list)
@@ -201,7 +243,12 @@ class Measurement:
         return p + per_token * (self.work.new_tokens - 1)
 
     def median(self) -> float | None:
+        """Median repeated-length seconds."""
         return statistics.median(self.generate_s) if self.generate_s else None
+
+    def median_first(self) -> float | None:
+        """Median first-seen seconds."""
+        return statistics.median(self.first_s) if self.first_s else None
 
     def summary(self) -> dict[str, Any]:
         g = _stats(self.generate_s)
@@ -211,7 +258,9 @@ class Measurement:
             "work": self.work.name,
             "work_shape": self.work.to_dict(),
             "generate_s": g,
+            "generate_first_s": _stats(self.first_s),
             "prefill_s": p,
+            "prefill_first_s": _stats(self.prefill_first_s),
             "cpu_fraction": (
                 statistics.median([c / w for c, w in zip(self.generate_cpu_s, self.generate_s, strict=True)])
                 if self.generate_s and min(self.generate_s) > 0
@@ -226,6 +275,10 @@ class Measurement:
                 "generate_cpu_s": self.generate_cpu_s,
                 "generate_at": self.generate_at,
                 "prefill_s": self.prefill_s,
+                "first_s": self.first_s,
+                "first_cpu_s": self.first_cpu_s,
+                "prefill_first_s": self.prefill_first_s,
+                "settle_s": self.settle_s,
             },
         }
         decode = None
@@ -245,6 +298,48 @@ class Measurement:
         return out
 
 
+def _sample(
+    call: Callable[[], Any],
+    pre: Callable[[], Any],
+    device: Any,
+    w: WorkShape,
+    *,
+    first_seen: bool,
+    prefill: bool,
+    t0: float,
+    settle: int = 0,
+) -> dict[str, Any]:
+    """One round's calls of one backend: first-seen then repeated on a new thread (``first_seen``), else
+    repeated on this one; prefill the same way. ``settle``: calls between the two (timed, kept apart) for a
+    backend whose kernels change with how often a shape was met (cudaload_sdpa: cuDNN from the third)."""
+
+    def calls() -> dict[str, Any]:
+        got: dict[str, Any] = {}
+        if first_seen:
+            got["first"] = timed(call, device)
+            _check_length(got["first"][2], w)
+        got["settle"] = [timed(call, device)[0] for _ in range(settle)]
+        got["at"] = time.perf_counter() - t0
+        got["repeated"] = timed(call, device)
+        _check_length(got["repeated"][2], w)
+        if prefill:
+            got["prefill"] = timed(pre, device)[0]
+        return got
+
+    if not first_seen:
+        return calls()
+    got: dict[str, Any] = on_new_thread(calls, device)
+    if prefill:
+        got["prefill_first"] = on_new_thread(lambda: timed(pre, device)[0], device)
+    return got
+
+
+def _check_length(out: Any, w: WorkShape) -> None:
+    got = int(out.shape[-1]) - w.prompt
+    if got != w.new_tokens:
+        raise RuntimeError(f"generated {got} tokens, not {w.new_tokens}")
+
+
 def error_line(e: BaseException) -> str:
     """``Type: first line of the message``, at most 300 characters: how a backend that failed is reported."""
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
@@ -259,13 +354,18 @@ def run_rounds(
     pad_token_id: int = 0,
     warmup_tokens: int | None = 4,
     prefill: bool = True,
+    first_seen: bool = True,
+    settle: Mapping[str, int] | None = None,
     slow_factor: float = 2.0,
     log: Callable[[str], None] = lambda _m: None,
     t0: float | None = None,
 ) -> list[Measurement]:
-    """Warm up every (backend, work), then take up to ``reps`` timed generate() calls of each, round by
-    round over all works (so every row gets its first sample before any gets a third), the backends
-    round-robin inside a work with the starting backend rotating each round.
+    """Warm up every (backend, work), then take up to ``reps`` rounds of timed generate() calls of each,
+    round by round over all works (so every row gets its first sample before any gets a third), the backends
+    round-robin inside a work with the starting backend rotating each round. In a round each backend makes a
+    first-seen and then a repeated call on a new thread (see the module's docstring); ``first_seen=False``:
+    repeated calls only, on this thread (after the warm-up; pass ``warmup_tokens=None`` so that it covers
+    every length).
 
     ``deadline`` is a ``time.perf_counter()`` value: a call is started only when its expected duration (its
     last sample, else its warm-up) fits before it. ``warmup_tokens`` caps the warm-up call's new tokens (the
@@ -335,36 +435,57 @@ def run_rounds(
                     est = min(est, 2 * max(others))
                 if prefill:
                     est += m.prefill_s[-1] if m.prefill_s else (m.warmup_prefill_s or 0.0)
+                if first_seen:
+                    est *= 2 + int((settle or {}).get(b, 0))
                 if time.perf_counter() + est > deadline:
                     m.stopped = "budget"
                     continue
+                call = generate_call(model, ids, mask, w.new_tokens, pad_token_id=pad_token_id)
+                pre = prefill_call(model, ids, mask)
+
                 try:
-                    at = time.perf_counter() - t0
-                    s, cpu, out = timed(
-                        generate_call(model, ids, mask, w.new_tokens, pad_token_id=pad_token_id), ids.device
+                    got = _sample(
+                        call,
+                        pre,
+                        ids.device,
+                        w,
+                        first_seen=first_seen,
+                        prefill=prefill,
+                        t0=t0,
+                        settle=int((settle or {}).get(b, 0)),
                     )
-                    got = int(out.shape[-1]) - w.prompt
-                    if got != w.new_tokens:
-                        raise RuntimeError(f"generated {got} tokens, not {w.new_tokens}")
-                    m.generate_s.append(s)
-                    m.generate_cpu_s.append(cpu)
-                    m.generate_at.append(at)
-                    if prefill:
-                        ps, _c, _ = timed(prefill_call(model, ids, mask), ids.device)
-                        m.prefill_s.append(ps)
                 except Exception as e:
                     fail(m, e)
                     continue
-                log(f"  rep {r + 1} {b} {w.name}: {s:.3f} s (cpu {cpu:.2f} s)")
+                if first_seen:
+                    m.first_s.append(got["first"][0])
+                    m.first_cpu_s.append(got["first"][1])
+                m.settle_s.append(got["settle"])
+                s, cpu, _out = got["repeated"]
+                m.generate_s.append(s)
+                m.generate_cpu_s.append(cpu)
+                m.generate_at.append(got["at"])
+                if prefill:
+                    m.prefill_s.append(got["prefill"])
+                    if first_seen:
+                        m.prefill_first_s.append(got["prefill_first"])
+                first = f", first-seen {m.first_s[-1]:.3f} s" if first_seen else ""
+                log(f"  rep {r + 1} {b} {w.name}: repeated {s:.3f} s (cpu {cpu:.2f} s){first}")
             # a backend far behind the fastest here has shown enough: its best of two or more calls is more
             # than slow_factor times the fastest one's best (one sample never decides: a first full-length
             # call can carry one-time costs)
+            # (in both states: a backend far behind on repeated lengths can still win on first-seen ones)
             best = min(
                 (min(res[(b, w.name)].generate_s) for b in names if res[(b, w.name)].generate_s), default=None
+            )
+            best_first = min(
+                (min(res[(b, w.name)].first_s) for b in names if res[(b, w.name)].first_s), default=None
             )
             for b in names:
                 m = res[(b, w.name)]
                 slow = best and len(m.generate_s) >= 2 and min(m.generate_s) > slow_factor * best
+                if slow and best_first and m.first_s:
+                    slow = min(m.first_s) > slow_factor * best_first
                 if slow and not m.stopped and r + 1 < reps:
                     m.stopped = f"more than {slow_factor:g}x the fastest after {len(m.generate_s)} reps"
     for m in res.values():
@@ -388,6 +509,7 @@ def measure_backends(
     log: Callable[[str], None] = lambda _m: None,
     t0: float | None = None,
     pad_token_id: int = 0,
+    settle: Mapping[str, int] | None = None,
 ) -> list[Measurement]:
     """:func:`run_rounds` over ``models``, the compiled backends in a second pass with ``compiled_share`` of
     the time left, so their compiles cannot starve the others' samples."""
@@ -397,7 +519,14 @@ def measure_backends(
     out: list[Measurement] = []
     if main:
         out += run_rounds(
-            main, works, reps=reps, deadline=deadline - reserve, log=log, t0=t0, pad_token_id=pad_token_id
+            main,
+            works,
+            reps=reps,
+            deadline=deadline - reserve,
+            log=log,
+            t0=t0,
+            pad_token_id=pad_token_id,
+            settle=settle,
         )
     if compiled:
         log(f"compiled backends {list(compiled)}: {max(0, int(deadline - time.perf_counter()))} s")

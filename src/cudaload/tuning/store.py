@@ -27,7 +27,9 @@ from .signature import AttentionSignature, WorkBucket
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+#: 2: ``seconds`` are first-seen lengths (a new thread's empty plan caches), ``repeated_s`` beside them;
+#: version 1 held one number per backend, measured mostly on repeated lengths
+CACHE_VERSION = 2
 CACHE_FILE = "attention-timings.json"
 #: distributions whose version changes attention speed (besides torch and transformers)
 ATTENTION_PACKAGES = ("flash-attn", "flash-attn-3", "flash-attn-4", "kernels")
@@ -59,7 +61,8 @@ def entry_key(gpu: str, versions: Mapping[str, str], sig: AttentionSignature, wo
 
 @dataclass(frozen=True)
 class Entry:
-    """One measurement: backend -> median seconds of the work's generate() call, and where it came from."""
+    """One measurement: backend -> median seconds of the work's generate() call on lengths the process had
+    not met (what a new process meets), the same on repeated lengths, and where it came from."""
 
     gpu: str
     versions: Mapping[str, str]
@@ -71,6 +74,8 @@ class Entry:
     first_call_s: Mapping[str, float] = field(default_factory=dict)
     #: the exact work timed (batch, prompt, new tokens, padding), model name, samples: for people
     detail: Mapping[str, Any] = field(default_factory=dict)
+    #: backend -> median seconds on lengths the measuring thread had already run
+    repeated_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -86,6 +91,7 @@ class Entry:
             "date": self.date,
             "first_call_s": dict(self.first_call_s),
             "detail": dict(self.detail),
+            "repeated_s": dict(self.repeated_s),
         }
 
     @classmethod
@@ -99,6 +105,7 @@ class Entry:
             date=str(d["date"]),
             first_call_s={str(k): float(v) for k, v in (d.get("first_call_s") or {}).items()},
             detail=dict(d.get("detail") or {}),
+            repeated_s={str(k): float(v) for k, v in (d.get("repeated_s") or {}).items()},
         )
 
 

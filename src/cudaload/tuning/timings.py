@@ -13,18 +13,21 @@ import functools
 import json
 import logging
 import os
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from ..capabilities import Capabilities
+from ..policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
 from .store import Entry, TimingCache, gpu_id, package_versions
 
 logger = logging.getLogger(__name__)
 
-PRIORS_VERSION = 1
+#: 2: first-seen ``seconds`` with ``repeated_s`` beside them, and ``sdpa_dispatch`` facts
+PRIORS_VERSION = 2
 PRIORS_FILE = "priors.json"
 #: the farthest a measured bucket may be from the declared one (doublings of batch, prompt and new tokens;
 #: padded and unpadded never match): 8 x 2048 + 32 answers 8 x 1024 + 64, not 1 x 512 + 32
@@ -33,8 +36,8 @@ MAX_DISTANCE = 2.0
 
 @dataclass(frozen=True)
 class Timings:
-    """Backend -> steady-state seconds of the declared work's generate() call (lower is better), with the
-    sentence a plan's reasons show and the date of the measurement."""
+    """Backend -> seconds of the declared work's generate() call on lengths the process has not met (lower is
+    better), the same on repeated lengths (``repeated``), the sentence a plan's reasons show and the date."""
 
     seconds: Mapping[str, float]
     source: str
@@ -44,6 +47,7 @@ class Timings:
     #: backend -> seconds the first call paid beyond a steady one where it was measured (JIT, torch.compile;
     #: not the import): a measured complement to the policy's first-use table, not a replacement
     first_call_s: Mapping[str, float] = field(default_factory=dict)
+    repeated: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def fastest(self) -> str:
@@ -57,6 +61,7 @@ class Timings:
             "kind": self.kind,
             "work": self.work.to_dict() if self.work else None,
             "first_call_s": dict(self.first_call_s),
+            "repeated": dict(self.repeated),
         }
 
 
@@ -87,7 +92,31 @@ def _shipped() -> tuple[Entry, ...]:
     return tuple(_load(None))
 
 
-def _load(path: str | os.PathLike[str] | None) -> list[Entry]:
+def load_sdpa_facts(path: str | os.PathLike[str] | None = None) -> list[SdpaFacts]:
+    """What was measured about SDPA's cuDNN dispatch (the priors file's ``sdpa_dispatch`` records), for
+    :mod:`cudaload.policies.sdpa_dispatch`. Unreadable records are ignored with a warning."""
+    if path is None:
+        return list(_shipped_facts())
+    return _facts(_document(path))
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_facts() -> tuple[SdpaFacts, ...]:
+    return tuple(_facts(_document(None)))
+
+
+def _facts(data: Mapping[str, Any] | None) -> list[SdpaFacts]:
+    out = []
+    for i, d in enumerate((data or {}).get("sdpa_dispatch") or []):
+        try:
+            out.append(SdpaFacts.from_dict(d))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            logger.warning("ignoring SDPA dispatch record #%d: %s", i, e)
+    return out
+
+
+def _document(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """The priors document of the current version, or None (with a warning)."""
     try:
         if path is None:
             text = resources.files("cudaload.tuning").joinpath(PRIORS_FILE).read_text(encoding="utf-8")
@@ -97,7 +126,7 @@ def _load(path: str | os.PathLike[str] | None) -> list[Entry]:
         data = json.loads(text)
     except (OSError, ValueError) as e:
         logger.warning("ignoring attention priors %s: %s", path or PRIORS_FILE, e)
-        return []
+        return None
     if not isinstance(data, dict) or data.get("version") != PRIORS_VERSION:
         logger.warning(
             "ignoring attention priors %s: version %r, not %d",
@@ -105,6 +134,13 @@ def _load(path: str | os.PathLike[str] | None) -> list[Entry]:
             data.get("version") if isinstance(data, dict) else None,
             PRIORS_VERSION,
         )
+        return None
+    return data
+
+
+def _load(path: str | os.PathLike[str] | None) -> list[Entry]:
+    data = _document(path)
+    if data is None:
         return []
     out = []
     for i, d in enumerate(data.get("priors") or []):
@@ -127,6 +163,7 @@ def prior_entry(d: Mapping[str, Any]) -> Entry:
         date=str(d["date"]),
         first_call_s={str(k): float(v) for k, v in (d.get("first_call_s") or {}).items()},
         detail={k: v for k, v in d.items() if k in ("work", "model", "mask", "how", "source", "samples")},
+        repeated_s={str(k): float(v) for k, v in (d.get("repeated_s") or {}).items()},
     )
 
 
@@ -151,6 +188,7 @@ def measured_timings(e: Entry, declared: Work, distance: float) -> Timings:
         kind="measured",
         work=e.work,
         first_call_s=dict(e.first_call_s),
+        repeated=dict(e.repeated_s),
     )
 
 
@@ -247,6 +285,7 @@ def lookup(
         kind="prior",
         work=e.work,
         first_call_s=dict(e.first_call_s),
+        repeated=dict(e.repeated_s),
     )
 
 
@@ -254,9 +293,10 @@ def lookup(
 
 
 def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[str, Any]:
-    """A priors.json document from benchmarks/bench_attention.py's results.json (generate mode): one prior
-    per (shape, work), the median generate() seconds of every backend that has one. ``source`` names the
-    run (e.g. its results directory); the date and versions come from the results."""
+    """A priors.json document from benchmarks/bench_generate.py's results.json: one prior per (shape, work),
+    the median first-seen generate() seconds of every backend that has them (``repeated_s`` beside them),
+    and the ``sdpa_dispatch`` facts (each SDPA variant against plain sdpa over the works). ``source`` names
+    the run (e.g. its results directory); the date and versions come from the results."""
     from cudaload.testing.shapes import FULL_SHAPES
 
     versions = {k: v for k, v in (results.get("versions") or {}).items() if v}
@@ -266,7 +306,10 @@ def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[s
         if k in versions
     }
     gpu = results.get("gpu_id") or ""
+    date = str(results.get("date", ""))[:10]
     out: list[dict[str, Any]] = []
+    #: variant -> [(first-seen ratio, repeated ratio)] of plain sdpa's seconds over the variant's
+    ratios: dict[str, list[tuple[float, float]]] = {}
     for sh in results.get("shapes") or []:
         if "rows" not in sh or not gpu:
             continue
@@ -283,7 +326,7 @@ def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[s
         )
         per: dict[str, dict[str, Any]] = {}
         for r in sh["rows"]:
-            g = r.get("generate_s") or {}
+            g = r.get("generate_first_s") or {}
             if not g.get("median"):
                 continue
             ws = r["work_shape"]
@@ -291,7 +334,7 @@ def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[s
                 r["work"],
                 {
                     "gpu": gpu,
-                    "date": str(results.get("date", ""))[:10],
+                    "date": date,
                     "versions": keep,
                     "model": shape,
                     "signature": sig.to_dict(),
@@ -302,17 +345,88 @@ def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[s
                         "padded": ws["padding"] == "left",
                     },
                     "mask": ws["padding"],
-                    "how": "benchmarks/bench_attention.py: models held at once, generate() interleaved, median",
+                    "how": "benchmarks/bench_generate.py: models held at once, generate() interleaved, median; "
+                    "seconds on first-seen lengths (a new thread), repeated_s on lengths already run",
                     "source": source or str(results.get("command", "")),
                     "seconds": {},
+                    "repeated_s": {},
                     "samples": {},
                     "first_call_s": {},
                 },
             )
             rec["seconds"][r["backend"]] = round(float(g["median"]), 4)
+            rep = r.get("generate_s") or {}
+            if rep.get("median"):
+                rec["repeated_s"][r["backend"]] = round(float(rep["median"]), 4)
             rec["samples"][r["backend"]] = int(g.get("n", 0))
             extra = r.get("first_call_extra_s")
             if extra is not None and extra > 0:
                 rec["first_call_s"][r["backend"]] = round(float(extra), 3)
-        out += [p for p in per.values() if len(p["seconds"]) >= 2]
-    return {"version": PRIORS_VERSION, "priors": out}
+        for p in per.values():
+            if len(p["seconds"]) < 2:
+                continue
+            out.append(p)
+            base, base_rep = p["seconds"].get("sdpa"), p["repeated_s"].get("sdpa")
+            for variant in (SDPA_DECODE, SDPA_NO_CUDNN):
+                v, v_rep = p["seconds"].get(variant), p["repeated_s"].get(variant)
+                if base and v and base_rep and v_rep:
+                    ratios.setdefault(variant, []).append((base / v, base_rep / v_rep))
+    facts = _facts_from(
+        ratios, _steady_ratios(results), gpu, versions, date, source or str(results.get("command", ""))
+    )
+    return {"version": PRIORS_VERSION, "priors": out, "sdpa_dispatch": facts, "ratios": ratios}
+
+
+def _steady_ratios(results: Mapping[str, Any]) -> list[float]:
+    """bench_generate.py --steady: per work, the median sdpa / cudaload_sdpa over alternating pairs on lengths
+    met before (the repeated state, sampled many times: one repeated call per work is within the host's noise)."""
+    st = results.get("steady") or {}
+    return [float(w["ratio_median"]) for w in st.get("works") or [] if w.get("ratio_median")]
+
+
+def _facts_from(
+    ratios: Mapping[str, Sequence[tuple[float, float]]],
+    steady: Sequence[float],
+    gpu: str,
+    versions: Mapping[str, str],
+    date: str,
+    source: str,
+) -> list[dict[str, Any]]:
+    facts = []
+    for variant, rs in ratios.items():
+        first = sorted(r[0] for r in rs)
+        again = sorted(steady) if steady and variant == SDPA_DECODE else sorted(r[1] for r in rs)
+        facts.append(
+            SdpaFacts(
+                gpu=gpu,
+                versions={k: v for k, v in versions.items() if k in ("torch", "cudnn", "transformers")},
+                date=date,
+                variant=variant,
+                speedup_first_seen=(first[0], statistics.median(first), first[-1]),
+                ratio_repeated=(again[0], statistics.median(again), again[-1]),
+                works=len(rs),
+                source=source,
+                detail={
+                    "repeated": "alternating pairs on lengths met before (--steady), per-work medians"
+                    if steady and variant == SDPA_DECODE
+                    else "one repeated call per work"
+                },
+            ).to_dict()
+        )
+    return facts
+
+
+def sdpa_facts_from_bench(runs: Sequence[Mapping[str, Any]], *, source: str = "") -> list[dict[str, Any]]:
+    """The ``sdpa_dispatch`` facts over several bench_generate.py results of one GPU (both shapes, say):
+    every work's ratio in one range; the repeated figure from the --steady pairs where a run has them."""
+    ratios: dict[str, list[tuple[float, float]]] = {}
+    steady: list[float] = []
+    first = runs[0] if runs else {}
+    for r in runs:
+        for variant, rs in priors_from_bench(r)["ratios"].items():
+            ratios.setdefault(variant, []).extend(rs)
+        steady += _steady_ratios(r)
+    versions = {k: v for k, v in (first.get("versions") or {}).items() if v}
+    return _facts_from(
+        ratios, steady, first.get("gpu_id") or "", versions, str(first.get("date", ""))[:10], source
+    )
