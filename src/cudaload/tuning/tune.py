@@ -63,15 +63,15 @@ class TuneResult:
 
     def render(self) -> str:
         lines = [self.timings.source, "", f"fastest: {self.timings.fastest}", ""]
-        lines.append(f"{'backend':<34} {'median s':>9} {'min':>8} {'max':>8} {'n':>3}  first call +s")
+        lines.append(f"{'backend':<34} {'first-seen s':>12} {'repeated s':>10} {'n':>3}  first call +s")
         for r in self.rows:
-            g = r.get("generate_s")
-            if not g:
+            g, f = r.get("generate_s"), r.get("generate_first_s")
+            if not g or not f:
                 lines.append(f"{r['backend']:<34} {r.get('error') or r.get('stopped') or 'not timed'}")
                 continue
             extra = r.get("first_call_extra_s")
             lines.append(
-                f"{r['backend']:<34} {g['median']:>9.3f} {g['min']:>8.3f} {g['max']:>8.3f} {g['n']:>3}  "
+                f"{r['backend']:<34} {f['median']:>12.3f} {g['median']:>10.3f} {f['n']:>3}  "
                 f"{'-' if extra is None else f'{extra:.2f}'}"
             )
         lines += [f"{b}: not usable: {why}" for b, why in self.not_usable.items()]
@@ -85,12 +85,12 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def _candidates(p: Any, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
-    """Backends to time from the plan's attention candidates: every valid one; flex_attention on the CPU
+def _candidates(attention: Any, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
+    """Backends to time from the attention decision's candidates: every valid one; flex_attention on the CPU
     is left out (inductor compiles C++ for each new shape: minutes, and nobody decodes there)."""
     names = ["sdpa", "eager"]
     skipped: dict[str, str] = {}
-    for c in p.attention.candidates:
+    for c in attention.candidates:
         if c.name in names:
             continue
         if not c.ok:
@@ -130,7 +130,11 @@ def tune(
 
     from ..detection import detect
     from ..model_info import model_info
-    from ..planner import plan as make_plan
+    from ..policies.attention import choose_attention
+    from ..policies.dtype import choose_dtype
+    from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
+    from ..policies.sdpa_dispatch import RECUR, SDPA_DECODE
+    from .timings import load_sdpa_facts
 
     say = log or (lambda m: logger.info("%s", m))
     t0 = time.perf_counter()
@@ -140,20 +144,31 @@ def tune(
             raise ConfigurationError(f"{name}={v!r} must be a positive integer", fix=f"pass {name}=1 or more")
     caps = hardware if hardware is not None else detect()
     on_gpu = caps.has_gpu and torch.cuda.is_available()
-    p = make_plan(
-        model_path, hardware=caps, seq_len=seq_len + new_tokens, batch_size=batch_size, quantization="none"
+    info = model_info(model_path)
+    s = info.summary
+    # the policies the planner asks, asked directly: tuning sits below the planner, which asks it for timings
+    dt = choose_dtype(
+        caps,
+        checkpoint_dtype=s.checkpoint_dtype,
+        model_type=s.type,
+        intent="inference",
+        fp16_overflow=info.fp16_overflow,
     )
-    dtype_name = p.dtype.choice or ("bfloat16" if on_gpu else "float32")
+    dtype_name = dt.choice or ("bfloat16" if on_gpu else "float32")
     dtype = getattr(torch, dtype_name)
     device = "cuda:0" if on_gpu else "cpu"
-    info = model_info(model_path)
-    if p.model.is_encoder or not info.can_generate:
+    attention = choose_attention(info, caps, dtype=dtype_name, sdpa_facts=load_sdpa_facts())
+    if s.is_encoder or not info.can_generate:
         raise ConfigurationError(
-            f"{p.model.name} cannot generate(): cudaload tune times generation",
+            f"{s.name} cannot generate(): cudaload tune times generation",
             fix="tune a causal language model; encoders run one forward, any backend the plan picks will do",
         )
     sig = signature(info, dtype_name)
-    wanted, not_usable = _candidates(p, on_gpu)
+    wanted, not_usable = _candidates(attention, on_gpu)
+    if any(b in SDPA_VARIANTS for b in (backends or wanted)):
+        from ..sdpa_decode import register
+
+        register()  # cudaload's sdpa variants are transformers attention functions
     if backends is not None:
         not_usable = {b: why for b, why in not_usable.items() if b in backends}
         wanted = [b for b in backends if b not in not_usable]
@@ -170,6 +185,8 @@ def tune(
         return m
 
     pad = 0
+    # cudaload_sdpa changes kernels once a shape recurs: its repeated sample comes after RECUR more calls
+    settle = {SDPA_DECODE: RECUR}
     rows: list[Measurement] = []
     interleaved = True
     models: dict[str, Any] = {}
@@ -199,7 +216,7 @@ def tune(
         pad = int(gc.pad_token_id if gc.pad_token_id is not None else 0)
     if interleaved:
         rows = measure_backends(
-            models, [work], reps=reps, deadline=deadline, log=say, t0=t0, pad_token_id=pad
+            models, [work], reps=reps, deadline=deadline, log=say, t0=t0, pad_token_id=pad, settle=settle
         )
     else:
         # copies do not fit together: the loaded ones first, the rest one at a time, each its share
@@ -225,13 +242,18 @@ def tune(
                 log=say,
                 t0=t0,
                 pad_token_id=pad,
+                settle=settle,
             )
             del m
             if on_gpu:
                 torch.cuda.empty_cache()
     models.clear()
     summaries = [m.summary() for m in rows]
-    seconds = {s["backend"]: float(s["generate_s"]["median"]) for s in summaries if s["generate_s"]}
+    # what a new process meets: lengths it has not run (the choice weighs these); the repeated ones beside
+    seconds = {
+        s["backend"]: float(s["generate_first_s"]["median"]) for s in summaries if s.get("generate_first_s")
+    }
+    repeated = {s["backend"]: float(s["generate_s"]["median"]) for s in summaries if s["generate_s"]}
     if not seconds:
         raise LoadError(
             f"no attention backend finished a timed generate() within {budget_s:g} s",
@@ -262,8 +284,10 @@ def tune(
             "model": str(model_path),
             "samples": {s["backend"]: s["generate_s"]["n"] for s in summaries if s["generate_s"]},
             "how": "cudaload tune: generate() "
-            + ("interleaved, models held at once" if interleaved else "one backend at a time"),
+            + ("interleaved, models held at once" if interleaved else "one backend at a time")
+            + "; seconds on first-seen lengths (a new thread), repeated_s on lengths already run",
         },
+        repeated_s=repeated,
     )
     store = cache if cache is not None else TimingCache()
     stored = store.put(entry)
