@@ -10,7 +10,8 @@
 #   load      benchmarks/run.py --sections load
 #   memory    benchmarks/run.py --sections memory,overheads
 #   choice    benchmarks/run.py --sections choice,firstuse   (FA4 wheels)
-#   attention benchmarks/bench_attention.py: every backend through generate() on 8+ work shapes (FA4 wheels)
+#   attention benchmarks/investigations/bench_attention.py: every backend through generate() on 8+ works (FA4 wheels;
+#             superseded by benchmarks/bench_generate.py, run directly: benchmarks/README.md)
 #   fresh     benchmarks/bench_fresh.py: process start to first forward, warm and cold (FRESH_ARGS)
 #   profile   benchmarks/investigations/profile_fresh.py: cProfile / -X importtime of fresh plain vs cudaload (PROFILE_SHAPES)
 #   memtrain  benchmarks/bench_memory_train.py: training peaks and fit boundaries (quant wheels)
@@ -48,7 +49,7 @@ for part in "$@"; do
             tail -40 "$dir/memory/results.md" ;;
     choice) t "${CHOICE_S:-420}" python benchmarks/run.py --out "$dir/choice" --sections choice,firstuse ${SHAPES:+--shapes $SHAPES} --budget-s "$(( ${CHOICE_S:-420} - 30 ))" > "$dir/choice.log" 2>&1
             tail -40 "$dir/choice/results.md" ;;
-    attention) t "${ATTN_S:-450}" python benchmarks/bench_attention.py --out "$dir/attention" --budget-s "$(( ${ATTN_S:-450} - 30 ))" > "$dir/attention.log" 2>&1
+    attention) t "${ATTN_S:-450}" python benchmarks/investigations/bench_attention.py --out "$dir/attention" --budget-s "$(( ${ATTN_S:-450} - 30 ))" > "$dir/attention.log" 2>&1
             tail -40 "$dir/attention/results.md" ;;
     fresh) t "${FRESH_S:-330}" python benchmarks/bench_fresh.py --out "$dir/fresh" --budget-s "$(( ${FRESH_S:-330} - 30 ))" ${FRESH_ARGS:-} > "$dir/fresh.log" 2>&1
            tail -30 "$dir/fresh/fresh.md" ;;

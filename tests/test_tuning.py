@@ -44,7 +44,7 @@ from cudaload.tuning.measure import Measurement, WorkShape, make_inputs, run_rou
 from cudaload.tuning.timings import prior_entry
 
 FIXTURES = Path(__file__).parent / "fixtures"
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attention.py"
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "investigations" / "bench_attention.py"
 
 
 @pytest.fixture(scope="module")
@@ -408,7 +408,12 @@ def test_a_backend_far_behind_stops_after_two_reps() -> None:
 
     models = _tiny_models("sdpa", "eager")
     ms = run_rounds(
-        models, [WorkShape(1, 8, 2)], reps=3, deadline=time.perf_counter() + 300, slow_factor=1.0, first_seen=False
+        models,
+        [WorkShape(1, 8, 2)],
+        reps=3,
+        deadline=time.perf_counter() + 300,
+        slow_factor=1.0,
+        first_seen=False,
     )
     counts = sorted(len(m.generate_s) for m in ms)
     assert counts == [2, 3]  # with factor 1 whichever is slower after two reps stops there, the other goes on
@@ -527,7 +532,9 @@ def test_sdpa_facts_from_runs_use_the_steady_pairs(tmp_path: Path) -> None:
 
     def row(b: str, first: float, rep: float) -> dict[str, Any]:
         w = WorkShape(4, 1024, 64, "ones")
-        return Measurement(b, w, generate_s=[rep], generate_cpu_s=[rep], generate_at=[0.0], first_s=[first]).summary()
+        return Measurement(
+            b, w, generate_s=[rep], generate_cpu_s=[rep], generate_at=[0.0], first_s=[first]
+        ).summary()
 
     run = {
         "date": "2026-12-02T12:00:00+00:00",

@@ -5,7 +5,7 @@
 - :func:`tune`: measure them here (``cudaload tune``; :func:`add_tune_parser` / :func:`run_tune` for the CLI).
 - :func:`enable_fa4_compile_cache`: FA4's persistent JIT cache under cudaload's cache directory, called right
   before a model is loaded with FA4.
-- :mod:`cudaload.tuning.measure`: the timing code ``tune`` and benchmarks/bench_attention.py share.
+- :mod:`cudaload.tuning.measure`: the timing code ``tune`` and benchmarks/bench_generate.py share.
 
 Importing this package imports neither torch nor transformers (``tune`` does, when called).
 """

@@ -1,7 +1,8 @@
 """Timing attention backends through transformers' own ``generate()``, as a user runs it.
 
-One code path for ``cudaload tune`` and ``benchmarks/bench_attention.py``, so a cached measurement and a
-benchmark row mean the same thing. What is timed:
+One code path for ``cudaload tune`` and ``benchmarks/bench_generate.py`` (and the superseded
+``benchmarks/investigations/bench_attention.py``), so a cached measurement and a benchmark row mean the same
+thing. What is timed:
 
 - **generate**: the whole ``model.generate(input_ids, attention_mask=..., max_new_tokens=n,
   min_new_tokens=n, do_sample=False, pad_token_id=...)`` call, greedy, every backend producing exactly n

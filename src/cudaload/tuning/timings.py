@@ -1,7 +1,7 @@
 """Looking up measured attention timings: this machine's cache first, then the priors cudaload ships.
 
 A shipped prior is a measurement made on a named GPU with named package versions (benchmarks/
-bench_attention.py on the H200), for one model shape and one work. It is used for another model when the
+bench_generate.py on the H200), for one model shape and one work. It is used for another model when the
 attention signature class matches (head dims, dtype, window / soft-capping / sinks / ALiBi) and for another
 work when its bucket is within :data:`MAX_DISTANCE` doublings; on another GPU only when the compute
 capability is the same, and the source sentence says which GPU it was. Pure: no torch, no transformers.

@@ -3,7 +3,7 @@
 The model is loaded once per backend with plain ``from_pretrained(attn_implementation=...)`` in the dtype
 cudaload's plan chooses; when the copies fit together (GPU memory after the first one, with a quarter
 spare for the work's activations and cache) they are held at once and called round-robin, else one at a
-time. Timing is :mod:`cudaload.tuning.measure`, the code benchmarks/bench_attention.py runs, within
+time. Timing is :mod:`cudaload.tuning.measure`, the code benchmarks/bench_generate.py runs, within
 ``budget_s`` seconds from the call (loading included). The medians land in the timing cache
 (:mod:`cudaload.tuning.store`), where :func:`cudaload.tuning.lookup` finds them for the next plan.
 """

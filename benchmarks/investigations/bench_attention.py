@@ -1,17 +1,20 @@
 #!/usr/bin/env python
 """Attention backends through transformers' real generate(), as a user runs it (issue 13).
 
+Superseded by benchmarks/bench_generate.py, which holds the goal and makes the shipped priors: this script
+timed one state only, where bench_generate.py times lengths a process has not met and repeated ones apart.
+Its findings are in benchmarks/results/2026-12-01-h200/README.md (run 2).
+
 On the H200, from the repo root, with the FA4 wheels (`source .whl/env.sh` after `wheels.sh fa4`):
 
-    python benchmarks/bench_attention.py --out OUT/attn --budget-s 420            # both shapes, ~430 s
-    python benchmarks/bench_attention.py --out OUT/fresh --fresh --budget-s 400   # fresh processes, ~300-400 s
-    python benchmarks/bench_attention.py --out /tmp/attn-smoke --smoke            # CPU, tiny Qwen3, ~30 s
+    python benchmarks/investigations/bench_attention.py --out OUT/attn --budget-s 420           # both shapes
+    python benchmarks/investigations/bench_attention.py --out OUT/fresh --fresh --budget-s 400  # fresh processes
+    python benchmarks/investigations/bench_attention.py --out /tmp/attn-smoke --smoke           # CPU, ~30 s
 
 Run each under ``timeout 560`` (a device call allows 600 s). At 420 s for both shapes each row gets about 1-3
 timed calls on the 8B shape (its 8 works cost ~100 s a round for sdpa, eager and FA4); for more samples run
-the shapes apart: ``--shapes 8b --budget-s 540 --replica`` and ``--shapes 0.6b --budget-s 400``. Then
-``python -m cudaload.tuning priors OUT/attn/results.json --out src/cudaload/tuning/priors.json`` turns the
-results into the priors cudaload ships.
+the shapes apart: ``--shapes 8b --budget-s 540 --replica`` and ``--shapes 0.6b --budget-s 400``. (Its
+results made the priors until 2026-12-02; ``python -m cudaload.tuning priors`` now reads bench_generate.py's.)
 
 **Generate mode** (default). For each shape (--shapes, default 8b then 0.6b) one model per backend is built
 directly on the GPU from the config (random bf16 weights, transformers' own init: normal(0, 0.02), norms
@@ -81,7 +84,7 @@ from pathlib import Path
 from typing import Any
 
 _T_LAUNCH_ENV = "BENCH_ATTN_LAUNCH"  # the parent's time.time() at Popen, for the fresh children
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # benchmarks/investigations/ -> the repo root
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's cudaload, before any installed one
 
 from cudaload.tuning.measure import (  # noqa: E402
