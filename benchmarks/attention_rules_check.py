@@ -4,11 +4,12 @@
     python benchmarks/attention_rules_check.py --out DIR [--budget-s 480] [--smoke]
 
 For each model family (real attention shapes, 2 tiny layers, random bf16 weights) and each backend cudaload
-plans (sdpa, eager, flex_attention, flash_attention_4 when installed), in inference and in training (forward
-+ backward), this runs the backend and records: cudaload's verdict (``choose_attention`` candidate ok or
-not, with the first reason), what happened (ok / the exception), and, when it ran, the largest relative
-difference of the logits (and of a q_proj gradient in training) against eager on the same weights, so a
-backend that runs but computes something else (SDPA dropping soft-capping, a kernel dropping sinks) shows.
+plans (sdpa, eager, flex_attention, flash_attention_2 and flash_attention_4 when installed), in inference and
+in training (forward + backward), this runs the backend and records: cudaload's verdict (``choose_attention``
+candidate ok or not, with the first reason), what happened (ok / the exception), and, when it ran, the
+largest relative difference of the logits (and of a q_proj gradient in training) against eager on the same
+weights, so a backend that runs but computes something else (SDPA dropping soft-capping, a kernel dropping
+sinks) shows.
 A row where the verdict and the outcome disagree is marked MISMATCH.
 
 flash-attn-4 also runs with FLASH_ATTENTION_ARCH=sm_80 and sm_120 (its interface.py _get_device_arch
@@ -91,6 +92,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "head_dim": 96,
     },
+    # head dim not a multiple of 8: flash-attn 2 pads it to 104 (valid, at the cost of copies), FA3 / FA4 pad
+    # nothing and refuse it (FA4 on sm80 / sm120 has no Python check: the kernel's aligned loads are the test)
+    "qwen3-hd100": {
+        "model_type": "qwen3",
+        "hidden_size": 384,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 100,
+    },
     "llama-hd128": {
         "model_type": "llama",
         "hidden_size": 512,
@@ -171,6 +181,8 @@ def worker(family: str, smoke: bool) -> None:
     state = model.state_dict()
     backends = ["sdpa", "eager", "flex_attention"]
     archs: list[str | None] = [None]
+    if not smoke and real.usable("flash-attn"):
+        backends.append("flash_attention_2")
     if not smoke and real.usable("flash-attn-4"):
         backends.append("flash_attention_4")
         archs += ["sm_80", "sm_120"]

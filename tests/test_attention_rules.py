@@ -327,11 +327,85 @@ def test_fa2_hd256_backward_dropout_on_99kb_parts(profile: str, bad: bool) -> No
 
 
 def test_fa3_head_dim_must_be_a_multiple_of_8() -> None:
-    # hopper/flash_api.cpp:855 head_size % alignment (8 for 16-bit)
+    # hopper/flash_api.cpp:855 head_size % alignment (8 for 16-bit); hopper's flash_attn_interface.py pads
+    # nothing, nor does vllm-flash-attn3's (flash_api_stable.cpp:857 the same check)
     i = info("qwen3", head_dim=100)
     d = decide(i, hardware("H200").with_packages(FLASH))
     assert not ok(d, "flash_attention_3") and "multiple of 8" in why(d, "flash_attention_3")
+    assert any("multiple of 8" in r for r in flash_reasons(VLLM_FA3, i, hardware("H200")))
     assert ok(decide(info("qwen3", head_dim=96), hardware("H200").with_packages(FLASH)), "flash_attention_3")
+    assert flash_reasons(VLLM_FA3, info("qwen3", head_dim=96), hardware("H200")) == []
+
+
+@pytest.mark.parametrize(("head_dim", "padded"), [(100, 104), (36, 40), (250, 256), (252, 256), (254, 256)])
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_fa2_pads_a_head_dim_that_is_not_a_multiple_of_8(
+    head_dim: int, padded: int, cc: tuple[int, int]
+) -> None:
+    # flash-attn 2.8.3 flash_attn_interface.py FlashAttnFunc.forward:829-833 pads q/k/v to a multiple of 8 and
+    # :856 slices the output back; the op then checks the padded size (flash_api.cpp:393-394): <= 256
+    i = info("qwen3", head_dim=head_dim)
+    assert (i.flash_head_dim, i.value_head_dim) == (head_dim, head_dim)
+    caps = gpu(cc, flash_attn="2.8.3")
+    d = decide(i, caps)
+    assert ok(d, "flash_attention_2"), why(d, "flash_attention_2")
+    # valid, with what the padding costs said beside it
+    assert f"pads q, k and v to {padded} on every call" in why(d, "flash_attention_2")
+    assert "backward" not in why(d, "flash_attention_2")
+    assert "keeps the padded q, k, v and output for backward" in why(
+        decide(i, caps, intent="lora"), "flash_attention_2"
+    )
+    # the Hub build vendors the same interface (kernels-community flash-attn2 flash_attn_interface.py:868-871)
+    assert flash_reasons(HUB_FA2, i, caps) == []
+    # FA3 and FA4 pad nothing: the same head dim is refused there
+    assert not ok(decide(i, gpu(cc, "flash-attn-3", "flash-attn-4")), "flash_attention_3")
+    assert not ok(decide(i, gpu(cc, "flash-attn-3", "flash-attn-4")), "flash_attention_4")
+
+
+@pytest.mark.parametrize(("head_dim", "padded"), [(258, 264), (260, 264), (264, 264), (512, 512)])
+def test_fa2_head_dim_over_256_is_refused_after_padding(head_dim: int, padded: int) -> None:
+    # flash_api.cpp:393 (forward), :830 (backward): at most 256, checked on the padded size
+    i = info("qwen3", head_dim=head_dim)
+    d = decide(i, gpu((9, 0), flash_attn="2.8.3"))
+    assert not ok(d, "flash_attention_2")
+    assert f"head dim {head_dim} > 256" in why(d, "flash_attention_2")
+    assert f"pads it to {padded}" in why(d, "flash_attention_2")
+    assert any("> 256" in r for r in flash_reasons(HUB_FA2, i, gpu((9, 0))))
+
+
+def test_fa2_head_dim_multiple_of_8_has_no_padding_note() -> None:
+    for hd in (96, 128, 256):
+        d = decide(info("qwen3", head_dim=hd), gpu((8, 0), flash_attn="2.8.3"), intent="lora")
+        assert ok(d, "flash_attention_2") and "pads" not in why(d, "flash_attention_2")
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 6), (9, 0), (10, 0), (11, 0), (12, 0)])
+def test_fa4_head_dim_not_a_multiple_of_8_on_every_architecture(cc: tuple[int, int]) -> None:
+    # sm90-sm110: interface.py:847-849 alignment 8, asserted at :130 / :135; sm80/sm120: no Python check
+    # (interface.py:848, :1777), but the SM80-MMA kernel needs 16-byte aligned rows (flash_fwd.py:63-64)
+    i = info("qwen3", head_dim=100)
+    d = decide(i, gpu(cc, "flash-attn-4"))
+    assert not ok(d, "flash_attention_4") and "multiple of 8" in why(d, "flash_attention_4")
+    assert any("multiple of 8" in r for r in flash_reasons(HUB_FA4, i, gpu(cc)))
+
+
+def test_fa4_hub_build_has_no_hd256_on_sm100() -> None:
+    # kernels-community/flash-attn4 vendors 4.0.0.beta8: its interface.py:102-117 takes 8..128 and (192, 128)
+    # on sm100/sm110; the 4.0.0b36 package adds (256, 256) (interface.py:125, :134-138)
+    i = info("qwen3", head_dim=256)
+    for cc in ((10, 0), (10, 3), (11, 0)):
+        assert ok(decide(i, gpu(cc, "flash-attn-4")), "flash_attention_4")
+        r = flash_reasons(HUB_FA4, i, gpu(cc))
+        assert any("4.0.0.beta8" in x and "8..128 only" in x for x in r), r
+        assert flash_reasons(HUB_FA4, info("qwen3", head_dim=128), gpu(cc)) == []
+    assert flash_reasons(HUB_FA4, i, gpu((9, 0))) == []  # sm90: 8..256 in both
+
+
+def test_fa4_hd512_on_sm100_is_refused() -> None:
+    # interface.py:124 lets (512, 512) through as the MLA absorbed qv form, which transformers never calls; a
+    # plain call then needs 768 TMEM columns (flash_fwd_sm100.py:362-368)
+    d = decide(info("qwen3", head_dim=512), gpu((10, 0), "flash-attn-4"))
+    assert not ok(d, "flash_attention_4") and "8..128 or exactly 256" in why(d, "flash_attention_4")
 
 
 def test_fa4_hd256_on_sm12x_needs_more_shared_memory_than_there_is() -> None:

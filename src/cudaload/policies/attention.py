@@ -191,19 +191,45 @@ def _transformers_checks(name: str, impl: str, info: Any, dtype: str) -> list[st
         bad.append(f"flash attention needs float16 or bfloat16; the plan's dtype is {dtype}")
     qk, v = _qk_dim(info), _v_dim(info)
     if v > qk:
-        # integrations/flash_attention.py (5.17) :60-64 pads v up to the q/k head dim; a wider v would be cut
+        # integrations/flash_attention.py (5.17) :60-64 pads v up to the q/k head dim (F.pad by qk - v: a
+        # negative width cuts a wider v) and crops the output back at :99-100 (integrations/flash_paged.py
+        # :43-47 the same). That is all transformers does to head dims: it rounds none, and hands the
+        # package's own flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache to the model
+        # (modeling_flash_attention_utils.py (5.17) _lazy_imports :167, :177, :179, Hub kernels :194-196), so
+        # whether a head dim is padded to the kernel's multiple is the kernel package's business (_fa2_checks,
+        # _head_dim_fa3, _fa4_checks)
         bad.append(f"v head dim {v} > q/k head dim {qk}: transformers' flash path would cut v to {qk}")
     return bad
 
 
-def _head_dim_fa2_fa3(impl: str, hd: int) -> str | None:
-    # flash-attn 2.8.3 flash_api.cpp:393-394 (forward) and :829-830 (backward); FA3 hopper/flash_api.cpp
-    # (commit 0251105a) get_max_headdim() 256 and ``head_size % alignment`` (8 for 16-bit types) at :779/:855. vLLM 0.19.1
-    # agrees for its FA2/FA3 builds: v1/attention/backends/flash_attn.py:161-162 supports_head_size.
-    if hd > 256:
-        return f"head dim {hd} > 256, the largest {impl} supports"
+#: The largest head dim FlashAttention-2/3 kernels take (flash-attn 2.8.3 csrc/flash_attn/flash_api.cpp:393;
+#: FA3 hopper/flash_api.cpp get_max_headdim() with every head dim compiled).
+_FA23_MAX_HEAD_DIM = 256
+
+
+def _round8(hd: int) -> int:
+    return -(-hd // 8) * 8
+
+
+def _head_dim_fa3(impl: str, hd: int) -> str | None:
+    """FlashAttention-3's head-dim checks, for the hopper/ package and kernels-community/vllm-flash-attn3.
+
+    Neither pads a head dim before its CUDA op (unlike flash-attn 2, _fa2_checks), so the op's checks are the
+    rule. hopper/ at Dao-AILab/flash-attention commit 0251105a (hopper __version__ 3.0.0; PyPI's flash-attn-3
+    has one release, 0.0.0, yanked as empty, so this source is the citation): flash_attn_interface.py
+    _flash_attn_forward:60-153 passes q/k/v through (FlashAttnFunc:552, FlashAttnVarlenFunc:642 call it, as
+    does flash_attn_with_kvcache:942); flash_api.cpp :779-780 head_size <= get_max_headdim() (256) and
+    :854-855 ``head_size % alignment`` (8 for 16-bit types; mha_bwd :1349-1352 the same). flash-attn
+    2.8.3's sdist ships hopper/ 3.0.0.b1, whose flash_attn_interface.py FlashAttnFunc.forward:256-308 pads
+    nothing either.
+    kernels-community/vllm-flash-attn3 (huggingface/kernels-community commit 40d4194f): torch-ext/
+    vllm_flash_attn3/flash_attn_interface.py FlashAttnFunc:244 pads nothing, flash-attn/flash_api_stable.cpp
+    :778-779 and :856-857 are the same checks. vLLM 0.19.1 agrees for its FA3 build:
+    v1/attention/backends/flash_attn.py:161-162 supports_head_size."""
+    if hd > _FA23_MAX_HEAD_DIM:
+        return f"head dim {hd} > {_FA23_MAX_HEAD_DIM}, the largest {impl} supports"
     if hd % 8:
-        return f"head dim {hd} is not a multiple of 8 ({impl} requires it)"
+        return f"head dim {hd} is not a multiple of 8 ({impl} requires it and pads nothing)"
     return None
 
 
@@ -214,8 +240,18 @@ def _sm12x_fa4_smem(hd: int, hdv: int) -> int:
     return tile_m * hd * 2 + tile_n * hd * 2 + tile_n * hdv * 2
 
 
-def _fa4_checks(info: Any, cc: tuple[int, int], training: bool, seq_len: int | None = None) -> list[str]:
-    """flash-attn-4 4.0.0b36 (flash_attn/cute), for the package and the Hub build alike."""
+def _fa4_checks(
+    info: Any, cc: tuple[int, int], training: bool, seq_len: int | None = None, hub: bool = False
+) -> list[str]:
+    """flash-attn-4 4.0.0b36 (flash_attn/cute) for the package; ``hub``: kernels-community/flash-attn4, which
+    vendors an older beta (below) and differs in the head dims it takes on sm10x/sm11x.
+
+    Head dims: nothing pads them. transformers rounds none (_transformers_checks), and interface.py's
+    _flash_attn_fwd:678 passes q/k/v to the kernels as they are (no F.pad anywhere in interface.py); the
+    kernels round the head dim only inside their tiles (flash_fwd.py:81-86, to a multiple of 16), which
+    needs 16-byte aligned rows. The Hub build: huggingface/kernels-community (commit 40d4194f; flash-attn4/
+    last changed at 8a730d96) flash-attn4/torch-ext/flash_attn4/__init__.py:3 ``__version__ =
+    "4.0.0.beta8"``, built as the v0 branch transformers loads (build.toml ``version = 0``)."""
     bad: list[str] = []
     hd = _qk_dim(info)
     hdv = hd  # transformers pads v to the q/k head dim before calling the kernel
@@ -224,20 +260,45 @@ def _fa4_checks(info: Any, cc: tuple[int, int], training: bool, seq_len: int | N
     if training and major == 8:
         bad.append(f"flash-attn-4's backward asserts sm90+ (interface.py:2288); {sm} runs inference only")
     if hd % 8:
-        bad.append(f"head dim {hd} is not a multiple of 8 (flash-attn-4 alignment, interface.py:847)")
+        if major in (8, 12):
+            # interface.py:848 skips _validate_head_dims on sm8x/sm12x and never calls the kernels'
+            # can_implement (:1777 "TODO: check @can_implement"), but the SM80-MMA kernel both use needs it:
+            # flash_fwd.py:63-64 "All contiguous dimensions must be at least 16 bytes aligned, which means
+            # that the head dimension should be a multiple of 8", can_implement :151-154
+            # (flash_fwd_sm120.py:39-42)
+            where = "its sm80-path kernels need 16-byte aligned rows, flash_fwd.py:63-64; nothing pads"
+        else:
+            # interface.py:847 alignment = 16 // element size (8 for 16-bit), asserted by
+            # _validate_head_dims at :130 (sm90) and :135 (sm100/sm110); the Hub build's beta8 the same
+            # (its interface.py:420-422 and :109/:114)
+            where = "interface.py:847-849, asserted at :130/:135; nothing pads"
+        bad.append(f"head dim {hd} is not a multiple of 8 (flash-attn-4 alignment: {where})")
     elif major == 9 and not 8 <= hd <= 256:
+        # package interface.py:128-133; the Hub build's beta8 interface.py:107-112 the same
         bad.append(f"head dim {hd} outside 8..256 (flash-attn-4 on sm90, interface.py:128-133)")
-    elif major in (10, 11) and not (8 <= hd <= 128 or hd == 256):
+    elif major in (10, 11) and not (8 <= hd <= 128 or (hd == 256 and not hub)):
+        # package interface.py:121-138: 8..128, (192, 128) DeepSeek, (256, 256), or (64 or 512, 512), the MLA
+        # absorbed form, which is the qv call (q=None, head_dim read from qv, :755-756; :1177-1182) that
+        # transformers never makes: a plain (512, 512) call passes the check and then fails the kernel's TMEM
+        # budget (flash_fwd_sm100.py:362-368: 2 x 128 S columns + 512 O columns > 512). The Hub build's beta8
+        # has only 8..128 and (192, 128) (its interface.py:102-117): no 256.
         why = (
             " (DeepSeek's (192, 128) shape is accepted, but transformers pads v to 192 first)"
             if hd == 192
             else ""
         )
-        bad.append(
-            f"head dim {hd}: flash-attn-4 on sm{major}x takes 8..128 or exactly 256 "
-            f"(interface.py:121-138){why}"
-        )
+        if hub:
+            bad.append(
+                f"head dim {hd}: {HUB_KERNEL['flash_attention_4']} (flash-attn-4 4.0.0.beta8 vendored) on "
+                f"sm{major}x takes 8..128 only (its interface.py:102-117; the 4.0.0b36 package adds 256){why}"
+            )
+        else:
+            bad.append(
+                f"head dim {hd}: flash-attn-4 on sm{major}x takes 8..128 or exactly 256 "
+                f"(interface.py:121-138){why}"
+            )
     elif major in (8, 12):
+        # no head-dim range is checked on sm8x/sm12x (interface.py:848): the limit is the shared memory
         limit = smem_per_block(cc) or (99 * 1024 if major == 12 else 163 * 1024)
         need = _sm12x_fa4_smem(hd, hdv)
         if need > limit:
@@ -271,12 +332,25 @@ def _fa4_checks(info: Any, cc: tuple[int, int], training: bool, seq_len: int | N
 
 
 def _fa2_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
-    """flash-attn 2.8.3 (csrc/flash_attn), for the package and the kernels-community/flash-attn2 build."""
+    """flash-attn 2.8.3 (csrc/flash_attn + flash_attn/flash_attn_interface.py), for the package and the
+    kernels-community/flash-attn2 build (huggingface/kernels-community commit 40d4194f: its
+    torch-ext/flash_attn2/flash_attn_interface.py pads as below, FlashAttnFunc:847 at :868-871,
+    FlashAttnVarlenFunc:931 at :957-960, and flash-attn2/flash_attn/flash_api.cpp checks the same at
+    :433-434, :641-642, :866-867, :1296)."""
     bad: list[str] = []
     hd = _qk_dim(info)
-    hdm = _head_dim_fa2_fa3("flash_attention_2", hd)
-    if hdm:
-        bad.append(hdm)
+    if hd > _FA23_MAX_HEAD_DIM:
+        # The Python interface pads q/k/v to the next multiple of 8 before the CUDA op and slices the output
+        # (and the gradients) back: flash_attn_interface.py FlashAttnFunc.forward:829-833 / :856, backward
+        # :865-866 / :887-889, FlashAttnVarlenFunc.forward:920-924 / :957; flash_attn_with_kvcache's op pads
+        # in C++, flash_api.cpp:1300-1303 / :1459-1466. The op then checks the padded size: at most 256 at
+        # flash_api.cpp:393 (forward), :604 (varlen), :830 (backward), :1269 (kvcache); its multiple-of-8
+        # checks (:394, :605, :829) always pass. 256 being a multiple of 8, the padded size fits exactly when
+        # hd <= 256: 252 and 254 pad to 256, 257 pads to 264.
+        bad.append(
+            f"head dim {hd} > {_FA23_MAX_HEAD_DIM}, the largest flash-attn 2 supports (its interface pads it "
+            f"to {_round8(hd)}; the kernels take at most {_FA23_MAX_HEAD_DIM}, flash_api.cpp:393)"
+        )
     dropout = float(info.attention_dropout or 0.0)
     if training and dropout > 0 and info.attn_softcapping:
         bad.append(
@@ -293,6 +367,28 @@ def _fa2_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
             f"with {smem // 1024} KB of shared memory per block (sm86/sm89/sm12x), so gradients would be garbage"
         )
     return bad
+
+
+def _fa2_pad_note(info: Any, training: bool) -> str | None:
+    """What flash-attn 2 padding a head dim to a multiple of 8 costs (_fa2_checks: the padded call works), for
+    the reasons of a valid FA2 candidate; None when nothing is padded."""
+    hd = _qk_dim(info)
+    if hd % 8 == 0 or hd > _FA23_MAX_HEAD_DIM:
+        return None
+    padded = _round8(hd)
+    # F.pad allocates new q/k/v on every call (flash_attn_interface.py:831-833); transformers' decode passes
+    # the layer's whole cached K/V, and the kvcache op pads and copies back the whole cache in C++
+    # (flash_api.cpp :1300-1303, :1465-1466: "It's expensive to copy the KV cache here"); the padded q/k/v and
+    # output are what autograd keeps (:848)
+    why = (
+        f"head dim {hd} is not a multiple of 8: flash-attn 2 pads q, k and v to {padded} on every call "
+        "and slices the output back (flash_attn_interface.py:829-833, :856), so each call copies them "
+        "(in decode, the layer's whole KV cache; paged decode pads and copies back the whole cache, "
+        "flash_api.cpp:1300-1303, :1459-1466): extra time and transient memory"
+    )
+    if training:
+        why += "; training also keeps the padded q, k, v and output for backward (:848)"
+    return why
 
 
 def _no_sink_param(impl: str, info: Any) -> str | None:
@@ -360,17 +456,17 @@ def _flash_checks(
             return bad  # nothing else matters without kernels
     bad += _transformers_checks(name, impl, info, dtype)
     if impl == "flash_attention_4":
-        bad += _fa4_checks(info, cc, training, seq_len)
+        bad += _fa4_checks(info, cc, training, seq_len, hub=hub)
         bad += [r for r in (_no_dropout(impl, info, training),) if r]
     elif impl == "flash_attention_2":
         bad += _fa2_checks(info, cc, training)
         bad += [r for r in (_no_sink_param(name, info),) if r]
     elif name == _VLLM_FA3:
-        hdm = _head_dim_fa2_fa3(name, _qk_dim(info))  # its flash_api.cpp has the hopper/ checks
+        hdm = _head_dim_fa3(name, _qk_dim(info))  # its flash_api_stable.cpp has the hopper/ checks
         bad += [r for r in (hdm, _no_dropout(name, info, training)) if r]
         bad += _vllm_fa3_sinks(info, cc, dtype, intent)
     else:  # flash_attention_3, the hopper/ package
-        hdm = _head_dim_fa2_fa3(impl, _qk_dim(info))
+        hdm = _head_dim_fa3(impl, _qk_dim(info))
         bad += [r for r in (hdm, _no_sink_param(impl, info), _no_dropout(impl, info, training)) if r]
     return bad
 
@@ -404,7 +500,8 @@ def _package_candidate(
     why = [f"{pkg.name} {pkg.version or ''}".strip() + (" (assumed)" if pkg.assumed else "") + " is usable"]
     for g in caps.gpus[:1]:
         why.append(flash_support(FLASH_PACKAGE[impl], g.compute_capability, pkg.version)[1])
-    return Candidate(impl, True, tuple(why))
+    pad = _fa2_pad_note(info, intent in _TRAINING) if impl == "flash_attention_2" else None
+    return Candidate(impl, True, (*why, *([pad] if pad else [])))
 
 
 def _kernel_candidate(
@@ -426,7 +523,9 @@ def _kernel_candidate(
     except ImportError as e:
         return Candidate(repo, False, (f"Hub-kernel preflight is unavailable (cudaload.hub_kernels: {e})",))
     ok, reasons = check_attention_kernel(repo, caps, trust=tuple(trust), revision=revision)
-    return Candidate(repo, bool(ok), tuple(reasons) or (("Hub kernel available",) if ok else ("rejected",)))
+    why = tuple(reasons) or (("Hub kernel available",) if ok else ("rejected",))
+    pad = _fa2_pad_note(info, intent in _TRAINING) if ok and impl == "flash_attention_2" else None
+    return Candidate(repo, bool(ok), (*why, *([pad] if pad else [])))
 
 
 def _sdpa(info: Any, caps: Capabilities) -> Candidate:
