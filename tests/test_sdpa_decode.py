@@ -352,3 +352,22 @@ def test_gpu_static_cache_and_compile(gpu_models: dict[str, Any]) -> None:
         compiled = m.generate(ids, cache_implementation="static", compile_config=None, **kw)
     assert compiled.shape == ref.shape
     assert torch._C._get_cudnn_sdp_enabled()
+
+
+def test_the_two_variants_are_one_candidate_on_first_seen_timings() -> None:
+    info = model_info(full_config("Qwen3-8B"))
+    d = choose_attention(
+        info,
+        hardware("H200"),
+        dtype="bfloat16",
+        work=(8, 2080),
+        # the same kernels on first-seen lengths: nocudnn's lower sample speaks for cudaload_sdpa too
+        timings={"sdpa": 5.0, SDPA_DECODE: 2.9, SDPA_NO_CUDNN: 2.4, "eager": 2.6},
+        timings_source="test",
+        sdpa_facts=[_facts()],
+    )
+    assert d.choice == SDPA_DECODE
+    assert any("weighed at the lower of its and" in r for r in d.reasons)
+    # explicitly, nocudnn is still there
+    explicit = choose_attention(info, hardware("H200"), dtype="bfloat16", requested=SDPA_NO_CUDNN)
+    assert explicit.choice == SDPA_NO_CUDNN

@@ -582,7 +582,7 @@ def test_serving_plan_loads_the_attention_its_paged_form_needs() -> None:
     assert Plan.from_dict(p.to_dict()).attention.choice == "flash_attention_4"
     # generate() intent on the same machine keeps its own choice
     inf = cudaload.plan(full_config("Qwen3-8B"), hardware=new, intent="inference")
-    assert inf.attention.choice == "sdpa"
+    assert inf.attention.choice == "cudaload_sdpa"
     # a named attention is respected
     named = cudaload.plan(
         full_config("Qwen3-8B"), hardware=new, intent="serving", attn="sdpa", seq_len=2304, batch_size=64
@@ -606,7 +606,7 @@ def test_serving_plan_loads_the_attention_its_paged_form_needs() -> None:
 def test_a_runtime_fallback_from_the_serving_flash_choice_goes_to_a_pageable_one() -> None:
     """The attention decision's candidates are the runtime fallback order (execute._next_attention): when serving
     replaces the one-batch choice by flash_attention_4 and FA4 fails its probe, the next one must be the one-batch
-    choice (sdpa), not an implementation continuous batching refuses (flex_attention: 'is not supported for
+    choice (cudaload_sdpa), not an implementation continuous batching refuses (flex_attention: 'is not supported for
     continuous batching', transformers 5.24 continuous_api.py:779-784)."""
     from cudaload.execute import _next_attention
 
@@ -620,7 +620,9 @@ def test_a_runtime_fallback_from_the_serving_flash_choice_goes_to_a_pageable_one
     assert p.attention.choice == "flash_attention_4"
     ok = [c.name for c in p.attention.candidates if c.ok]
     assert ok[0] == "flash_attention_4"
-    assert _next_attention(p, "flash_attention_4") == "sdpa"
+    # the one-batch choice on the H200: sdpa with cuDNN kept off new lengths; served as paged|sdpa after the
+    # fallback (execute._serving_after_fallback plans serving again for it)
+    assert _next_attention(p, "flash_attention_4") == "cudaload_sdpa"
 
 
 def test_fa4_hub_kernel_paged_form_blocked_before_transformers_5_19() -> None:

@@ -723,6 +723,7 @@ def choose_attention(
 
     ignored = sorted(n for n in measured if not by[n].ok)
     usable = {n: t for n, t in measured.items() if by[n].ok}
+    usable, dominated = _pool_sdpa_twins(usable)
     if usable:
         total = {n: t + cost(n) for n, t in usable.items()}
         best = min(total, key=lambda n: (total[n], valid.index(n)))
@@ -746,9 +747,15 @@ def choose_attention(
         reasons.append(f"{best} costs least on the declared work")
         if ignored:
             reasons.append("measured but not valid here: " + ", ".join(ignored))
-        unmeasured = [n for n in valid if n not in usable]
+        unmeasured = [n for n in valid if n not in usable and n not in dominated]
         if unmeasured:
             reasons.append("valid but not measured (not weighed): " + ", ".join(unmeasured))
+        if dominated:
+            reasons.append(
+                f"{SDPA_DECODE} weighed at the lower of its and {SDPA_NO_CUDNN}'s seconds: on lengths met for the "
+                "first times both run the same kernels (their difference is the host's noise), and where lengths "
+                f"recur {SDPA_NO_CUDNN} keeps cuDNN out, which is equal or slower there"
+            )
         return Decision(best, tuple(reasons + list(by[best].reasons)), _ordered(cands, best, caps))
 
     short = _short_decode(work, intent, caps)
@@ -776,8 +783,7 @@ def choose_attention(
     elif chosen == "sdpa":
         reasons.append(
             "sdpa: no import or compile cost, and what plain transformers uses (declare the work -- batch_size, "
-            "seq_len, new_tokens -- to choose from measured generate() timings instead: on the H200 eager or "
-            "FA4 beat sdpa on most works, benchmarks/results/2026-12-01-h200)"
+            "seq_len, new_tokens -- to choose from measured generate() timings instead)"
         )
     else:
         skipped = [n for n in order[: order.index(chosen)] if n in by]
@@ -800,6 +806,18 @@ def choose_attention(
         )
     reasons += note
     return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), _ordered(cands, chosen, caps))
+
+
+def _pool_sdpa_twins(measured: Mapping[str, float]) -> tuple[dict[str, float], set[str]]:
+    """cudaload_sdpa and cudaload_sdpa_nocudnn measured side by side are two samples of one quantity on
+    first-seen lengths (neither lets cuDNN take a shape met fewer than twice): cudaload_sdpa is weighed at the
+    lower of the two, as either name would have been chosen at it, and cudaload_sdpa_nocudnn, equal or slower where lengths recur, is not chosen automatically (it stays
+    valid for an explicit attn=). Returns (the timings to weigh, the names folded in)."""
+    out = dict(measured)
+    if SDPA_NO_CUDNN in out and SDPA_DECODE in out:
+        out[SDPA_DECODE] = min(out[SDPA_DECODE], out.pop(SDPA_NO_CUDNN))
+        return out, {SDPA_NO_CUDNN}
+    return out, set()
 
 
 def _sdpa_variant(
