@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import datetime as _dt
 import gc
 import importlib.util
@@ -86,7 +85,9 @@ from typing import Any
 _T_LAUNCH_ENV = "BENCH_ATTN_LAUNCH"  # the parent's time.time() at Popen, for the fresh children
 ROOT = Path(__file__).resolve().parents[2]  # benchmarks/investigations/ -> the repo root
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's cudaload, before any installed one
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_generate: the model builder both scripts use
 
+from bench_generate import build_models  # noqa: E402
 from cudaload.tuning.measure import (  # noqa: E402
     Measurement,
     WorkShape,
@@ -178,44 +179,6 @@ def _has_module(name: str) -> bool:
 # ----------------------------------------------------------------------------------------------------
 # generate mode
 # ----------------------------------------------------------------------------------------------------
-def build_models(
-    config: Any, backends: Sequence[str], device: str, dtype: Any
-) -> tuple[dict[str, Any], dict[str, str], float]:
-    """One model per backend, built on ``device`` (no disk), all with the first one's weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    t = time.perf_counter()
-    models: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    base_state: dict[str, Any] | None = None
-    for b in backends:
-        try:
-            torch.manual_seed(0)
-            with torch.device(device):
-                # a config of its own: from_config writes _attn_implementation into the config it gets
-                m = AutoModelForCausalLM.from_config(
-                    copy.deepcopy(config), dtype=dtype, attn_implementation=b
-                )
-            m.eval()
-            got = m.config._attn_implementation
-            if got != b:
-                raise RuntimeError(f"asked for {b}, the model runs {got}")
-            if base_state is None:
-                base_state = m.state_dict()
-            else:
-                m.load_state_dict(base_state)  # same weights in every backend's model, bit for bit
-            m.generation_config.pad_token_id = 0
-            models[b] = m
-            del m
-        except Exception as e:  # a backend this machine cannot build is a result
-            errors[b] = _err(e)
-            log(f"  {b}: not usable: {errors[b]}")
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return models, errors, time.perf_counter() - t
-
-
 def run9_replica(
     model: Any, backends: Sequence[str], device: str, works: Sequence[WorkShape]
 ) -> list[dict[str, Any]]:
