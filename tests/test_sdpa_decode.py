@@ -104,17 +104,23 @@ def test_default_choice_is_the_variant_only_where_measured_to_help() -> None:
     )
 
 
-def test_declared_work_weighs_first_seen_seconds_and_shows_repeated() -> None:
-    info = model_info(full_config("Qwen3-8B"))
-    d = choose_attention(
-        info,
+def _declared(timings: dict[str, float], repeated: dict[str, float] | None = None) -> Any:
+    """The 8B shape's attention decision on an H200 for a declared 8 x 2048 + 32 work with these timings."""
+    return choose_attention(
+        model_info(full_config("Qwen3-8B")),
         hardware("H200"),
         dtype="bfloat16",
         work=(8, 2080),
-        timings={"sdpa": 5.0, SDPA_DECODE: 2.6, "eager": 3.0},
-        timings_repeated={"sdpa": 2.5, SDPA_DECODE: 2.55, "eager": 2.9},
+        timings=timings,
+        timings_repeated=repeated,
         timings_source="test",
         sdpa_facts=[_facts()],
+    )
+
+
+def test_declared_work_weighs_first_seen_seconds_and_shows_repeated() -> None:
+    d = _declared(
+        {"sdpa": 5.0, SDPA_DECODE: 2.6, "eager": 3.0}, repeated={"sdpa": 2.5, SDPA_DECODE: 2.55, "eager": 2.9}
     )
     assert d.choice == SDPA_DECODE
     assert any(r.startswith("the same work on lengths already met") and "sdpa 2.50 s" in r for r in d.reasons)
@@ -355,19 +361,11 @@ def test_gpu_static_cache_and_compile(gpu_models: dict[str, Any]) -> None:
 
 
 def test_the_two_variants_are_one_candidate_on_first_seen_timings() -> None:
-    info = model_info(full_config("Qwen3-8B"))
-    d = choose_attention(
-        info,
-        hardware("H200"),
-        dtype="bfloat16",
-        work=(8, 2080),
-        # the same kernels on first-seen lengths: nocudnn's lower sample speaks for cudaload_sdpa too
-        timings={"sdpa": 5.0, SDPA_DECODE: 2.9, SDPA_NO_CUDNN: 2.4, "eager": 2.6},
-        timings_source="test",
-        sdpa_facts=[_facts()],
-    )
+    # the same kernels on first-seen lengths: nocudnn's lower sample speaks for cudaload_sdpa too
+    d = _declared({"sdpa": 5.0, SDPA_DECODE: 2.9, SDPA_NO_CUDNN: 2.4, "eager": 2.6})
     assert d.choice == SDPA_DECODE
     assert any("weighed at the lower of its and" in r for r in d.reasons)
     # explicitly, nocudnn is still there
+    info = model_info(full_config("Qwen3-8B"))
     explicit = choose_attention(info, hardware("H200"), dtype="bfloat16", requested=SDPA_NO_CUDNN)
     assert explicit.choice == SDPA_NO_CUDNN
