@@ -1,0 +1,122 @@
+"""The from_pretrained call: which auto class, with which keywords from the plan, under the build lock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..plans import Plan
+
+if TYPE_CHECKING:
+    import torch
+
+#: task / model_class shorthands -> transformers auto class
+AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "text-generation": "AutoModelForCausalLM",
+    "feature-extraction": "AutoModel",
+    "embedding": "AutoModel",
+    "base": "AutoModel",
+    "masked-lm": "AutoModelForMaskedLM",
+    "fill-mask": "AutoModelForMaskedLM",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "image-text-to-text": "AutoModelForImageTextToText",
+    "vision-language": "AutoModelForImageTextToText",
+}
+
+# from_pretrained keywords that cudaload decides; passing them twice would make the plan a lie.
+_DECIDED = {
+    "dtype",
+    "torch_dtype",
+    "attn_implementation",
+    "device_map",
+    "max_memory",
+    "use_kernels",
+    "kernel_config",
+}
+
+# transformers' from_pretrained temporarily switches torch's process-wide default dtype while it builds the
+# model, so two loads racing in threads can build each other's modules in the wrong dtype. Building and
+# filling happen inside one call on both paths, so threaded loads are serialised: correct before concurrent.
+_BUILD_LOCK = threading.RLock()
+
+
+def resolve_auto_class(model_class: str | None, task: str | None, plan: Plan) -> str:
+    """The transformers auto class name to load with."""
+    if model_class and task:
+        raise ConfigurationError("pass model_class or task, not both", fix="drop one of them")
+    if model_class:
+        return model_class
+    if task:
+        try:
+            return AUTO_CLASSES[task]
+        except KeyError:
+            raise ConfigurationError(
+                f"unknown task {task!r}",
+                fix=f"use one of {', '.join(sorted(AUTO_CLASSES))} or pass model_class=",
+            ) from None
+    # An encoder has no causal-LM head: AutoModelForCausalLM would bolt a random one on.
+    return "AutoModel" if plan.model.is_encoder else "AutoModelForCausalLM"
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> Any:
+    import transformers
+
+    cls = getattr(transformers, auto_class, None)
+    if cls is None:
+        raise ConfigurationError(
+            f"transformers has no {auto_class}", fix="pass a transformers auto class name"
+        )
+    with _BUILD_LOCK:
+        return cls.from_pretrained(path, **kwargs)
+
+
+def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
+    kw: dict[str, Any] = {"trust_remote_code": False, **passthrough}
+    kw["dtype"] = _torch_dtype(plan.dtype.choice or "float32")
+    if plan.attention.choice:
+        kw["attn_implementation"] = plan.attention.choice
+    kw["device_map"] = plan.placement.device_map
+    if plan.placement.max_memory:
+        # the plan keys GPUs as strings ("0") to survive JSON; accelerate only treats int keys as GPUs
+        kw["max_memory"] = {
+            int(k) if str(k).isdigit() else k: v for k, v in plan.placement.max_memory.items()
+        }
+    par = plan.parallelism
+    if par is not None and par.choice in ("tp", "tp_fp8") and par.launched:
+        # tensor parallel under torchrun: transformers places each rank's shards itself; a device_map would
+        # fight it (the plan's from_pretrained settings: cudaload.policies.parallelism, tp/tp_fp8)
+        from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
+
+        fp = dict(par.config.get("from_pretrained") or {})
+        kw.pop("device_map", None)
+        kw.pop("max_memory", None)
+        if fp.get("distributed_config"):
+            kw["distributed_config"] = DistributedConfig(**fp["distributed_config"])
+        if par.choice == "tp_fp8" and par.config.get("quantization_config"):
+            from transformers import FineGrainedFP8Config
+
+            fp8 = {k: v for k, v in par.config["quantization_config"].items() if k != "quant_method"}
+            kw["quantization_config"] = FineGrainedFP8Config(**fp8)
+    if plan.quantization.choice and plan.quantization_config is not None:
+        from transformers import BitsAndBytesConfig
+
+        qcfg = dict(plan.quantization_config)
+        for key in ("bnb_4bit_compute_dtype",):
+            if isinstance(qcfg.get(key), str):
+                qcfg[key] = _torch_dtype(qcfg[key])
+        kw["quantization_config"] = BitsAndBytesConfig(**qcfg)
+    return kw

@@ -1,0 +1,66 @@
+"""intent="serving": the serving section planned again after an attention fallback, and settled and attached
+to the loaded model (transformers' ContinuousBatchingConfig)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from ..plans import Plan
+
+
+def _serving_after_fallback(plan: Plan, model: Any, plan_kwargs: Mapping[str, Any]) -> Plan:
+    """After a runtime attention fallback (:func:`_probe_and_fallback`) the serving section is planned again for
+    the attention the model now has, where it pages another one: a section planned for paged flash counts no
+    dense mask and turns graphs on for an unmasked step, neither true of paged sdpa/eager. The attention decision
+    (with its fallback) and the rest of the plan stay as they are."""
+    from ..planner import plan as make_plan
+
+    current = plan.attention.choice
+    if plan.serving is None or current is None:
+        return plan
+    if (plan.serving.attention.choice or "").removeprefix("paged|") == current:
+        return plan
+    again = make_plan(model, **{**plan_kwargs, "attn": current}).serving
+    assert again is not None
+    note = (
+        f"planned again for {current}: the runtime attention fallback replaced "
+        f"{plan.serving.attention.choice} (see the attention decision)"
+    )
+    return replace(plan, serving=replace(again, notes=(*again.notes, note)))
+
+
+def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
+    """intent="serving": the plan's cache settled against the memory free after loading (measured here, passed to
+    the pure policy), then transformers' own ``ContinuousBatchingConfig`` at ``model.cudaload_cb_config`` for
+    ``generate_batch`` / ``continuous_batching_context_manager``. At the manager's start transformers switches the
+    model's attention to its paged form (5.17 continuous_api.py:651-683) and back at stop, so the model keeps its
+    planned attention unless the serving plan pages another one (paged|sdpa for paged|eager's memory, or for a flash
+    form transformers cannot run paged, e.g. flash-attn-4 before 5.19): then it takes that one here."""
+    from dataclasses import fields
+
+    import torch
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from ..policies.serving import settle
+
+    section = plan.serving
+    assert section is not None
+    # transformers pages the model's current attention at the manager's start (continuous_api.py:651-683): where
+    # the serving policy pages sdpa or eager instead of the loaded one (paged|eager's scores do not fit; an
+    # explicit flash_attention_4 that transformers < 5.19 cannot run paged), the model takes it so that it does
+    base = (section.attention.choice or "").removeprefix("paged|")
+    current = getattr(model.config, "_attn_implementation", None)
+    if base in ("sdpa", "eager") and current is not None and current != base:
+        model.set_attn_implementation(base)
+        verified["serving_attention"] = base
+    device = getattr(model, "device", None)
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        section = settle(section, int(free), longest_request=plan.seq_len)
+    names = [f.name for f in fields(ContinuousBatchingConfig)]
+    kwargs = section.continuous_batching_config(names)
+    model.cudaload_cb_config = ContinuousBatchingConfig(**kwargs)
+    verified["serving"] = {"continuous_batching_config": kwargs, "num_blocks": section.num_blocks}
+    return replace(plan, serving=section)
