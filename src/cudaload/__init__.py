@@ -6,6 +6,9 @@
 
 Importing this package is cheap and has no side effects: it does not import torch or transformers,
 initialise CUDA, touch the network, print, or configure logging. Everything is loaded on first use.
+
+Every name exported here (and the ``cudaload`` command, the environment variables, ``plan.verified``) is
+documented once, in docs/api.md.
 """
 
 from __future__ import annotations

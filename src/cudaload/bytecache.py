@@ -216,14 +216,32 @@ def precompile(
     python: str = sys.executable,
     stdlib: bool | None = None,
 ) -> PrecompileReport:
-    """Byte-compile ``packages`` (top-level names; default: those a load imports).
+    """Byte-compile the packages a load imports, so new processes stop compiling them (``cudaload precompile``).
 
-    ``prefix``: write the caches under this folder (a ``PYTHONPYCACHEPREFIX`` tree) instead of next to the
-    sources, for a read-only installation; processes then need ``PYTHONPYCACHEPREFIX`` set to it. Default:
-    the ``PYTHONPYCACHEPREFIX`` of this environment if set, else next to the sources. ``workers``: compile
-    processes (0: one per CPU). ``stdlib``: also compile the standard library into the prefix (default: when
-    there is a prefix, which Python then reads for the standard library too). Raises :class:`~cudaload.errors.ConfigurationError` before compiling anything
-    when the caches cannot be written, or a named package is not installed."""
+    Run once per installation where Python has no cached bytecode for them and may not write it
+    (``PYTHONDONTWRITEBYTECODE=1``, uv without ``--compile-bytecode``, a read-only install).
+
+    Args:
+        packages: top-level package names to compile (default: those a load imports, found by importing
+            them in a child process).
+        prefix: write the caches under this folder (a ``PYTHONPYCACHEPREFIX`` tree) instead of next to the
+            sources, for a read-only installation; processes then need ``PYTHONPYCACHEPREFIX`` set to it.
+            Default: the ``PYTHONPYCACHEPREFIX`` of this environment if set, else next to the sources.
+        workers: compile processes (0: one per CPU).
+        python: the interpreter whose packages are compiled (default: this one).
+        stdlib: also compile the standard library into the prefix (default: when there is a prefix, which
+            Python then reads for the standard library too).
+
+    Returns:
+        A :class:`PrecompileReport`: the folders compiled, the prefix, seconds, files that did not compile,
+        caches that could not be written; ``ok`` is False when a cache could not be written, and
+        ``summary()`` is the text the command prints.
+
+    Raises:
+        ConfigurationError: before compiling anything, when the caches cannot be written there or a named
+            package is not installed.
+        LoadError: the child process that finds the packages failed.
+    """
     # absolute: Python resolves a relative PYTHONPYCACHEPREFIX against each process's working directory
     raw = os.fspath(prefix) if prefix is not None else (sys.pycache_prefix or None)
     pre = os.path.abspath(raw) if raw else None

@@ -1,4 +1,4 @@
-"""The ``cudaload`` command: env, doctor, plan, demo.
+"""The ``cudaload`` command: env, doctor, precompile, plan, tune, profiles, demo (docs/api.md lists them).
 
 Each subcommand is a thin shell over the library: it parses arguments, calls the public function and
 prints. Errors from cudaload are printed with their fix and exit 2; anything else is a bug and raises.
@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cudaload",
         description="Device-aware Hugging Face model loading: see what this machine can do (env, doctor), "
         "plan a load for it or for a named GPU (plan, profiles), measure attention backends on this GPU (tune), "
-        "or watch the whole path on a tiny model (demo).",
+        "stop new processes compiling the packages a load imports (precompile), or watch the whole path on a "
+        "tiny model (demo).",
     )
     p.add_argument("--version", action="version", version=f"cudaload {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
@@ -225,13 +226,25 @@ def build_parser() -> argparse.ArgumentParser:
             "see `cudaload profiles`) or a snapshot file from `cudaload env --json`"
         )
 
-    e = sub.add_parser("env", parents=[common], help="the machine as cudaload sees it")
+    e = sub.add_parser(
+        "env",
+        parents=[common],
+        help="the machine as cudaload sees it",
+        description="Print the machine as cudaload sees it: GPUs (from NVML; CUDA is not initialised), CUDA, "
+        "torch and transformers versions, optional packages and whether they load, launch and Hub state, and "
+        "what looks wrong. --json prints the snapshot, which --hardware FILE plans against.",
+    )
     e.add_argument("--json", action="store_true", help="print the snapshot as JSON (a reusable profile)")
     e.add_argument("--hardware", metavar="PROFILE", help=hw_help("show"))
     e.set_defaults(func=_cmd_env)
 
     d = sub.add_parser(
-        "doctor", parents=[common], help="verdicts: what works, what is misconfigured, and the fix"
+        "doctor",
+        parents=[common],
+        help="verdicts: what works, what is misconfigured, and the fix",
+        description="Judge the machine: per GPU, native bf16, the flash-attention packages and bitsandbytes; "
+        "then Hub kernels, the GPU selection (CUDA_VISIBLE_DEVICES, device order, LOCAL_RANK) and the "
+        "installation's bytecode; each problem with its fix. Exits 1 when something is broken.",
     )
     d.add_argument("--hardware", metavar="PROFILE", help=hw_help("diagnose"))
     d.set_defaults(func=_cmd_doctor)
@@ -299,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--attn",
         default="auto",
-        help="attention backend: auto, sdpa, eager, flash_attention_2/3/4, or a Hub kernel org/name",
+        help="attention backend: auto, sdpa, cudaload_sdpa, eager, flash_attention_2/3/4, or a Hub kernel org/name",
     )
     pl.add_argument("--dtype", default="auto", help="auto, bfloat16 (bf16), float16 (fp16) or float32")
     pl.add_argument(
@@ -374,7 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_parser(sub, parents=[common])
 
-    pr = sub.add_parser("profiles", parents=[common], help="list the named hardware profiles")
+    pr = sub.add_parser(
+        "profiles",
+        parents=[common],
+        help="list the named hardware profiles",
+        description="List the GPUs `--hardware NAME` plans for (NxNAME for N of them): device name, compute "
+        "capability, architecture, memory, bf16 / fp8 support.",
+    )
     pr.set_defaults(func=_cmd_profiles)
 
     de = sub.add_parser(
@@ -387,8 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument(
         "--model", default="qwen3", choices=TINY_KINDS, help="tiny model family to make (default qwen3)"
     )
-    de.add_argument("--prompt", default="The fastest way to load a model is")
-    de.add_argument("--max-new-tokens", type=_positive_int, metavar="N", default=16)
+    de.add_argument(
+        "--prompt", default="The fastest way to load a model is", help="the text the model runs on"
+    )
+    de.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        metavar="N",
+        default=16,
+        help="tokens to generate (default 16)",
+    )
     de.add_argument("--cpu", action="store_true", help="use the CPU even when a GPU is present")
     de.set_defaults(func=_cmd_demo)
     return p

@@ -233,7 +233,20 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
 
 
 def diagnose(caps: Capabilities) -> Report:
-    """Verdicts over a snapshot; ``Report.ok`` is False when something is broken."""
+    """Verdicts over a snapshot: what works, what is misconfigured, and the fix (``cudaload doctor``).
+
+    Pure: reads the snapshot only, so a recorded machine or a profile is diagnosed the same way.
+
+    Args:
+        caps: the snapshot to judge: :func:`cudaload.detect` for this machine, or :func:`cudaload.hardware`.
+
+    Returns:
+        A :class:`Report`: ``verdicts`` (each a :class:`Verdict` with ``subject``, ``status`` ``"ok"`` /
+        ``"warn"`` / ``"fail"`` / ``"info"``, ``message``, ``fix`` and a stable ``code``), ``ok`` (False when
+        any verdict fails), ``by_code(code)`` and ``render()`` (the text ``cudaload doctor`` prints).
+
+    Raises nothing of its own: what is wrong with the machine is a verdict.
+    """
     out: list[Verdict] = []
     if not caps.gpus:
         out.append(Verdict("machine", "info", "no GPU visible: models load on the CPU", code="no-gpu"))

@@ -280,16 +280,66 @@ def plan(
 ) -> Plan:
     """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
 
-    ``new_tokens`` (of ``seq_len``) and ``padded`` describe the declared generate() work more closely, so
-    measured attention timings of the nearest work are used; ``timings`` passes a measurement directly
-    (``load_model(tune=True)`` does), otherwise this machine's tune cache and then cudaload's shipped priors
-    are asked (:func:`cudaload.tuning.lookup`).
+    Pure planning: reads the config (and a local checkpoint's safetensors headers), never the weights, and
+    touches no GPU; :func:`cudaload.load_model` plans the same way and then loads.
 
-    Training intents also decide ``optimizer`` (``"auto"`` or a TrainingArguments optim name) and
-    ``gradient_checkpointing`` (None: off when everything fits without it).
+    Args:
+        model: a local model directory, a ``config.json`` path, a transformers config (or its dict), or a Hub
+            id in the local cache.
+        hardware: None (this machine, detected), a :class:`Capabilities` snapshot, a profile name
+            (``"H100"``, ``"8xA100-80GB"``: :func:`cudaload.hardware`) or a file from ``cudaload env --json``.
+        intent: ``"inference"`` (default), ``"training"`` (full fine-tune), ``"lora"``, ``"qlora"`` or
+            ``"serving"`` (continuous batching).
+        seq_len: tokens per sequence, prompt + new tokens (default: the model's context, at most 4096).
+        batch_size: sequences per batch (default 1).
+        attn: ``"auto"`` or an ``attn_implementation`` (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``/``3``/
+            ``4``, a Hub kernel repo, ``"cudaload_sdpa"``...).
+        dtype: ``"auto"``, ``"bfloat16"`` (``"bf16"``), ``"float16"`` (``"fp16"``) or ``"float32"``.
+        quantization: ``"auto"`` (only when the model does not fit otherwise), ``"none"``, ``"int8"``, ``"nf4"``.
+        device_map: None (planned), or a ``from_pretrained`` device map to plan with.
+        max_memory: per-device byte limits, as ``from_pretrained`` takes them.
+        allow_offload: allow CPU/disk offload when nothing else fits.
+        assume_installed: cudaload's package names (``"flash-attn"``, ``"bitsandbytes"``, ``"kernels"``...) to
+            treat as installed and usable, e.g. for a profile (which lists no optional packages).
+        assume_missing: package names to treat as absent.
+        kernels: Hub layer kernels: None (auto: only when every one passes preflight and is trusted), True
+            (those that pass), False (none).
+        trust_kernels: Hub kernel repos (``org/name``) or publishers (``org/*``) whose code may run, added to
+            ``CUDALOAD_TRUST_KERNELS``.
+        model_class: the transformers auto class the model will be loaded with.
+        revision: the Hub revision to read the config of.
+        fast: cudaload's fast loader: None (where it is known to beat ``from_pretrained``), True, False.
+        new_tokens: of ``seq_len``, how many tokens generate() adds. With ``batch_size`` and ``seq_len`` (the
+            declared work) and ``padded`` it selects the measured attention timings of the nearest work: this
+            machine's tune cache, then cudaload's shipped priors (:func:`cudaload.tuning.lookup`).
+        padded: the declared batch's prompts differ in length (left-padded).
+        timings: a measurement to decide the attention with instead of the cache and priors
+            (``load_model(tune=True)`` passes one).
+        from_pretrained_kwargs: the ``from_pretrained`` keywords the load will pass (some keep the fast
+            loader out).
+        optimizer: training: ``"auto"`` (fp32 AdamW, then 8-bit AdamW, then Adafactor, until one fits) or a
+            ``TrainingArguments`` optim name (``"adamw_torch_fused"``, ``"adamw_8bit"``, ``"sgd"``...).
+        gradient_checkpointing: training: None (on only when the activations do not fit without), True,
+            False.
+        parallelism: several GPUs: ``"auto"``, ``"single"``, ``"ddp"``, ``"fsdp2"``, ``"deepspeed"``,
+            ``"tp"`` or ``"layer_split"``.
+        lower_latency: inference on several GPUs: prefer tensor parallelism (every GPU on every token).
 
-    ``parallelism`` ("auto", "ddp", "fsdp2", "deepspeed", "tp", "layer_split", "single") and
-    ``lower_latency`` (prefer tensor parallelism for inference) steer the several-GPU decision."""
+    Returns:
+        The :class:`~cudaload.plans.Plan`: each decision with its reasons and every rejected candidate
+        (``plan.explain()``), the memory estimate, and the keywords the load will use; ``verified`` is None
+        until :func:`cudaload.load_model` fills it. Its JSON form is docs/plan-schema.md.
+
+    Raises:
+        ConfigurationError: an invalid option or environment variable, or an unknown profile.
+        InvalidChoiceError: an explicit ``attn``, ``dtype``, ``quantization``, ``optimizer``, ``parallelism``
+            or ``fast=True`` this hardware cannot honour; ``reasons`` says why.
+        DeviceSelectionError: a ``device_map`` or GPU selection that matches no GPU.
+        ModelNotFoundError: the path does not exist, or a Hub id is not cached while offline.
+        CheckpointError: an unreadable config or safetensors header, or an unknown model type.
+        DependencyError: a ``parallelism`` that needs a package that is missing (deepspeed...).
+        DoesNotFitError: nothing allowed fits; ``fix`` and ``suggestions`` say what would.
+    """
     if intent not in INTENTS:
         raise ConfigurationError(f"unknown intent {intent!r}", fix=f"use one of {', '.join(INTENTS)}")
     for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):

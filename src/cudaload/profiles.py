@@ -138,7 +138,22 @@ def _profile(canonical: str, count: int) -> Capabilities:
 
 
 def hardware(spec: str | os.PathLike[str]) -> Capabilities:
-    """A profile name ("H100-SXM", "t4"), a composed one ("8xH100-80GB"), or a recorded snapshot file."""
+    """A machine you do not have, as the :class:`Capabilities` snapshot :func:`cudaload.plan` plans against.
+
+    Args:
+        spec: a profile name (``"H100-SXM"``, ``"t4"``: case-insensitive, aliases accepted; ``cudaload
+            profiles`` lists them), ``NxNAME`` for N identical GPUs (``"8xH100-80GB"``, N from 1 to 64), or
+            the path of a snapshot recorded with ``cudaload env --json`` (a ``.json`` name, a path with a
+            separator, or an ``os.PathLike``).
+
+    Returns:
+        The snapshot, with ``source`` ``"profile:NAME"`` (or ``"file:PATH"`` for a recorded machine). A
+        profile lists no optional packages: add them with ``Capabilities.with_packages``.
+
+    Raises:
+        ConfigurationError: an unknown profile name (the message lists close ones), a GPU count outside
+            1-64, or a snapshot file that does not exist.
+    """
     text = os.fspath(spec)
     path = Path(text)
     if isinstance(spec, os.PathLike) or text.endswith(".json") or os.sep in text:

@@ -74,6 +74,19 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
     each rank was planned with) are merged in when the plan is for the ranks -- made under torchrun, or for a
     profile. A process planned on this machine outside torchrun runs the plan's own placement (one GPU or a
     layer split); its parallelism only says how to launch N processes, whose own plans then carry them.
+
+    Args:
+        plan: a plan for intent ``"training"``, ``"lora"`` or ``"qlora"``, from :func:`cudaload.plan` or a
+            loaded model's ``model.cudaload_plan``.
+
+    Returns:
+        A dict of ``TrainingArguments`` keywords: ``bf16`` / ``fp16`` (and ``tf32`` on a GPU), ``optim``,
+        ``per_device_train_batch_size``, ``gradient_checkpointing`` (``activation_checkpointing`` from
+        transformers 5.23) with its kwargs, ``ddp_find_unused_parameters`` for adapters, and the
+        parallelism's settings (``fsdp``, ``fsdp_config``, ``deepspeed``...) where they apply.
+
+    Raises:
+        ConfigurationError: the plan is for inference or serving.
     """
     if plan.intent in ("inference", "serving"):
         raise ConfigurationError(

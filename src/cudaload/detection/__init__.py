@@ -359,11 +359,27 @@ def assemble(
 def detect(
     *, env: Mapping[str, str] | None = None, probe_hub: bool | None = None, refresh: bool = False
 ) -> Capabilities:
-    """The live machine as a snapshot. Never initialises CUDA; bounded in time (the Hub probe takes at most
-    ``CUDALOAD_HUB_TIMEOUT`` seconds, default 2, and runs once per process).
+    """The machine this process runs on, as a :class:`Capabilities` snapshot (what ``cudaload env`` prints).
 
-    ``env``: the environment to read (default ``os.environ``). ``probe_hub``: None = probe unless offline or
-    ``CUDALOAD_HUB_TIMEOUT=0``. ``refresh``: forget cached package probes and Hub answers first.
+    Reads NVML, the installed packages and the environment; never initialises CUDA, and is bounded in time
+    (the Hub probe takes at most ``CUDALOAD_HUB_TIMEOUT`` seconds, default 2, and runs once per process).
+    Problems found (a ``CUDA_VISIBLE_DEVICES`` entry matching no GPU, a broken flash-attn...) are recorded
+    in ``findings``, not raised.
+
+    Args:
+        env: the environment variables to read (default ``os.environ``); a mapping replays a recorded
+            environment, and CUDA's state in this process is then not read.
+        probe_hub: whether to ask the Hub if it is reachable: None (default) probes unless offline or
+            ``CUDALOAD_HUB_TIMEOUT=0``; False leaves ``hub.reachable`` None.
+        refresh: forget cached package probes and Hub answers first.
+
+    Returns:
+        The snapshot: GPUs, CUDA/torch/transformers versions, packages, launch and Hub state, findings.
+        ``to_json()`` makes it a profile for :func:`cudaload.plan`'s ``hardware``.
+
+    Raises:
+        ConfigurationError: a variable cudaload reads is set to a value it cannot use (``LOCAL_RANK=x``,
+            ``CUDALOAD_HUB_TIMEOUT=-1``).
     """
     if refresh:
         clear_cache()

@@ -61,30 +61,89 @@ def load_model(
 ) -> Any:
     """Detect the machine, plan, load, verify and return a ready transformers model.
 
-    The result is the model transformers would return (a ``PeftModel`` for ``intent="lora"/"qlora"``),
-    on the planned device(s), in eval mode for inference and train mode otherwise, with the plan (including
-    what was verified) at ``model.cudaload_plan``. cudaload's options are keyword-only; anything else is passed
-    to ``from_pretrained`` (``revision``, ``token``, ``trust_remote_code`` - False unless you say so...).
+    cudaload's options are keyword-only; every other keyword goes to ``from_pretrained`` unchanged.
 
-    ``prefetch`` (default True): a local checkpoint's files are read into the page cache on background
-    threads from the first line of this call, while torch and transformers are still being imported, so a
-    cold load waits for about max(imports, disk read) instead of their sum (see :mod:`cudaload.prefetch`).
-    A mode name picks how: ``"read"`` (threads that read the files, skipping what the page cache already holds;
-    the default, measured cold on the H200 at 0.60x plain ``from_pretrained``) or ``"willneed"`` (kernel
-    readahead advice, which the kernel throttled there: 1.05x); False turns it off. With it, when the GPU the
-    model will load onto is known before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a
-    ``device_map`` naming one GPU), its CUDA context and cuBLAS are created on a thread while transformers
-    imports (0.4-0.6 s a fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`).
-    A call refused after that (a plan that does not fit, another rank's error) holds no memory of the load but
-    leaves CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
-    CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or
-    ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself. ``plan.verified["phases"]`` says where the
-    seconds went.
+    Args:
+        model: a local model directory, or a Hub id (read from the local cache when offline).
+        hardware: plan against this snapshot instead of detecting the machine: a :class:`Capabilities` or a
+            file recorded with ``cudaload env --json``, which must describe this machine. A profile name
+            ("H100") is refused: to plan for hardware you do not have, use :func:`cudaload.plan`.
+        intent: ``"inference"`` (default), ``"training"`` (full fine-tune), ``"lora"``, ``"qlora"`` (LoRA on an
+            nf4 base) or ``"serving"`` (continuous batching).
+        seq_len: tokens per sequence, prompt + new tokens, that memory is planned for (default: the model's
+            context, at most 4096).
+        batch_size: sequences per batch (default 1).
+        attn: ``"auto"`` or an ``attn_implementation`` (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``/``3``/
+            ``4``, a Hub kernel repo such as ``"kernels-community/flash-attn2"``, ``"cudaload_sdpa"``...). An
+            explicit one is honoured or refused; an automatic one that fails its one-step forward falls back
+            to the next valid candidate (``verified["attention_fallbacks"]``).
+        dtype: ``"auto"``, ``"bfloat16"`` (``"bf16"``), ``"float16"`` (``"fp16"``) or ``"float32"``.
+        quantization: ``"auto"`` (bitsandbytes only when the model does not fit otherwise), ``"none"``,
+            ``"int8"`` or ``"nf4"``.
+        device_map: None (planned), or a ``from_pretrained`` device map (``"auto"``, ``"cuda:1"``, a dict).
+        max_memory: per-device byte limits, as ``from_pretrained`` takes them.
+        allow_offload: allow CPU/disk offload when nothing else fits (otherwise the load is refused).
+        kernels: Hub layer kernels: None (auto: only when every one passes preflight and is trusted), True
+            (those that pass), False (none). See docs/kernels.md.
+        trust_kernels: Hub kernel repos (``org/name``) or publishers (``org/*``) whose code may run, added to
+            ``CUDALOAD_TRUST_KERNELS``.
+        model_class: the transformers auto class to load with (``"AutoModelForSequenceClassification"``);
+            default ``AutoModelForCausalLM``, or ``AutoModel`` for an encoder.
+        task: a shorthand for ``model_class`` (``"causal-lm"``, ``"embedding"``, ``"seq2seq"``...: the keys of
+            ``cudaload.execute.AUTO_CLASSES``); not with ``model_class``.
+        fast: cudaload's fast safetensors loader: None (where it is known to beat ``from_pretrained``), True
+            (wherever it can load exactly as ``from_pretrained`` would), False (never). It steps aside to
+            ``from_pretrained`` on anything it cannot do (``verified["notes"]`` says why).
+        warmup: run the attention probe's forward even when a cached verdict exists (a warm-up).
+        prefetch: True (default): a local checkpoint's files are read into the page cache on background
+            threads from the first line of this call, while torch and transformers are still being imported,
+            so a cold load waits for about max(imports, disk read) instead of their sum (see
+            :mod:`cudaload.prefetch`). A mode name picks how: ``"read"`` (threads that read the files, skipping
+            what the page cache already holds; the default, measured cold on the H200 at 0.60x plain
+            ``from_pretrained``), ``"willneed"`` (kernel readahead advice, which the kernel throttled there:
+            1.05x) or ``"off"``; False turns it off. With it on, when the GPU the model will load onto is known
+            before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a ``device_map`` naming one
+            GPU), its CUDA context and cuBLAS are created on a thread while transformers imports (0.4-0.6 s a
+            fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`). A call refused
+            after that (a plan that does not fit, another rank's error) holds no memory of the load but leaves
+            CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
+            CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or
+            ``CUDALOAD_GPU_START=0`` touches no GPU before the load itself.
+        new_tokens: of ``seq_len``, how many tokens generate() adds. With ``batch_size`` and ``seq_len`` it
+            declares the work, which lets the attention choice use measured timings: this GPU's tune cache,
+            else cudaload's shipped priors.
+        padded: the declared batch's prompts differ in length (left-padded).
+        tune: measure the timings here first when the cache has none for the declared work (every usable
+            backend through generate(), as ``cudaload tune`` does); needs ``batch_size`` and ``seq_len``.
+        tune_budget_s: seconds ``tune=True`` may spend (default 120).
+        **from_pretrained_kwargs: passed to ``from_pretrained`` (``revision``, ``token``, ``subfolder``,
+            ``trust_remote_code`` - False unless you say so...). The keywords cudaload decides (``dtype``,
+            ``attn_implementation``, ``device_map``, ``max_memory``, ``use_kernels``, ``kernel_config``) are
+            refused, except ``torch_dtype`` / ``attn_implementation`` while ``dtype`` / ``attn`` are "auto",
+            which are taken as those.
 
-    Declared work (``batch_size``, ``seq_len`` = prompt + new tokens, ``new_tokens``, ``padded``) lets the
-    attention choice use measured timings: this GPU's tune cache, else cudaload's shipped priors.
-    ``tune=True`` measures them here first when the cache has none for this work (every usable backend through
-    generate(), within ``tune_budget_s``; needs ``batch_size`` and ``seq_len``), as ``cudaload tune`` does.
+    Returns:
+        The model transformers would return (a ``PeftModel`` for ``intent="lora"/"qlora"``), on the planned
+        device(s), in eval mode for inference and serving and train mode otherwise, with the plan at
+        ``model.cudaload_plan`` (a :class:`~cudaload.plans.Plan` whose ``verified`` says what was checked and
+        where the seconds went; docs/api.md lists its keys). For intent ``"serving"`` also
+        ``model.cudaload_cb_config``, the ``ContinuousBatchingConfig`` for ``generate_batch``.
+
+    Raises:
+        ConfigurationError: an invalid option, a keyword cudaload decides, a profile as ``hardware``,
+            ``tune=True`` without the work, or (under torchrun) ranks that planned differently.
+        InvalidChoiceError: an explicit ``attn``, ``dtype`` or ``quantization`` this machine cannot honour.
+        DeviceSelectionError: the GPUs this process may use are misconfigured (``CUDA_VISIBLE_DEVICES``,
+            ``LOCAL_RANK``, ranks sharing a GPU).
+        ModelNotFoundError: the path does not exist, or a Hub id is not cached while offline.
+        CheckpointError: a corrupt or truncated checkpoint, or an unknown model type.
+        DependencyError: an optional package the plan needs is missing or broken (peft, bitsandbytes...).
+        DoesNotFitError: nothing allowed fits, or (serving) too little memory is free after loading.
+        LoadError: transformers failed to load, no attention backend passed its probe (or an explicit one
+            failed it), or another torchrun rank failed.
+        VerificationError: the loaded model is not what the plan said.
+
+    A failed call releases the GPU memory its attempt allocated before it raises.
     """
     phases = _Phases()
     clash = sorted(_DECIDED & from_pretrained_kwargs.keys())
