@@ -30,7 +30,7 @@ The modules, each using only those listed before it:
 from __future__ import annotations
 
 from .choose import choose_parallelism
-from .launch import explain_lines, launch_command, merge_training_arguments, parallel_training_arguments
+from .launch import launch_command, merge_training_arguments, parallel_training_arguments
 from .per_gpu import (
     DDP_BUCKET_COPIES,
     FP8_BYTES_PER_PARAM,
@@ -63,7 +63,6 @@ __all__ = [
     "check_rank_memory",
     "choose_parallelism",
     "decide",
-    "explain_lines",
     "gc_on",
     "launch_command",
     "merge_training_arguments",

@@ -1,14 +1,13 @@
 """How the chosen strategy runs: the torchrun command, and the TrainingArguments / from_pretrained keywords and
-DeepSpeed config it needs. :func:`explain_lines` is the parallelism section's text as policies rendered it;
-``Plan.explain()`` now uses :meth:`cudaload.plans.Parallelism.explain_lines`, which says the same."""
+DeepSpeed config it needs. The parallelism section of ``Plan.explain()`` is
+:meth:`cudaload.plans.Parallelism.explain_lines`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from ...plans import Parallelism, Plan
-from ..memory import GiB
+from ...plans import Plan
 from .per_gpu import FP8_CONFIG, gc_on
 from .topology import ParallelFacts
 
@@ -165,48 +164,3 @@ def merge_training_arguments(base: Mapping[str, Any], plan: Plan) -> dict[str, A
                 out.pop(f"{name}_kwargs", None)
     out.update(extra)
     return out
-
-
-# -- explain -----------------------------------------------------------------------------------------------
-def explain_lines(par: Parallelism) -> list[str]:
-    d = par.decision
-    head = f"parallelism: {d.choice or 'none (no multi-process strategy fits)'} ({par.world_size} GPUs"
-    head += ", launched under torchrun)" if par.launched else ")"
-    lines = [head + ("  (explicit)" if d.explicit else "")]
-    lines.extend(f"    because {r}" for r in d.reasons)
-    for c in d.candidates:
-        need = par.per_gpu_bytes(c.name)
-        size = f" {need / GiB:.1f} GiB/GPU" if need is not None else ""
-        mark = "*  " if c.name == d.choice else ("ok " if c.ok else "no ")
-        lines.append(
-            f"  - {mark}{c.name}:{size}: {'; '.join(c.reasons[1:]) if len(c.reasons) > 1 else ''}".rstrip(
-                ": "
-            )
-        )
-    chosen = par.per_gpu.get(d.choice or "")
-    if chosen:
-        lines.append(
-            "    per GPU: "
-            + ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in chosen.items() if k != "total")
-            + f"; total {chosen['total'] / GiB:.2f} GiB"
-            + (f" of {par.budget_per_gpu / GiB:.1f} GiB" if par.budget_per_gpu else "")
-        )
-    if par.launch:
-        lines.append(f"    launch: {par.launch}")
-    ta = par.config.get("training_arguments")
-    if ta:
-        lines.append("    TrainingArguments: " + ", ".join(f"{k}={v!r}" for k, v in ta.items()))
-    fp = par.config.get("from_pretrained")
-    if fp:
-        lines.append("    from_pretrained: " + ", ".join(f"{k}={v!r}" for k, v in fp.items()))
-    alt = par.config.get("deepspeed_alternative")
-    if alt:
-        lines.append(
-            f"    DeepSpeed instead ({alt['strategy']}): TrainingArguments(deepspeed={alt['config']!r})"
-        )
-    ds = par.config.get("deepspeed_config")
-    if ds:
-        lines.append(f"    DeepSpeed config: {ds!r}")
-    if par.config.get("quantization_config"):
-        lines.append(f"    quantization_config: {par.config['quantization_config']!r}")
-    return lines
