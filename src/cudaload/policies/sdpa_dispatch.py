@@ -42,12 +42,16 @@ SDPA_DECODE = "cudaload_sdpa"
 SDPA_NO_CUDNN = "cudaload_sdpa_nocudnn"
 NAMES = (SDPA_DECODE, SDPA_NO_CUDNN)
 #: earlier meetings of a shape (same layer, same thread) before cuDNN takes it: a graph build costs 40-60 ms
-#: and saves up to ~25 ms a later step (H200, 8B shape, padded decode; a few ms elsewhere), so a shape is sent
-#: to cuDNN once it has shown it recurs, not on the chance that it might
+#: (issue 28's measurement) and saves up to ~25 ms a later step (H200 run 31, 8B 8x2048+32 left-padded: 1.65 s
+#: with cuDNN against 2.46 s without over 32 steps; a few ms elsewhere), so a shape is sent to cuDNN once it has
+#: shown it recurs, not on the chance that it might. The value 2 itself is a judgement, not tuned
 RECUR = 2
-#: torch releases whose CUDA builds carry cuDNN attention in SDPA's dispatch (the backend arrived in 2.5)
+#: torch releases whose CUDA builds carry cuDNN attention in SDPA's dispatch. Not read from a tagged source here
+#: (GitHub is out of reach; the function was read from a mirror of sdp_utils.cpp without a release tag, so no
+#: line is cited); measured only on torch 2.11 (H200 runs 31-33), where the GPU check confirmed it
 _TORCH_MIN = (2, 5)
-#: the cuDNN release from which torch puts cuDNN first (sdp_utils.cpp: ``CUDNN_VERSION >= 90900``)
+#: the cuDNN release from which torch puts cuDNN first (sdp_utils.cpp ``check_prefer_cudnn_attention``:
+#: ``CUDNN_VERSION >= 90900``; newer releases ask more, and load_model's GPU check is the authority)
 _CUDNN_MIN = (9, 9)
 #: the variant must keep at least this share of plain sdpa's speed where lengths repeat (issue 28's bar)
 REPEATED_FLOOR = 0.97
