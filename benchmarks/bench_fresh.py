@@ -21,6 +21,11 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   once before the samples, its report in the meta), the children reading those caches through
   ``PYTHONPYCACHEPREFIX=DIR``: what the packages' cached bytecode is worth where the installation has none.
 
+``--generate 1x512+128,8x1024+128:left``: after the first forward the child runs these generate() calls in
+turn, greedy, exactly N new tokens each (``:left``: left-padded rows of varying length with the mask, as a
+tokenizer pads a batch), each meeting its lengths for the first time, as a user's script does. The total is
+then start to the end of the last generate(): what a user waits for before reading the first answers.
+
 Warm: the checkpoint is in the page cache (one untimed read first). Cold: before each sample the checkpoint's
 files are evicted (fsync + fadvise DONTNEED, checked with mincore, as ``benchmarks/pagecache.py`` does; the
 resident fraction is reported). Phases are timestamps taken in the child (seconds since the parent started
@@ -88,6 +93,31 @@ with torch.no_grad():
     out = model(input_ids=ids).logits
     float(out[0, -1, 0])  # the first forward's result on the host
 mark("first_forward")
+gen_s = []
+for i, g in enumerate(spec.get("generate") or []):
+    b, p, n = g["batch"], g["prompt"], g["new_tokens"]
+    gen = torch.Generator().manual_seed(1234 + i)
+    ids = torch.randint(4, int(model.config.vocab_size), (b, p), generator=gen)
+    mask = torch.ones_like(ids)
+    if g["padding"] == "left" and b > 1:  # lengths evenly spaced from p // 2 up to p, longest first
+        lo = max(1, p // 2)
+        for row in range(b):
+            real = p - round(row * (p - lo) / (b - 1))
+            ids[row, : p - real] = 0
+            mask[row, : p - real] = 0
+    ids, mask = ids.to(spec["device"]), mask.to(spec["device"])
+    t = time.time()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         num_beams=1, pad_token_id=0)
+    if cuda: torch.cuda.synchronize()
+    assert out.shape[1] == p + n, out.shape
+    gen_s.append(time.time() - t)
+    mark(f"generate{i}")
+if gen_s:
+    mark("generated")
+    extra["generate_s"] = gen_s
+    if not spec["method"].startswith("plain"):
+        extra["sdpa_decode_dispatch"] = v.get("sdpa_decode_dispatch")
 print(__import__("os").environ.get("FRESH_TAG", "") + json.dumps({"marks": marks, **extra}), flush=True)
 """
 
@@ -198,7 +228,7 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (shape, quant, temp, method), ss in groups.items():
         ok = [s for s in ss if "marks" in s]
-        total = [s["marks"]["first_forward"] for s in ok]
+        total = [end_mark(s) for s in ok]
         row: dict[str, Any] = {
             "shape": shape,
             "quant": quant,
@@ -215,6 +245,14 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["marks_median"] = {k: round(statistics.median(s["marks"][k] for s in ok), 3) for k in keys}
             if ok[0].get("phases"):
                 row["phases_first"] = ok[0]["phases"]
+            gens = [s["generate_s"] for s in ok if s.get("generate_s")]
+            if gens:
+                row["generate_s_median"] = [
+                    round(statistics.median(g[i] for g in gens), 3) for i in range(len(gens[0]))
+                ]
+                row["first_forward_median"] = round(
+                    statistics.median(s["marks"]["first_forward"] for s in ok), 3
+                )
             res = [s.get("resident_before") for s in ok if s.get("resident_before") is not None]
             row["resident_before_max"] = max(res) if res else None
         rows.append(row)
@@ -231,6 +269,33 @@ def summarize(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["shape"], r["quant"], r["temp"], r["method"]))
 
 
+def end_mark(sample: dict[str, Any]) -> float:
+    """Seconds from start to what the run waits for: the last generate() when ``--generate`` ran, else the
+    first forward."""
+    marks = sample["marks"]
+    return float(marks.get("generated", marks["first_forward"]))
+
+
+def parse_generate(text: str) -> list[dict[str, Any]]:
+    """``1x512+128,8x1024+128:left`` -> one dict per generate() call (batch, prompt, new_tokens, padding)."""
+    works = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        shape, _, padding = item.partition(":")
+        try:
+            b, rest = shape.split("x")
+            p, n = rest.split("+")
+            work = {"batch": int(b), "prompt": int(p), "new_tokens": int(n), "padding": padding or "none"}
+        except ValueError:
+            raise ValueError(f"--generate {item!r}: write BATCHxPROMPT+NEW, optionally :left") from None
+        if (
+            work["padding"] not in ("none", "left")
+            or min(work["batch"], work["prompt"], work["new_tokens"]) < 1
+        ):
+            raise ValueError(f"--generate {item!r}: sizes must be >= 1 and the padding none or left")
+        works.append(work)
+    return works
+
+
 def _setting(method: str) -> frozenset[str]:
     """The installation/environment a method runs in, which its plain counterpart shares."""
     return split_method(method)[1]
@@ -238,7 +303,7 @@ def _setting(method: str) -> frozenset[str]:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [
-        "# Fresh process: start to first forward",
+        "# Fresh process: start to " + ("the last generate()" if meta.get("generate") else "first forward"),
         "",
         f"{meta.get('date')}, {meta.get('gpu')}, torch {meta.get('torch')}, "
         f"transformers {meta.get('transformers')}; median (min-max) of n fresh processes, seconds since start; "
@@ -265,6 +330,12 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for r in rows:
         if r.get("phases_first"):
             out.append(f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']} phases: `{r['phases_first']}`")
+        if r.get("generate_s_median"):
+            out.append(
+                f"\n{r['shape']} {r['quant']} {r['temp']} {r['method']}: first forward at "
+                f"{r['first_forward_median']:.2f} s, then generate() s {r['generate_s_median']} "
+                f"({', '.join(w['name'] for w in meta['generate'])})"
+            )
         for e in r["errors"][:2]:
             out.append(f"\nerror {r['shape']} {r['quant']} {r['temp']} {r['method']}: `{e}`")
     return "\n".join(out) + "\n"
@@ -296,7 +367,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the -online methods' Hub endpoint is a loopback socket that never answers (a dropping firewall)",
     )
+    ap.add_argument(
+        "--generate",
+        default="",
+        help="generate() calls after the first forward, e.g. 1x512+128,8x1024+128:left (see the docstring)",
+    )
     args = ap.parse_args(argv)
+    try:
+        generate = parse_generate(args.generate)
+    except ValueError as e:
+        ap.error(str(e))
+    for w in generate:
+        w["name"] = f"{w['batch']}x{w['prompt']}+{w['new_tokens']}" + (
+            ":left" if w["padding"] == "left" else ""
+        )
 
     from pagecache import evict, files_of, resident_fraction
 
@@ -322,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = {split_method(m)[2] for m in args.methods.split(",")} - set(sources) - {""}
     if unknown:
         ap.error(f"methods name sources not given with --src NAME=DIR: {', '.join(sorted(unknown))}")
-    meta.update(sources=sources, hub_endpoint=hub_endpoint)
+    meta.update(sources=sources, hub_endpoint=hub_endpoint, generate=generate)
     try:
         import torch
         import transformers
@@ -394,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                             "pycache": pycache,
                             "src": sources[src_name] if src_name else None,
                             "hub_endpoint": hub_endpoint,
+                            "generate": generate,
                         }
                         r = run_child(spec, timeout=max(20.0, min(left, 240.0)))
                         got = r.get("cudaload_file")
@@ -409,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                             resident_before=res_before,
                         )
                         samples.append(r)
-                        total = r.get("marks", {}).get("first_forward")
+                        total = end_mark(r) if "marks" in r else None
                         print(
                             f"{shape} {quant} {temp} {method} rep{rep}: "
                             f"{f'{total:.2f} s' if total else r.get('error', '')[-200:]}",

@@ -70,3 +70,34 @@ def test_bench_fresh_pairs_each_method_with_plain_in_its_setting() -> None:
         "cudaload-online": 0.5,
         "cudaload-online@before": 1.5,  # another tree, the same environment: against plain-online
     }
+
+
+def test_bench_fresh_generate_works_parse_and_end_the_total() -> None:
+    import pytest
+
+    import bench_fresh
+
+    assert bench_fresh.parse_generate("1x512+128, 8x1024+64:left") == [
+        {"batch": 1, "prompt": 512, "new_tokens": 128, "padding": "none"},
+        {"batch": 8, "prompt": 1024, "new_tokens": 64, "padding": "left"},
+    ]
+    for bad in ("8x1024", "8x1024+64:right", "0x10+1"):
+        with pytest.raises(ValueError, match="--generate"):
+            bench_fresh.parse_generate(bad)
+
+    def sample(method: str, ff: float, gen: float | None) -> dict[str, object]:
+        marks = {"first_forward": ff, **({"generated": gen} if gen is not None else {})}
+        return {
+            "shape": "s",
+            "quant": "bf16",
+            "temp": "warm",
+            "method": method,
+            "marks": marks,
+            "generate_s": [gen - ff] if gen is not None else None,
+        }
+
+    rows = bench_fresh.summarize([sample("plain", 10.0, 30.0), sample("cudaload", 9.0, 15.0)])
+    by = {r["method"]: r for r in rows}
+    # the total runs to the end of the last generate(), not the first forward
+    assert by["plain"]["total_median"] == 30.0 and by["cudaload"]["vs_plain"] == 0.5
+    assert by["cudaload"]["generate_s_median"] == [6.0] and by["cudaload"]["first_forward_median"] == 9.0
