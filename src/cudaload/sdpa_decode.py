@@ -167,7 +167,8 @@ def confirm(model: Any) -> tuple[bool, dict[str, str], str]:
     dtype = p.dtype if p.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
     seen = decode_backend(p.device, dtype, heads, kv, hd)
     if "cudnn_attention" in seen.values():
-        return True, seen, f"torch sends decode steps to cuDNN here ({seen}): cuDNN left out of them"
+        why = f"torch sends decode steps to cuDNN here ({seen}): cuDNN left out of each shape until met {RECUR} times"
+        return True, seen, why
     return (
         False,
         seen,
