@@ -350,10 +350,10 @@ def test_quant_peak_parts_names_what_is_alive_at_the_peak() -> None:
     assert spec is not None and spec.loader is not None
     qp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(qp)
-    scratch = [{"filename": "/x/src/cudaload/fastload/quantized.py", "line": 564, "name": "_load"}]
+    scratch = [{"filename": "/x/src/cudaload/fastload/quantized/fill.py", "line": 564, "name": "_load"}]
     bnb = [
         {"filename": "/usr/lib/site-packages/bitsandbytes/nn/modules.py", "line": 9, "name": "_quantize"},
-        {"filename": "/x/src/cudaload/fastload/quantized.py", "line": 590, "name": "_load"},
+        {"filename": "/x/src/cudaload/fastload/quantized/fill.py", "line": 590, "name": "_load"},
     ]
     events = [
         {"action": "alloc", "addr": 1, "size": 100, "frames": scratch},
@@ -369,7 +369,7 @@ def test_quant_peak_parts_names_what_is_alive_at_the_peak() -> None:
     peak, parts, at = qp.peak_parts(events)
     assert (peak, at) == (160, 5)
     assert parts == {
-        "cudaload/fastload/quantized.py:564 _load": 100,
+        "cudaload/fastload/quantized/fill.py:564 _load": 100,
         "bitsandbytes/nn/modules.py:9 _quantize": 50,
         "?": 10,
     }

@@ -20,6 +20,7 @@ pytest.importorskip("bitsandbytes")
 
 from cudaload.errors import InvalidChoiceError  # noqa: E402
 from cudaload.fastload import quantized  # noqa: E402
+from cudaload.fastload.quantized import fill  # noqa: E402
 
 KINDS = ("qwen3", "llama", "gpt2", "bert")
 
@@ -352,10 +353,10 @@ def test_scratch_is_one_layer(tiny_model: Callable[..., Path]) -> None:
 
 def test_layer_chunk_spreads_a_layer_over_the_readers() -> None:
     mib = 1 << 20
-    assert quantized._layer_chunk(31 * mib, 8, 16 * mib) == 1984 << 10  # 0.6B layer: ~16 chunks, not 2
-    assert quantized._layer_chunk(386 * mib, 8, 16 * mib) == 16 * mib  # 8B layer: full staging buffers
-    assert quantized._layer_chunk(mib, 8, 16 * mib) == mib  # never below 1 MiB
-    assert quantized._layer_chunk(386 * mib, 8, 256 << 10) == 256 << 10  # never above the buffers
+    assert fill._layer_chunk(31 * mib, 8, 16 * mib) == 1984 << 10  # 0.6B layer: ~16 chunks, not 2
+    assert fill._layer_chunk(386 * mib, 8, 16 * mib) == 16 * mib  # 8B layer: full staging buffers
+    assert fill._layer_chunk(mib, 8, 16 * mib) == mib  # never below 1 MiB
+    assert fill._layer_chunk(386 * mib, 8, 256 << 10) == 256 << 10  # never above the buffers
 
 
 def test_small_buffers_same_as_from_pretrained(tiny_model: Callable[..., Path]) -> None:

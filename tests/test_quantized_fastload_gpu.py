@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("bitsandbytes")
 
 from cudaload.fastload import quantized  # noqa: E402
+from cudaload.fastload.quantized import fill  # noqa: E402
 from test_quantized_fastload import assert_same_quantized, bnb_config  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -125,7 +126,7 @@ def test_failed_quantized_load_gives_memory_back(qwen3_06b: Path, monkeypatch: p
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(DEV)
     calls = {"n": 0}
-    real = quantized._quantize_one
+    real = fill._quantize_one
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -133,7 +134,8 @@ def test_failed_quantized_load_gives_memory_back(qwen3_06b: Path, monkeypatch: p
             raise RuntimeError("injected failure")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(quantized, "_quantize_one", flaky)
+    # patched where _fill_and_quantize looks it up (fill imports it from quantized.quantize)
+    monkeypatch.setattr(fill, "_quantize_one", flaky)
     with pytest.raises(RuntimeError, match="injected"):
         quantized.load_quantized(
             qwen3_06b, quantization_config=bnb_config("int8"), device=DEV, dtype=torch.bfloat16
