@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import cudaload  # noqa: E402
 from cudaload.model_info import model_info  # noqa: E402
-from cudaload.policies.attention import FIRST_USE  # noqa: E402
+from cudaload.policies.attention.first_use import FIRST_USE  # noqa: E402
 from cudaload.policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN  # noqa: E402
 from cudaload.profiles import hardware  # noqa: E402
 from cudaload.testing import full_config  # noqa: E402

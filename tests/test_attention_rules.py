@@ -1,8 +1,9 @@
 """Attention rules taken from the released sources, one test per rule, and the choice among valid backends.
 
-Each test names the source line the rule comes from (see the comments in cudaload/policies/attention.py and
-cudaload/detection/support.py). Model facts come from real transformers configs through ``model_info``;
-hardware from profiles or a GPU built for the case (compute capability is what the rules read).
+Each test names the source line the rule comes from (see the comments in the rule modules of
+cudaload/policies/attention/ and in cudaload/detection/support.py). Model facts come from real transformers
+configs through ``model_info``; hardware from profiles or a GPU built for the case (compute capability is what
+the rules read).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def _priors_8b() -> list[dict[str, object]]:
 def test_declared_work_takes_the_cheapest_measured_backend(h200: Capabilities, row: dict) -> None:  # type: ignore[type-arg]
     """For every shipped 8B row: the plan for that declared work lists the row's seconds and chooses the
     backend with the least measured seconds + first-use seconds (FA4's import and JIT in a fresh process)."""
-    from cudaload.policies.attention import FIRST_USE
+    from cudaload.policies.attention.first_use import FIRST_USE
 
     w = row["work"]
     p = _plan(
@@ -148,7 +148,7 @@ def test_first_use_here_follows_the_fa4_cache(tmp_path: Path, monkeypatch: pytes
     the user turned FA4's cache off."""
     from cudaload.capabilities import Capabilities
     from cudaload.planner import _first_use_here
-    from cudaload.policies.attention import FA4_IMPORT_WARM_S, FA4_JIT_CACHED_S
+    from cudaload.policies.attention.first_use import FA4_IMPORT_WARM_S, FA4_JIT_CACHED_S
 
     live = Capabilities(source="detected")
     monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", raising=False)

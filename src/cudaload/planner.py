@@ -231,7 +231,8 @@ def _first_use_here(caps: Capabilities) -> dict[str, float] | None:
     it on under its cache directory): the JIT costs what a cache hit costs."""
     import sys
 
-    from .policies.attention import FA4_IMPORT_WARM_S, FA4_JIT_CACHED_S, FA4_JIT_S, HUB_KERNEL
+    from .policies.attention.first_use import FA4_IMPORT_WARM_S, FA4_JIT_CACHED_S, FA4_JIT_S
+    from .policies.attention.names import HUB_KERNEL
 
     if caps.source != "detected":
         return None

@@ -19,7 +19,7 @@ from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import bitsandbytes_support
 from ..errors import DoesNotFitError, InvalidChoiceError
-from .attention import SHORT_DECODE_MAX_TOKENS
+from .attention.names import SHORT_DECODE_MAX_TOKENS
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
 from .placement import Fit, budgets, place
 
@@ -472,8 +472,8 @@ def suggestions(
             and caps.gpus
             and caps.gpus[0].compute_capability >= (8, 0)
         ):
-            # a plan declaring one short sequence picks eager (policies/attention.py _short_decode): its
-            # seq_len^2 scores must be in the arithmetic of a shorter-sequence suggestion
+            # a plan declaring one short sequence picks eager (policies/attention/choice.py _short_decode):
+            # its seq_len^2 scores must be in the arithmetic of a shorter-sequence suggestion
             args["attn"] = "eager"
         return breakdown(info, **args)
 

@@ -99,7 +99,7 @@ def choose_paged_attention(
     request. None: the caller named the attention; its paged form is used (where transformers can run it)."""
     base = attention_choice
     if base.startswith("kernels-community/"):
-        from ..attention import _KERNEL_TO_IMPL
+        from ..attention.names import _KERNEL_TO_IMPL
 
         base = _KERNEL_TO_IMPL.get(base, base)
     ok_impls = {base} | set(usable or ())
@@ -201,7 +201,7 @@ def _kind(paged: str) -> str:
     """The implementation behind a paged name: "paged|kernels-community/flash-attn3" -> "flash_attention_3"."""
     name = paged.removeprefix("paged|")
     if name.startswith("kernels-community/"):
-        from ..attention import _KERNEL_TO_IMPL
+        from ..attention.names import _KERNEL_TO_IMPL
 
         return _KERNEL_TO_IMPL.get(name, name)
     return name

@@ -1,0 +1,273 @@
+"""The choice among the valid candidates (``choose_attention``): the one that costs least, measured seconds
+when the caller has them, else the cheapest safe default.
+
+1. ``timings`` given (backend -> steady-state seconds of the declared work, measured by ``cudaload tune`` or a
+   shipped prior): the valid measured backend with the least ``timings[b] + first-use seconds not yet paid``.
+2. No timings (no declared work, or nothing measured for it): never pay seconds for nothing, and never do
+   worse than plain transformers, whose default is sdpa. Which backend wins generate() depends on the work:
+   on the H200 (transformers 5.17) sdpa won 4 of 7 shapes in the 2026-11-30 table (best of 2-3 calls) but few
+   in the 2026-12-01 run (benchmarks/results/2026-12-01-h200/README.md), where first calls met new decode
+   lengths and torch 2.11's cuDNN SDPA built a plan for each (40-60 ms); FA4 costs 2.7-9.7 s of import plus
+   ~3 s of JIT in every fresh process. So sdpa where valid; where it is not (soft-capping, models without SDPA), an
+   ahead-of-time compiled flash build (no JIT) or eager; backends with a first-use cost (FA4's JIT,
+   flex_attention's compile) only when the caller declared training, where one-time seconds are amortised.
+3. A declared single short sequence for inference picks eager (measured: 1 x 512 + 32, eager 1.03 s vs sdpa
+   1.07 s vs FA4 1.84 s), unless timings say otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...capabilities import Capabilities
+from ...decision import Candidate, Decision
+from ...errors import InvalidChoiceError
+from .. import sdpa_dispatch
+from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
+from .candidates import _candidates
+from .first_use import FIRST_USE
+from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS
+
+
+def _fmt(s: float) -> str:
+    return f"{s:.2f} s" if s < 100 else f"{s:.0f} s"
+
+
+def _static_order(caps: Capabilities) -> tuple[str, ...]:
+    """Preference without measurements: sdpa, then ahead-of-time compiled flash builds for this architecture
+    (no JIT), then FA4 and flex_attention (compiled at first use), then eager. For inference the caller moves
+    every backend with a first-use cost behind eager."""
+    gpu = caps.gpus[0] if caps.gpus else None
+    if gpu is None or gpu.compute_capability < (8, 0):
+        aot: tuple[str, ...] = ()
+    elif gpu.compute_capability[0] == 9:
+        aot = ("flash_attention_3", _VLLM_FA3, "flash_attention_2", HUB_KERNEL["flash_attention_2"])
+    else:
+        aot = ("flash_attention_2", HUB_KERNEL["flash_attention_2"], "flash_attention_3", _VLLM_FA3)
+    jit = ("flash_attention_4", HUB_KERNEL["flash_attention_4"], "flex_attention")
+    return ("sdpa", *aot, *jit, "eager")
+
+
+def _ordered(cands: list[Candidate], chosen: str, caps: Capabilities) -> tuple[Candidate, ...]:
+    """Candidates in the order a runtime fallback should walk them (cudaload.execute._next_attention takes the
+    next valid one after the failed choice): the choice, then torch's own sdpa and eager, which need nothing
+    else to work, then the rest by preference; rejected ones last, in the architecture's order."""
+    by = {c.name: c for c in cands}
+    names = [chosen, "sdpa", "eager", *_static_order(caps), *(c.name for c in cands)]
+    seen: list[str] = []
+    for n in names:
+        if n in by and n not in seen:
+            seen.append(n)
+    ok = [by[n] for n in seen if by[n].ok]
+    return (*ok, *(by[n] for n in seen if not by[n].ok))
+
+
+def choose_attention(
+    info: Any,
+    caps: Capabilities,
+    *,
+    dtype: str,
+    intent: str = "inference",
+    requested: str = "auto",
+    trust: Sequence[str] = (),
+    revision: str | None = None,
+    work: tuple[int, int] | None = None,
+    timings: Mapping[str, float] | None = None,
+    timings_source: str | None = None,
+    first_use: Mapping[str, float] | None = None,
+    timings_repeated: Mapping[str, float] | None = None,
+    sdpa_facts: Sequence[SdpaFacts] = (),
+) -> Decision:
+    """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``.
+
+    "auto" never raises: eager always qualifies. An explicit name is honoured when valid, else
+    InvalidChoiceError with every reason.
+
+    ``work``: the (batch_size, seq_len) the caller declared, None when it did not.
+    ``timings``: backend name (as in :data:`ALL_NAMES`) -> steady-state seconds of the declared work on this
+    GPU, lower is better; names that are not valid here are ignored (and said so).
+    ``timings_source``: where the timings come from, shown in the reasons, e.g. "measured on this GPU on
+    2026-12-01" or "shipped prior: H200, 2026-12-01, torch 2.11, transformers 5.17".
+    ``first_use``: backend -> one-time seconds this process would still pay (import, JIT); overrides the
+    shipped :data:`FIRST_USE` per name (pass 0.0 for a backend already imported and compiled here).
+    ``timings`` are for the state a new process is in (lengths it has not met); ``timings_repeated``, the
+    same work on lengths already met, is shown beside them and not weighed.
+    ``sdpa_facts``: what was measured about SDPA's cuDNN dispatch (:mod:`cudaload.policies.sdpa_dispatch`);
+    where they say leaving cuDNN out of decode helps on this GPU, the default is ``cudaload_sdpa``.
+    """
+    cands = _candidates(info, caps, dtype, intent, trust, revision, work[1] if work else None, sdpa_facts)
+    by = {c.name: c for c in cands}
+    costs: dict[str, tuple[float, str]] = {n: (f.seconds, f.source) for n, f in FIRST_USE.items()}
+    for n, sec in (first_use or {}).items():
+        costs[n] = (float(sec), "given by the caller")
+
+    def cost(name: str) -> float:
+        return costs.get(name, (0.0, ""))[0]
+
+    # say what each valid backend would still cost once, so explain() shows it beside the candidate
+    for i, c in enumerate(cands):
+        if c.ok and cost(c.name) > 0:
+            cands[i] = Candidate(
+                c.name, True, (*c.reasons, f"first use: +{_fmt(cost(c.name))} ({costs[c.name][1]})")
+            )
+    by = {c.name: c for c in cands}
+    valid = [c.name for c in cands if c.ok]
+    measured = {n: float(t) for n, t in (timings or {}).items() if n in by and t is not None and t >= 0}
+    source = timings_source or "timings given by the caller"
+
+    if requested != "auto":
+        name = requested.strip()
+        if name not in by:
+            raise InvalidChoiceError(
+                f"attn={name!r} is not an attention implementation cudaload plans",
+                fix=f"use 'auto' or one of: {', '.join(ALL_NAMES)}",
+            )
+        c = by[name]
+        if not c.ok:
+            raise InvalidChoiceError(
+                f"attn={name} cannot be used here",
+                reasons=c.reasons,
+                fix="use attn='auto' to take the best valid backend, or fix the first reason",
+            )
+        extra: list[str] = []
+        ok_measured = {n: t for n, t in measured.items() if by[n].ok}
+        if ok_measured:
+            extra.append(
+                f"{source}: "
+                + ", ".join(f"{n} {_fmt(t)}" for n, t in sorted(ok_measured.items(), key=lambda kv: kv[1]))
+            )
+        return Decision(
+            name, ("requested explicitly", *c.reasons, *extra), _ordered(cands, name, caps), explicit=True
+        )
+
+    ignored = sorted(n for n in measured if not by[n].ok)
+    usable = {n: t for n, t in measured.items() if by[n].ok}
+    usable, dominated = _pool_sdpa_twins(usable)
+    if usable:
+        total = {n: t + cost(n) for n, t in usable.items()}
+        best = min(total, key=lambda n: (total[n], valid.index(n)))
+        ranked = sorted(total, key=lambda n: total[n])
+        reasons = [
+            f"{source}: "
+            + ", ".join(f"{n} {_fmt(usable[n])}" for n in sorted(usable, key=lambda n: usable[n])),
+        ]
+        paid = [n for n in ranked if cost(n) > 0]
+        if paid:
+            reasons.append(
+                "first use not yet paid in this process: " + ", ".join(f"{n} +{_fmt(cost(n))}" for n in paid)
+            )
+            reasons.append("steady state + first use: " + ", ".join(f"{n} {_fmt(total[n])}" for n in ranked))
+        rep_ok = {n: float(t) for n, t in (timings_repeated or {}).items() if n in usable}
+        if rep_ok:
+            reasons.append(
+                "the same work on lengths already met (not weighed: a new process has met none): "
+                + ", ".join(f"{n} {_fmt(rep_ok[n])}" for n in sorted(rep_ok, key=lambda n: rep_ok[n]))
+            )
+        reasons.append(f"{best} costs least on the declared work")
+        if ignored:
+            reasons.append("measured but not valid here: " + ", ".join(ignored))
+        unmeasured = [n for n in valid if n not in usable and n not in dominated]
+        if unmeasured:
+            reasons.append("valid but not measured (not weighed): " + ", ".join(unmeasured))
+        if dominated:
+            reasons.append(
+                f"{SDPA_DECODE} weighed at the lower of its and {SDPA_NO_CUDNN}'s seconds: on lengths met for the "
+                "first times both run the same kernels (their difference is the host's noise), and where lengths "
+                f"recur {SDPA_NO_CUDNN} keeps cuDNN out, which is equal or slower there"
+            )
+        return Decision(best, tuple(reasons + list(by[best].reasons)), _ordered(cands, best, caps))
+
+    short = _short_decode(work, intent, caps)
+    if not timings:
+        note = ["no timings for this GPU and work: the choice follows the rules above"]
+    else:
+        note = [
+            f"{source} covers no valid backend"
+            + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
+        ]
+    if short:
+        return Decision("eager", (short, *by["eager"].reasons, *note), _ordered(cands, "eager", caps))
+
+    training = intent in _TRAINING
+    order = _static_order(caps)
+    if not training:
+        # inference without measurements pays no one-time seconds: eager (none) beats FA4 / flex (seconds)
+        order = tuple(n for n in order if cost(n) == 0) + tuple(n for n in order if cost(n) > 0)
+    chosen = next(n for n in order if by[n].ok)
+    reasons = []
+    variant = _sdpa_variant(caps, by, sdpa_facts, training) if chosen == "sdpa" else None
+    if variant is not None:
+        chosen, why = variant
+        reasons += why
+    elif chosen == "sdpa":
+        reasons.append(
+            "sdpa: no import or compile cost, and what plain transformers uses (declare the work -- batch_size, "
+            "seq_len, new_tokens -- to choose from measured generate() timings instead)"
+        )
+    else:
+        skipped = [n for n in order[: order.index(chosen)] if n in by]
+        reasons.append(f"preferred but rejected: {', '.join(skipped)}" if skipped else "first choice")
+        if not training:
+            dearer = [n for n in valid if cost(n) > 0 and n != chosen]
+            if dearer:
+                reasons.append(
+                    "no timings, so no one-time seconds are paid for an unknown gain: "
+                    + ", ".join(f"{n} would cost +{_fmt(cost(n))} first" for n in dearer)
+                )
+        else:
+            reasons.append("training: one-time first-use seconds are amortised over the run")
+    faster_unknown = [n for n in valid if n not in ("sdpa", "eager", chosen)]
+    if faster_unknown and chosen == "sdpa":
+        reasons.append(
+            "also valid, not measured here: "
+            + ", ".join(faster_unknown)
+            + " (`cudaload tune` measures them on this GPU)"
+        )
+    reasons += note
+    return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), _ordered(cands, chosen, caps))
+
+
+def _pool_sdpa_twins(measured: Mapping[str, float]) -> tuple[dict[str, float], set[str]]:
+    """cudaload_sdpa and cudaload_sdpa_nocudnn measured side by side are two samples of one quantity on
+    first-seen lengths (neither lets cuDNN take a shape met fewer than twice): cudaload_sdpa is weighed at the
+    lower of the two, as either name would have been chosen at it, and cudaload_sdpa_nocudnn, equal or slower where lengths recur, is not chosen automatically (it stays
+    valid for an explicit attn=). Returns (the timings to weigh, the names folded in)."""
+    out = dict(measured)
+    if SDPA_NO_CUDNN in out and SDPA_DECODE in out:
+        out[SDPA_DECODE] = min(out[SDPA_DECODE], out.pop(SDPA_NO_CUDNN))
+        return out, {SDPA_NO_CUDNN}
+    return out, set()
+
+
+def _sdpa_variant(
+    caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[SdpaFacts], training: bool
+) -> tuple[str, list[str]] | None:
+    """``cudaload_sdpa`` in place of sdpa, with why, where it is valid here and measured to help on this GPU."""
+    c = by.get(SDPA_DECODE)
+    if c is None or not c.ok or training:
+        return None
+    f = sdpa_dispatch.facts_for(caps, facts, SDPA_DECODE)
+    if f is None or not f.helps:
+        return None
+    takes = sdpa_dispatch.cudnn_takes_decode(caps)[1]
+    return SDPA_DECODE, [
+        "sdpa without cuDNN on lengths met for the first times: " + takes,
+        f.describe(),
+        f"a shape met {sdpa_dispatch.RECUR}+ times before goes to cuDNN, whose graph is then built once; "
+        "load_model checks on the GPU that cuDNN takes decode calls, else keeps sdpa",
+    ]
+
+
+def _short_decode(work: tuple[int, int] | None, intent: str, caps: Capabilities) -> str | None:
+    """Why the declared work is single-sequence short decode, where eager is fastest; None when it is not."""
+    if work is None or intent != "inference" or not caps.gpus:
+        return None
+    batch, seq = work
+    if batch != 1 or seq > SHORT_DECODE_MAX_TOKENS or caps.gpus[0].compute_capability < (8, 0):
+        return None
+    return (
+        f"declared work: 1 sequence of at most {seq} tokens, so decoding dominates and each step's host-side "
+        "overhead decides; eager's plain kernels had the least (H200, 2026-11-30: 1 x 512 + 32 tokens, eager "
+        "1.03 s, sdpa 1.07 s, flash_attention_4 1.84 s)"
+    )
