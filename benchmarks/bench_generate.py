@@ -271,7 +271,10 @@ def steady(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, A
     models, errors, _s = build_models(config, ["sdpa", SDPA_DECODE], device, dtype)
     out: dict[str, Any] = {"shape": label, "errors": errors, "works": []}
     vocab = int(config.get_text_config().vocab_size)
-    for w in SMOKE_WORKS[:1] if args.smoke else STEADY_WORKS:
+    works = STEADY_WORKS
+    if args.works:  # the works named, from both lists
+        works = tuple({w.name: w for w in (*WORKS, *STEADY_WORKS) if w.name in args.works}.values())
+    for w in SMOKE_WORKS[:1] if args.smoke else works:
         ids, mask = make_inputs(w, vocab, device)
         calls = {b: generate_call(m, ids, mask, w.new_tokens) for b, m in models.items()}
         for _ in range(RECUR + 1):
@@ -394,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--backends", type=lambda s: [x.strip() for x in s.split(",") if x.strip()])
     ap.add_argument(
-        "--works", type=lambda s: [x.strip() for x in s.split(";") if x.strip()], help="names, ';'-separated"
+        "--works",
+        type=lambda s: [x.strip() for x in s.split(";") if x.strip()],
+        help="names, ';'-separated (also picks the --steady works)",
     )
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny Qwen3, 3 works")
     ap.add_argument(
