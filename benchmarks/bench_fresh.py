@@ -7,8 +7,7 @@ creating the CUDA context, loading, and the first forward. Methods, interleaved 
   ``BitsAndBytesConfig`` for int8 / nf4, nf4 with double quant and bf16 compute as cudaload plans it);
 - ``cudaload``: ``cudaload.load_model(path, quantization=...)`` with its defaults (prefetch on);
 - ``cudaload-noprefetch``: the same with ``prefetch=False``, to show what reading while importing buys;
-- ``cudaload-read`` / ``cudaload-willneed``: one prefetch mode named (threads that read the files, or
-  readahead advice), whichever the default is;
+- ``cudaload-read``: the prefetch mode named (threads that read the files), as the default does;
 - ``cudaload-nogpustart``: the defaults with ``CUDALOAD_GPU_START=0`` (no CUDA context made on a thread while
   transformers imports), to show what that buys;
 - ``METHOD-online`` (``plain-online``, ``cudaload-online``, ``cudaload-noprefetch-online``...): without
@@ -80,7 +79,7 @@ else:
         os.environ["CUDALOAD_GPU_START"] = "0"
     import cudaload; mark("import_cudaload")
     quant = {"bf16": "none", "int8": "int8", "nf4": "nf4"}[spec["quant"]]
-    kw = {"cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}, "cudaload-willneed": {"prefetch": "willneed"}}
+    kw = {"cudaload-noprefetch": {"prefetch": False}, "cudaload-read": {"prefetch": "read"}}
     model = cudaload.load_model(spec["path"], quantization=quant, **kw.get(spec["method"], {}))
     import torch
     if cuda: torch.cuda.synchronize()

@@ -34,12 +34,11 @@ def test_subfolder_and_hub_ids(tmp_path: Path) -> None:
     assert prefetch.start("org/some-model-id") is None  # a Hub id: nothing local to read
 
 
-@pytest.mark.parametrize("mode", ["willneed", "read"])
-def test_prefetch_covers_every_byte(tmp_path: Path, mode: str) -> None:
+def test_prefetch_covers_every_byte(tmp_path: Path) -> None:
     sizes = [3 * prefetch.CHUNK_BYTES // 1024 + 7, 1000]
     for i, n in enumerate(sizes):
         _touch(tmp_path / f"model-0000{i + 1}-of-00002.safetensors", n)
-    p = prefetch.start(tmp_path, mode=mode, threads=3)
+    p = prefetch.start(tmp_path, threads=3)
     assert p is not None
     for t in p._workers:
         t.join(timeout=30)
@@ -136,8 +135,10 @@ def test_limit_caps_what_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_errors_are_advice_not_failures(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="willneed"):
+    with pytest.raises(ValueError, match="use one of read, off"):
         prefetch.Prefetch([], mode="fast")
+    with pytest.raises(ValueError, match="measured slower"):  # a removed mode says why it went
+        prefetch.Prefetch([], mode="willneed")
     p = prefetch.Prefetch([str(tmp_path / "gone.safetensors")]).start()  # vanished before reading
     for t in p._workers:
         t.join(timeout=30)
@@ -170,6 +171,11 @@ def test_load_model_refuses_an_unknown_prefetch_mode_before_reading(tiny_model) 
     with pytest.raises(ConfigurationError, match="prefetch='fast'") as e:
         cudaload.load_model(str(tiny_model("qwen3")), prefetch="fast")
     assert "'read'" in str(e.value)
+    assert not [t for t in threading.enumerate() if t.name.startswith("cudaload-prefetch")]
+    # the removed readahead-advice mode: refused the same way, saying why it went
+    with pytest.raises(ConfigurationError, match=r"prefetch='willneed'.*measured slower") as e:
+        cudaload.load_model(str(tiny_model("qwen3")), prefetch="willneed")
+    assert "prefetch=True" in str(e.value)
     assert not [t for t in threading.enumerate() if t.name.startswith("cudaload-prefetch")]
 
 

@@ -4,10 +4,15 @@ A fresh process spends ~3 s importing torch and 7-8 s importing transformers and
 any load starts (H200, ``shared/device/README.md``); a cold 16 GB checkpoint takes ~11 s to read at the disk's
 1.5 GB/s. Done one after the other, the user waits for the sum. ``load_model()`` knows the checkpoint path
 before it imports anything heavy, so it starts a :class:`Prefetch` first: background threads read the files
-(mode ``read``, the default: ``preadv`` into one reused buffer, skipping ranges ``mincore`` says are resident)
-or ask the kernel to (mode ``willneed``: ``posix_fadvise(POSIX_FADV_WILLNEED)``, which queues readahead and
-costs no copy, but which the kernel throttled on the H200: see DEFAULT_MODE), so that by the time the loader
-reads, the bytes are in the page cache. With a warm cache both find every page present.
+(``preadv`` into one reused buffer, skipping ranges ``mincore`` says are resident), so that by the time the
+loader reads, the bytes are in the page cache. With a warm cache every page is found present and nothing is
+copied.
+
+Reading rather than advising: an earlier ``willneed`` mode (``posix_fadvise(POSIX_FADV_WILLNEED)``, no copy)
+was measured on the H200 (benchmarks/results/2026-12-01-h200, run 6: 8B bf16, cold page cache, fresh
+processes, interleaved) at 24.81 s to the first forward against 14.20 s for reading and 23.58 s for plain
+``from_pretrained``: the kernel throttles the readahead it queues, and the loader's own reads then wait behind
+it. It was removed (issue 29); threads that read keep the disk busy at its rate.
 
 Safety: never more than half the memory the kernel reports available is asked for (beyond that the
 prefetch would evict its own pages before they are used); the threads are daemons that stop at the first
@@ -29,12 +34,14 @@ from pathlib import Path
 CHUNK_BYTES = 256 << 20
 #: Fraction of MemAvailable a prefetch may ask the page cache to hold.
 MAX_AVAILABLE_FRACTION = 0.5
-MODES = ("willneed", "read", "off")
-#: What ``load_model(prefetch=True)`` uses. Measured on the H200 (benchmarks/results/2026-12-01-h200, run 6:
-#: 8B bf16, cold page cache, fresh processes, interleaved): "read" 14.20 s to the first forward, "willneed"
-#: 24.81 s, plain from_pretrained 23.58 s. The advice queues readahead that the kernel throttles and that the
-#: loader's own reads then wait behind; threads that read keep the disk busy at its rate.
+MODES = ("read", "off")
+#: What ``load_model(prefetch=True)`` uses.
 DEFAULT_MODE = "read"
+#: Modes that existed and were removed -> why, for the error a caller still naming one gets.
+REMOVED_MODES = {
+    "willneed": "readahead advice measured slower than plain from_pretrained (24.81 s against 23.58 s to the "
+    "first forward, 8B cold on the H200) and than reading (14.20 s), so it was removed",
+}
 
 
 def checkpoint_files(
@@ -171,13 +178,14 @@ class Prefetch:
     """Background read-ahead of ``files``. ``start()`` returns at once; ``summary()`` says what it did."""
 
     files: Sequence[str]
-    mode: str = "willneed"
+    mode: str = DEFAULT_MODE
     threads: int = 4
     limit_bytes: int | None = None
     started_at: float = 0.0
     done_at: float | None = None
-    advised_bytes: int = 0
-    #: of advised_bytes, what the read mode found in the page cache already and did not copy
+    #: bytes of the files now in the page cache: read by the threads, or found there already
+    covered_bytes: int = 0
+    #: of covered_bytes, what was in the page cache already and was not copied
     resident_bytes: int = 0
     error: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -186,7 +194,8 @@ class Prefetch:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"prefetch mode {self.mode!r}: use one of {', '.join(MODES)}")
+            why = f" ({REMOVED_MODES[self.mode]})" if self.mode in REMOVED_MODES else ""
+            raise ValueError(f"prefetch mode {self.mode!r}{why}: use one of {', '.join(MODES)}")
 
     def _ranges(self) -> list[tuple[str, int, int]]:
         budget = self.limit_bytes
@@ -211,7 +220,7 @@ class Prefetch:
         return out
 
     def start(self) -> Prefetch:
-        if self.mode == "off" or not self.files or not hasattr(os, "posix_fadvise"):
+        if self.mode == "off" or not self.files or not hasattr(os, "preadv"):
             self.done_at = self.started_at = time.perf_counter()
             return self
         self.started_at = time.perf_counter()
@@ -230,7 +239,7 @@ class Prefetch:
     def _run(self, work: list[tuple[str, int, int]], remaining: list[int]) -> None:
         fds: dict[str, int] = {}
         maps: dict[str, _Residency] = {}
-        buf = bytearray(16 << 20) if self.mode == "read" else None
+        buf = bytearray(16 << 20)
         try:
             for f, off, n in work:
                 if self._stop.is_set():
@@ -238,11 +247,9 @@ class Prefetch:
                 fd = fds.get(f)
                 if fd is None:
                     fd = fds[f] = os.open(f, os.O_RDONLY)
-                if buf is not None and f not in maps:
+                if f not in maps:
                     maps[f] = _Residency(fd, os.fstat(fd).st_size)
-                if buf is None:
-                    os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
-                elif maps[f].resident(off, n):
+                if maps[f].resident(off, n):
                     with self._lock:
                         self.resident_bytes += n
                 else:
@@ -254,7 +261,7 @@ class Prefetch:
                             break
                         pos += got
                 with self._lock:
-                    self.advised_bytes += n
+                    self.covered_bytes += n
         except OSError as e:  # a prefetch is advice: it never fails the load
             with self._lock:
                 self.error = f"{type(e).__name__}: {e}"
@@ -277,7 +284,7 @@ class Prefetch:
             return {
                 "mode": self.mode,
                 "files": len(self.files),
-                "bytes": self.advised_bytes,
+                "bytes": self.covered_bytes,
                 "resident_bytes": self.resident_bytes,
                 "seconds": None if self.done_at is None else round(self.done_at - self.started_at, 4),
                 "error": self.error,

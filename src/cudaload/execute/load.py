@@ -14,6 +14,7 @@ from ..capabilities import Capabilities
 from ..errors import ConfigurationError, CudaloadError, DeviceSelectionError, DoesNotFitError
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..prefetch import MODES as _PREFETCH_MODES
+from ..prefetch import REMOVED_MODES as _REMOVED_PREFETCH_MODES
 from .adapters import _wrap_peft
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
@@ -98,11 +99,10 @@ def load_model(
         prefetch: True (default): a local checkpoint's files are read into the page cache on background
             threads from the first line of this call, while torch and transformers are still being imported,
             so a cold load waits for about max(imports, disk read) instead of their sum (see
-            :mod:`cudaload.prefetch`). A mode name picks how: ``"read"`` (threads that read the files, skipping
-            what the page cache already holds; the default, measured cold on the H200 at 0.60x plain
-            ``from_pretrained``), ``"willneed"`` (kernel readahead advice, which the kernel throttled there:
-            1.05x) or ``"off"``; False turns it off. With it on, when the GPU the model will load onto is known
-            before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a ``device_map`` naming one
+            :mod:`cudaload.prefetch`): threads that read the files, skipping what the page cache already holds
+            (measured cold on the H200 at 0.60x plain ``from_pretrained``'s time to the first forward). The
+            mode names ``"read"`` (the default, what True means) and ``"off"`` are accepted; False turns it
+            off. With it on, when the GPU the model will load onto is known before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a ``device_map`` naming one
             GPU), its CUDA context and cuBLAS are created on a thread while transformers imports (0.4-0.6 s a
             fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`). A call refused
             after that (a plan that does not fit, another rank's error) holds no memory of the load but leaves
@@ -173,9 +173,10 @@ def load_model(
     pre = None
     early: Any = None
     if prefetch is not True and prefetch is not False and prefetch not in _PREFETCH_MODES:
+        removed = _REMOVED_PREFETCH_MODES.get(prefetch) if isinstance(prefetch, str) else None
         raise ConfigurationError(
-            f"prefetch={prefetch!r} is not a prefetch mode",
-            fix=f"use prefetch=True, False or one of {', '.join(repr(m) for m in _PREFETCH_MODES)}",
+            f"prefetch={prefetch!r} is not a prefetch mode" + (f": {removed}" if removed else ""),
+            fix=f"use prefetch=True (reads the files), False or one of {', '.join(repr(m) for m in _PREFETCH_MODES)}",
         )
     if prefetch:
         from .. import prefetch as _prefetch
