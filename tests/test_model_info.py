@@ -147,21 +147,3 @@ def test_tiny_config_overrides_are_applied() -> None:
     assert tiny_config("gpt2", n_layer=3).n_layer == 3
     assert tiny_config("qwen3").vocab_size != 999
 
-
-def test_a_patch_on_the_package_fails_and_names_the_module(
-    monkeypatch: pytest.MonkeyPatch, tiny_model: Any
-) -> None:
-    """The package re-exports only: its parts look names up in their own modules, so a patch set on the package
-    would change nothing. It raises, naming the module to patch; a patch there reaches the code."""
-    import cudaload.model_info as mi
-    from cudaload.model_info import safetensors_headers
-
-    with pytest.raises(AttributeError, match=r"patch cudaload\.model_info\.safetensors_headers\.read_header"):
-        monkeypatch.setattr(mi, "read_header", lambda f: {})
-    with pytest.raises(AttributeError):
-        monkeypatch.setattr(mi, "_config_from_cache", lambda *a: None)  # private: not re-exported
-    read: list[Path] = []
-    real = safetensors_headers.read_header
-    monkeypatch.setattr(safetensors_headers, "read_header", lambda f: read.append(f) or real(f))
-    model_info(tiny_model("llama"))
-    assert [f.name for f in read] == ["model.safetensors"]

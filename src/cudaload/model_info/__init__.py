@@ -29,18 +29,12 @@ Where each part lives (``from cudaload.model_info import model_info, ModelInfo``
   them (checkpoint dtype, sliding layers, encoder or not).
 
 The code looks its helpers up in these modules, so a test patches the module that holds the name
-(``monkeypatch.setattr(cudaload.model_info.counts, "_count", ...)``); setting a name on this package raises
-AttributeError instead of changing nothing.
+(``monkeypatch.setattr(cudaload.model_info.counts, "_count", ...)``), not this package, which only re-exports.
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 from ..plans import ModelSummary
-from . import attention_facts, build, config, counts, model_class, records, safetensors_headers
 from .build import model_info, summarize
 from .counts import _count as _count  # tests compare the extrapolated counts with a full count
 from .counts import _with_layers as _with_layers
@@ -58,35 +52,3 @@ __all__ = [
     "summarize",
     "with_summary",
 ]
-
-_PARTS = (attention_facts, build, config, counts, model_class, records, safetensors_headers)
-
-
-class _Package(types.ModuleType):
-    """The package module: rebinding a name here would reach no code (each part looks its names up in its own
-    module), so it raises, naming the module to patch. Submodule attributes (set by the import system) and
-    dunders pass."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("__") or (
-            isinstance(value, types.ModuleType) and value.__name__ == f"{self.__name__}.{name}"
-        ):
-            super().__setattr__(name, value)
-            return
-        raise AttributeError(_patch_where(self.__name__, name))
-
-    def __delattr__(self, name: str) -> None:
-        if name.startswith("__"):
-            super().__delattr__(name)
-            return
-        raise AttributeError(_patch_where(self.__name__, name))
-
-
-def _patch_where(package: str, name: str) -> str:
-    homes = [f"{m.__name__}.{name}" for m in _PARTS if name in vars(m)]
-    if not homes:
-        return f"cannot rebind {package}.{name}: no part of {package} defines {name!r}"
-    return f"cannot rebind {package}.{name}: the package only re-exports, so patch {' or '.join(homes)}"
-
-
-sys.modules[__name__].__class__ = _Package
