@@ -279,7 +279,7 @@ def w_ddp(spec: dict[str, Any]) -> dict[str, Any]:
     except ImportError:  # before issue 17's parallelism module
         pass
     # the plan's activation term assumes gradient checkpointing for every training intent
-    # (policies/memory.py); non-reentrant checkpointing composes with DDP
+    # (policies/memory/terms.py); non-reentrant checkpointing composes with DDP
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec["smoke"]:
         plan_info = _plan_summary(

@@ -13,6 +13,7 @@ from cudaload.errors import DoesNotFitError, InvalidChoiceError
 from cudaload.model_info import model_info
 from cudaload.planner import plan
 from cudaload.policies import memory as M
+from cudaload.policies.memory import activations as MA  # where training_activations reads its constants
 from cudaload.policies.memory import breakdown, estimate, param_split
 from cudaload.profiles import hardware
 from cudaload.testing import full_config
@@ -265,7 +266,7 @@ def test_qlora_fit_boundary_against_published_runs(monkeypatch: pytest.MonkeyPat
     (transformers 4.47.0 loss/loss_utils.py:38; 4.50 pads the labels instead, loss_utils.py:48): 4 more bytes
     per logit than transformers 5 (LOSS_BYTES_PER_LOGIT). FlashAttention-2 as they ran it: sdpa would take its
     score-materialising math path on QLoRA's fp32 q/k/v with grouped kv heads (M.sdpa_math)."""
-    monkeypatch.setattr(M, "LOSS_BYTES_PER_LOGIT", M.LOSS_BYTES_PER_LOGIT + 4)
+    monkeypatch.setattr(MA, "LOSS_BYTES_PER_LOGIT", MA.LOSS_BYTES_PER_LOGIT + 4)
     caps = hardware("A100-80GB").with_packages(["bitsandbytes", "flash-attn"], [])
     got = _longest(full_config("Llama-3.1-8B"), caps, intent="qlora", attn="flash_attention_2")
     assert 0.9 * 28_000 <= got <= 1.05 * 28_000, got
@@ -284,7 +285,7 @@ def test_qlora_fit_boundary_against_published_runs(monkeypatch: pytest.MonkeyPat
 )
 def test_qlora_70b_fit_boundary_against_published_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-3.3-70B QLoRA batch 1, HF + FA2: 6,916 tokens on 80 GB, OOM on 48 GB (unsloth.ai/blog/llama3-3)."""
-    monkeypatch.setattr(M, "LOSS_BYTES_PER_LOGIT", M.LOSS_BYTES_PER_LOGIT + 4)
+    monkeypatch.setattr(MA, "LOSS_BYTES_PER_LOGIT", MA.LOSS_BYTES_PER_LOGIT + 4)
     caps = hardware("A100-80GB").with_packages(["bitsandbytes", "flash-attn"], [])
     got = _longest(full_config("Llama-3.1-70B"), caps, intent="qlora", attn="flash_attention_2")
     assert got <= 1.05 * 6_916, got

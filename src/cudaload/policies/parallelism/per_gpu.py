@@ -77,7 +77,7 @@ class _Eval:
 
 
 def gc_on(gradient_checkpointing: bool | None) -> bool:
-    """The memory model's reading of ``gradient_checkpointing`` (None: on; policies/memory.py breakdown)."""
+    """The memory model's reading of ``gradient_checkpointing`` (None: on; memory/terms.py breakdown)."""
     return True if gradient_checkpointing is None else gradient_checkpointing
 
 
