@@ -369,3 +369,32 @@ def test_the_two_variants_are_one_candidate_on_first_seen_timings() -> None:
     info = model_info(full_config("Qwen3-8B"))
     explicit = choose_attention(info, hardware("H200"), dtype="bfloat16", requested=SDPA_NO_CUDNN)
     assert explicit.choice == SDPA_NO_CUDNN
+
+
+def test_short_single_sequence_gives_way_to_the_variant_where_it_is_the_default() -> None:
+    """The short-decode eager rule was measured against plain sdpa on repeated lengths; against cudaload_sdpa on
+    first-seen lengths eager lost on the H200's 8B shape (runs 31-32, 35), so where the variant is the default
+    the rule does not fire; elsewhere (no facts, facts that say it does not help, A100) it still does."""
+    info = model_info(full_config("Qwen3-8B"))
+    h200 = hardware("H200")
+    d = choose_attention(info, h200, dtype="bfloat16", work=(1, 544), sdpa_facts=[_facts()])
+    assert d.choice == SDPA_DECODE
+    assert any("not applied" in r and "9.15 s vs 8.44 s" in r for r in d.reasons)
+    for facts in ([], [_facts(helps=False)]):
+        assert (
+            choose_attention(info, h200, dtype="bfloat16", work=(1, 544), sdpa_facts=facts).choice == "eager"
+        )
+    a100 = choose_attention(
+        info, hardware("A100-80GB"), dtype="bfloat16", work=(1, 544), sdpa_facts=[_facts()]
+    )
+    assert a100.choice == "eager"
+    # timings still decide over both rules
+    timed = choose_attention(
+        info,
+        h200,
+        dtype="bfloat16",
+        work=(1, 544),
+        sdpa_facts=[_facts()],
+        timings={"eager": 1.0, SDPA_DECODE: 1.2},
+    )
+    assert timed.choice == "eager"

@@ -472,8 +472,9 @@ def suggestions(
             and caps.gpus
             and caps.gpus[0].compute_capability >= (8, 0)
         ):
-            # a plan declaring one short sequence picks eager (policies/attention/choice.py _short_decode):
-            # its seq_len^2 scores must be in the arithmetic of a shorter-sequence suggestion
+            # a plan declaring one short sequence may pick eager (policies/attention/choice.py _short_decode,
+            # unless cudaload_sdpa is the default there): its seq_len^2 scores are assumed, the larger of the
+            # two, so a shorter-sequence suggestion fits whichever is chosen
             args["attn"] = "eager"
         return breakdown(info, **args)
 

@@ -12,7 +12,8 @@ when the caller has them, else the cheapest safe default.
    ahead-of-time compiled flash build (no JIT) or eager; backends with a first-use cost (FA4's JIT,
    flex_attention's compile) only when the caller declared training, where one-time seconds are amortised.
 3. A declared single short sequence for inference picks eager (measured: 1 x 512 + 32, eager 1.03 s vs sdpa
-   1.07 s vs FA4 1.84 s), unless timings say otherwise.
+   1.07 s vs FA4 1.84 s), unless timings say otherwise or ``cudaload_sdpa`` is the default here (2.): against
+   it, on first-seen lengths, eager was slower on the H200's 8B shape (see ``_SHORT_DECODE_YIELDS``).
 """
 
 from __future__ import annotations
@@ -186,8 +187,10 @@ def choose_attention(
             f"{source} covers no valid backend"
             + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
         ]
-    if short:
+    if short and _sdpa_variant(caps, by, sdpa_facts, False) is None:
         return Decision("eager", (short, *by["eager"].reasons, *note), _ordered(cands, "eager", caps))
+    if short:
+        note = [f"{short}; {_SHORT_DECODE_YIELDS}", *note]
 
     training = intent in _TRAINING
     order = _static_order(caps)
@@ -257,6 +260,17 @@ def _sdpa_variant(
         f"a shape met {sdpa_dispatch.RECUR}+ times before goes to cuDNN, whose graph is then built once; "
         "load_model checks on the GPU that cuDNN takes decode calls, else keeps sdpa",
     ]
+
+
+#: Why the short-decode rule gives way to cudaload_sdpa: the rule's measurement compared eager with plain sdpa on
+#: repeated lengths; against cudaload_sdpa on first-seen lengths (H200, torch 2.11, cuDNN 9.19, single samples,
+#: benchmarks/results/2026-12-02-h200 runs 31-33 and 35) eager lost 3 of 3 on the 8B shape and won 1 of 1 on 0.6B
+#: by less than this host's noise.
+_SHORT_DECODE_YIELDS = (
+    f"not applied: against {SDPA_DECODE} on lengths met for the first time eager was slower on the H200's "
+    "8B shape (1 x 512 + 32: 1.51 s vs 1.07 s and 1.55 s vs 1.23 s; 1 x 256 + 256: 9.15 s vs 8.44 s) and "
+    "within noise on 0.6B (1 x 512 + 32: 1.09 s vs 1.16 s)"
+)
 
 
 def _short_decode(work: tuple[int, int] | None, intent: str, caps: Capabilities) -> str | None:
