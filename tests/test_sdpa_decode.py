@@ -83,6 +83,15 @@ def test_facts_round_trip_and_pick_the_same_compute_capability() -> None:
     assert f.helps and not _facts(helps=False).helps
 
 
+def test_helps_asks_the_median_repeated_work_and_bounds_the_worst() -> None:
+    # the shipped H200 facts: per-work repeated ratios 0.94-1.04, median 1.00 -> the variant is the default
+    assert replace(_facts(), ratio_repeated=(0.94, 1.0, 1.04)).helps
+    # the median work slower than the bar, or one work clearly slower than the noise: plain sdpa
+    assert not replace(_facts(), ratio_repeated=(0.93, 0.96, 1.0)).helps
+    assert not replace(_facts(), ratio_repeated=(0.85, 1.0, 1.04)).helps
+    assert sdpa_dispatch.REPEATED_WORST < sdpa_dispatch.REPEATED_FLOOR
+
+
 def test_default_choice_is_the_variant_only_where_measured_to_help() -> None:
     info = model_info(full_config("Qwen3-8B"))
     h200 = hardware("H200")
