@@ -46,7 +46,7 @@ TABLE: list[tuple[str, str, str, str, tuple[str, ...], dict[str, Any], str, Any,
         {},
         "attention",
         "cudaload_sdpa",
-        "sdpa without cuDNN on lengths met",
+        "sdpa, without cuDNN on lengths met",
     ),
     (
         "h200-sdpa-over-fa3-untimed",

@@ -97,7 +97,7 @@ def test_default_choice_is_the_variant_only_where_measured_to_help() -> None:
     h200 = hardware("H200")
     d = choose_attention(info, h200, dtype="bfloat16", sdpa_facts=[_facts()])
     assert d.choice == SDPA_DECODE
-    assert any("sdpa without cuDNN on lengths met" in r for r in d.reasons)
+    assert any("sdpa, without cuDNN on lengths met" in r for r in d.reasons)
     # the fallback walks torch's own sdpa next
     assert [c.name for c in d.candidates if c.ok][:2] == [SDPA_DECODE, "sdpa"]
     # not measured to help, not measured at all, another architecture, training: plain sdpa
@@ -148,7 +148,7 @@ def test_plan_explains_the_variant_and_memory_treats_it_as_sdpa() -> None:
 
     p = cudaload.plan(full_config("Qwen3-8B"), hardware="H200")
     assert p.attention.choice == SDPA_DECODE  # the shipped facts (H200, sm90)
-    assert "sdpa without cuDNN on lengths met" in p.explain()
+    assert "sdpa, without cuDNN on lengths met" in p.explain()
     plain = cudaload.plan(full_config("Qwen3-8B"), hardware="H200", attn="sdpa")
     assert p.memory.total == plain.memory.total
 

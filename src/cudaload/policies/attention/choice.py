@@ -253,12 +253,12 @@ def _sdpa_variant(
     f = sdpa_dispatch.facts_for(caps, facts, SDPA_DECODE)
     if f is None or not f.helps:
         return None
-    takes = sdpa_dispatch.cudnn_takes_decode(caps)[1]
+    # why cuDNN's per-length build matters and what was measured are the candidate's own reasons, which the
+    # Decision lists after these: said once
     return SDPA_DECODE, [
-        "sdpa without cuDNN on lengths met for the first times: " + takes,
-        f.describe(),
-        f"a shape met {sdpa_dispatch.RECUR}+ times before goes to cuDNN, whose graph is then built once; "
-        "load_model checks on the GPU that cuDNN takes decode calls, else keeps sdpa",
+        f"sdpa, without cuDNN on lengths met for the first times: measured to help on this GPU (below); a shape "
+        f"met {sdpa_dispatch.RECUR}+ times before goes to cuDNN, whose graph is then built once; load_model "
+        "checks on the GPU that cuDNN takes decode calls, else keeps sdpa",
     ]
 
 
