@@ -501,7 +501,7 @@ def test_load_model_refused_by_settle_keeps_no_reference_to_the_model(
     import gc
     import weakref
 
-    import cudaload.execute as ex
+    import cudaload.execute.serving as ex
 
     refs: list[weakref.ref[Any]] = []
 

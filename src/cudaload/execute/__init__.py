@@ -55,8 +55,7 @@ __all__ = [
     "verify",
 ]
 # The private names stay importable from here as before the split (tests import them). load_model looks
-# _attach_serving up on this package at call time, so replacing cudaload.execute._attach_serving (as a
-# test does) still takes effect.
+# _attach_serving up on cudaload.execute.serving at call time, so a test replaces it there.
 __all__ += [
     "_BUILD_LOCK",
     "_DECIDED",

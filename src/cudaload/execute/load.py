@@ -9,12 +9,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import execute as _package
 from ..capabilities import Capabilities
 from ..errors import ConfigurationError, CudaloadError, DeviceSelectionError, DoesNotFitError
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..prefetch import MODES as _PREFETCH_MODES
 from ..prefetch import REMOVED_MODES as _REMOVED_PREFETCH_MODES
+from . import serving as _serving
 from .adapters import _wrap_peft
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
@@ -367,7 +367,7 @@ def load_model(
         refusal: DoesNotFitError | None = None
         try:
             # looked up on the package at call time: cudaload.execute._attach_serving is the name a test replaces
-            plan = _package._attach_serving(loaded, plan, verified)
+            plan = _serving._attach_serving(loaded, plan, verified)
         except DoesNotFitError as e:
             # less is free after loading than serving needs: nothing is handed back, so nothing stays held. The
             # traceback holds _attach_serving's frame and its `model` local (the whole model, its GPU memory) for
