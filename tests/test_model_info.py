@@ -146,4 +146,3 @@ def test_tiny_config_overrides_are_applied() -> None:
     assert (c.vocab_size, c.tie_word_embeddings) == (999, False)
     assert tiny_config("gpt2", n_layer=3).n_layer == 3
     assert tiny_config("qwen3").vocab_size != 999
-

@@ -547,6 +547,12 @@ def test_sdpa_facts_from_runs_use_the_steady_pairs(tmp_path: Path) -> None:
     assert fact["variant"] == "cudaload_sdpa" and fact["speedup_first_seen"] == [2.0, 2.0, 2.0]
     # the one repeated call (0.8x) is within the host's noise: the alternating pairs speak for that state
     assert fact["ratio_repeated"] == [0.99, 1.0, 1.01] and fact["versions"]["cudnn"] == "9.19.0"
+    # the same work measured again in a later run counts once, from that run (as the priors keep the last)
+    again = json.loads(json.dumps(run))
+    again["shapes"][0]["rows"] = [row("sdpa", 6.0, 2.8), row("cudaload_sdpa", 2.0, 2.8)]
+    (fact,) = sdpa_facts_from_bench([run, again], source="run-y")
+    assert fact["works"] == 1 and fact["speedup_first_seen"] == [3.0, 3.0, 3.0]
+    assert fact["ratio_repeated"] == [0.99, 1.0, 1.01]  # the steady works, once each
 
 
 # -- tune() and the command line ----------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Size of one advice call: small enough that a stop request is honoured quickly, large enough that the
+#: Size of one read range: small enough that a stop request is honoured quickly, large enough that the
 #: kernel builds long sequential reads.
 CHUNK_BYTES = 256 << 20
 #: Fraction of MemAvailable a prefetch may ask the page cache to hold.

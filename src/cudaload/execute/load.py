@@ -102,9 +102,10 @@ def load_model(
             :mod:`cudaload.prefetch`): threads that read the files, skipping what the page cache already holds
             (measured cold on the H200 at 0.60x plain ``from_pretrained``'s time to the first forward). The
             mode names ``"read"`` (the default, what True means) and ``"off"`` are accepted; False turns it
-            off. With it on, when the GPU the model will load onto is known before planning (cuda:LOCAL_RANK under torchrun, a one-GPU process, a ``device_map`` naming one
-            GPU), its CUDA context and cuBLAS are created on a thread while transformers imports (0.4-0.6 s a
-            fresh process otherwise waits for after the imports; see :mod:`cudaload.gpu_start`). A call refused
+            off. With it on, when the GPU the model will load onto is known before planning (cuda:LOCAL_RANK
+            under torchrun, a one-GPU process, a ``device_map`` naming one GPU), its CUDA context and cuBLAS
+            are created on a thread while transformers imports (0.4-0.6 s a fresh process otherwise waits for
+            after the imports; see :mod:`cudaload.gpu_start`). A call refused
             after that (a plan that does not fit, another rank's error) holds no memory of the load but leaves
             CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
             CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or
@@ -366,7 +367,7 @@ def load_model(
     if plan.serving is not None:
         refusal: DoesNotFitError | None = None
         try:
-            # looked up on the package at call time: cudaload.execute._attach_serving is the name a test replaces
+            # looked up on execute.serving at call time: a test replaces cudaload.execute.serving._attach_serving
             plan = _serving._attach_serving(loaded, plan, verified)
         except DoesNotFitError as e:
             # less is free after loading than serving needs: nothing is handed back, so nothing stays held. The

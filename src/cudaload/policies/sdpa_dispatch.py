@@ -55,9 +55,11 @@ _TORCH_MIN = (2, 5)
 _CUDNN_MIN = (9, 9)
 #: the variant must keep at least this share of plain sdpa's speed where lengths repeat (issue 28's bar), over
 #: the works measured: their median. Not their minimum: each work's figure is the median of 6-8 alternating
-#: pairs on a host whose single decode calls vary by +-30%, so the lowest of several works is the noise's low
-#: tail (H200 runs 33 and 36: per-work 0.94, 0.98, 1.00, 1.04, 1.04; the 0.94, 1 x 256 + 256, had 5 of 6 pairs
-#: slower, a sign test's p ~0.2, while the variant's own cost, timed on the CPU, is ~2.5 us an attention call)
+#: pairs on a host whose single decode calls vary by +-30%, and whole runs differ by a few percent (H200 runs 33
+#: and 36: per-work 1.00, 1.04, 1.04 and 0.94, 0.98; run 33 had 16 of 24 pairs faster, run 36 10 of 12 slower;
+#: pooled, 18 of 36 faster, median 1.00), while the variant's own cost is ~3 us an attention call
+#: (benchmarks/investigations/sdpa_wrapper_cost.py). A judgement made after run 36: its 0.94 would have failed
+#: a per-work floor of 0.97.
 REPEATED_FLOOR = 0.97
 #: ... and no measured work below this: a loss beyond what that noise explains
 REPEATED_WORST = 0.90

@@ -366,22 +366,49 @@ def priors_from_bench(results: Mapping[str, Any], *, source: str = "") -> dict[s
             if len(p["seconds"]) < 2:
                 continue
             out.append(p)
-            base, base_rep = p["seconds"].get("sdpa"), p["repeated_s"].get("sdpa")
-            for variant in (SDPA_DECODE, SDPA_NO_CUDNN):
-                v, v_rep = p["seconds"].get(variant), p["repeated_s"].get(variant)
-                if base and v and base_rep and v_rep:
-                    ratios.setdefault(variant, []).append((base / v, base_rep / v_rep))
+            for variant, rr in _variant_ratios(p).items():
+                ratios.setdefault(variant, []).append(rr)
     facts = _facts_from(
         ratios, _steady_ratios(results), gpu, versions, date, source or str(results.get("command", ""))
     )
     return {"version": PRIORS_VERSION, "priors": out, "sdpa_dispatch": facts, "ratios": ratios}
 
 
-def _steady_ratios(results: Mapping[str, Any]) -> list[float]:
+def _variant_ratios(prior: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """One prior's (first-seen, repeated) ratio of plain sdpa's seconds over each SDPA variant's."""
+    out: dict[str, tuple[float, float]] = {}
+    base, base_rep = prior["seconds"].get("sdpa"), prior["repeated_s"].get("sdpa")
+    for variant in (SDPA_DECODE, SDPA_NO_CUDNN):
+        v, v_rep = prior["seconds"].get(variant), prior["repeated_s"].get(variant)
+        if base and v and base_rep and v_rep:
+            out[variant] = (base / v, base_rep / v_rep)
+    return out
+
+
+def _prior_key(prior: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two priors the same measurement target (as ``python -m cudaload.tuning priors`` merges them)."""
+    return (
+        prior.get("gpu"),
+        prior.get("model"),
+        json.dumps(prior.get("work"), sort_keys=True),
+        prior.get("mask"),
+    )
+
+
+def _steady_by_work(results: Mapping[str, Any]) -> dict[str, float]:
     """bench_generate.py --steady: per work, the median sdpa / cudaload_sdpa over alternating pairs on lengths
     met before (the repeated state, sampled many times: one repeated call per work is within the host's noise)."""
     st = results.get("steady") or {}
-    return [float(w["ratio_median"]) for w in st.get("works") or [] if w.get("ratio_median")]
+    shape = st.get("shape", "")
+    return {
+        f"{shape} {w['work']}": float(w["ratio_median"])
+        for w in st.get("works") or []
+        if w.get("ratio_median")
+    }
+
+
+def _steady_ratios(results: Mapping[str, Any]) -> list[float]:
+    return list(_steady_by_work(results).values())
 
 
 def _facts_from(
@@ -418,14 +445,20 @@ def _facts_from(
 
 def sdpa_facts_from_bench(runs: Sequence[Mapping[str, Any]], *, source: str = "") -> list[dict[str, Any]]:
     """The ``sdpa_dispatch`` facts over several bench_generate.py results of one GPU (both shapes, say):
-    every work's ratio in one range; the repeated figure from the --steady pairs where a run has them."""
-    ratios: dict[str, list[tuple[float, float]]] = {}
-    steady: list[float] = []
+    every work's ratio in one range; the repeated figure from the --steady pairs where a run has them. A work
+    measured in several runs counts once, from the last run given that has it (as the priors keep the last)."""
+    per_work: dict[tuple[Any, ...], dict[str, tuple[float, float]]] = {}
+    steady_by: dict[str, float] = {}
     first = runs[0] if runs else {}
     for r in runs:
-        for variant, rs in priors_from_bench(r)["ratios"].items():
-            ratios.setdefault(variant, []).extend(rs)
-        steady += _steady_ratios(r)
+        for p in priors_from_bench(r)["priors"]:
+            per_work[_prior_key(p)] = _variant_ratios(p)
+        steady_by.update(_steady_by_work(r))
+    ratios: dict[str, list[tuple[float, float]]] = {}
+    for vr in per_work.values():
+        for variant, rr in vr.items():
+            ratios.setdefault(variant, []).append(rr)
+    steady = list(steady_by.values())
     versions = {k: v for k, v in (first.get("versions") or {}).items() if v}
     return _facts_from(
         ratios, steady, first.get("gpu_id") or "", versions, str(first.get("date", ""))[:10], source

@@ -25,7 +25,7 @@ from .prepare import _prepare
 if TYPE_CHECKING:
     import torch
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cudaload.fastload.quantized")  # the name before the split
 
 
 def load_quantized(

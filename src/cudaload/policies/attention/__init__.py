@@ -19,8 +19,8 @@ Where each part lives:
   compile), and where each number is from.
 * :mod:`.choice`: ``choose_attention``, the choice among the valid candidates: measured timings plus first-use
   seconds when the caller has them; without, sdpa where valid, else an ahead-of-time compiled flash build or
-  eager, backends with a first-use cost only for training, and eager for one short declared sequence (the
-  measurements behind each default are in its docstring).
+  eager, backends with a first-use cost only for training, and eager for one short declared sequence unless
+  cudaload_sdpa is the default (the measurements behind each default are in its docstring).
 """
 
 from __future__ import annotations

@@ -234,8 +234,8 @@ def choose_attention(
 def _pool_sdpa_twins(measured: Mapping[str, float]) -> tuple[dict[str, float], set[str]]:
     """cudaload_sdpa and cudaload_sdpa_nocudnn measured side by side are two samples of one quantity on
     first-seen lengths (neither lets cuDNN take a shape met fewer than twice): cudaload_sdpa is weighed at the
-    lower of the two, as either name would have been chosen at it, and cudaload_sdpa_nocudnn, equal or slower where lengths recur, is not chosen automatically (it stays
-    valid for an explicit attn=). Returns (the timings to weigh, the names folded in)."""
+    lower of the two, as either name would have been chosen at it, and cudaload_sdpa_nocudnn, equal or slower
+    where lengths recur, is not chosen automatically (it stays valid for an explicit attn=). Returns (the timings to weigh, the names folded in)."""
     out = dict(measured)
     if SDPA_NO_CUDNN in out and SDPA_DECODE in out:
         out[SDPA_DECODE] = min(out[SDPA_DECODE], out.pop(SDPA_NO_CUDNN))
@@ -263,18 +263,20 @@ def _sdpa_variant(
 
 
 #: Why the short-decode rule gives way to cudaload_sdpa: the rule's measurement compared eager with plain sdpa on
-#: repeated lengths; against cudaload_sdpa on first-seen lengths (H200, torch 2.11, cuDNN 9.19, single samples,
-#: benchmarks/results/2026-12-02-h200 runs 31-33 and 35) eager lost 3 of 3 on the 8B shape and won 1 of 1 on 0.6B
-#: by less than this host's noise.
+#: repeated lengths; against cudaload_sdpa on first-seen lengths (H200, torch 2.11, cuDNN 9.19, 1-2 samples,
+#: benchmarks/results/2026-12-02-h200 runs 32, 33 and 35) eager lost 2 of 2 on the 8B shape (and once more, in
+#: run 31, against the variant's earlier design) and won 1 of 1 on 0.6B by less than this host's noise. Only
+#: the 8B shape on the H200 was measured; the facts that make the variant the default are per compute capability.
 _SHORT_DECODE_YIELDS = (
     f"not applied: against {SDPA_DECODE} on lengths met for the first time eager was slower on the H200's "
-    "8B shape (1 x 512 + 32: 1.51 s vs 1.07 s and 1.55 s vs 1.23 s; 1 x 256 + 256: 9.15 s vs 8.44 s) and "
-    "within noise on 0.6B (1 x 512 + 32: 1.09 s vs 1.16 s)"
+    "8B shape (1 x 512 + 32: 1.51 s vs 1.07 s; 1 x 256 + 256: 9.15 s vs 8.44 s) and within noise on 0.6B "
+    "(1 x 512 + 32: 1.09 s vs 1.16 s)"
 )
 
 
 def _short_decode(work: tuple[int, int] | None, intent: str, caps: Capabilities) -> str | None:
-    """Why the declared work is single-sequence short decode, where eager is fastest; None when it is not."""
+    """Why the declared work is single-sequence short decode, where eager beat plain sdpa; None when it is not.
+    The caller does not apply it where cudaload_sdpa is the default (:data:`_SHORT_DECODE_YIELDS`)."""
     if work is None or intent != "inference" or not caps.gpus:
         return None
     batch, seq = work
