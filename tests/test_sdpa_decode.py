@@ -90,6 +90,24 @@ def test_helps_asks_the_median_repeated_work_and_bounds_the_worst() -> None:
     assert not replace(_facts(), ratio_repeated=(0.93, 0.96, 1.0)).helps
     assert not replace(_facts(), ratio_repeated=(0.85, 1.0, 1.04)).helps
     assert sdpa_dispatch.REPEATED_WORST < sdpa_dispatch.REPEATED_FLOOR
+    # the bounds themselves pass; just under either fails
+    assert replace(_facts(), ratio_repeated=(0.90, 0.97, 1.0)).helps
+    assert not replace(_facts(), ratio_repeated=(0.899, 0.97, 1.0)).helps
+    assert not replace(_facts(), ratio_repeated=(0.90, 0.969, 1.0)).helps
+
+
+def test_plan_with_shipped_facts_lets_a_short_declared_work_take_the_variant() -> None:
+    """Through plan(), with the facts cudaload ships for the H200 and a model no prior covers: the short-decode
+    rule gives way to cudaload_sdpa, and the reasons say why."""
+    import cudaload
+    from cudaload.testing import tiny_config
+
+    p = cudaload.plan(tiny_config("qwen3"), hardware="H200", batch_size=1, seq_len=300, new_tokens=60)
+    assert p.attention.choice == SDPA_DECODE
+    assert any("not applied" in r for r in p.attention.reasons)
+    # no declared work: the default, without the rule's note
+    d = cudaload.plan(tiny_config("qwen3"), hardware="H200").attention
+    assert d.choice == SDPA_DECODE and not any("not applied" in r for r in d.reasons)
 
 
 def test_default_choice_is_the_variant_only_where_measured_to_help() -> None:
