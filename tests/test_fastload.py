@@ -500,3 +500,14 @@ def test_import_is_light() -> None:
     code = "import sys, cudaload.fastload; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_io_settings_default_and_refuse_out_of_range(tiny_model: Callable[..., Path]) -> None:
+    assert staging.io_settings(None, None) == (staging.default_threads(), staging.DEFAULT_BUFFER_BYTES)
+    assert staging.io_settings(3, 1 << 20) == (3, 1 << 20)
+    for threads, buf in ((-1, None), (None, 1024)):
+        with pytest.raises(ConfigurationError, match="out of range"):
+            staging.io_settings(threads, buf)
+    # a loader asks it before reading anything
+    with pytest.raises(ConfigurationError, match="threads=-1"):
+        fastload.load(tiny_model("qwen3"), device="cpu", dtype=torch.float32, threads=-1)

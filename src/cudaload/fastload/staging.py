@@ -49,6 +49,18 @@ def default_threads() -> int:
     return max(2, min(8, os.cpu_count() or 2))
 
 
+def io_settings(threads: int | None, buffer_bytes: int | None) -> tuple[int, int]:
+    """A loader's reader threads and staging-buffer bytes: the defaults for None (or 0), checked."""
+    threads = threads or default_threads()
+    buffer_bytes = buffer_bytes or DEFAULT_BUFFER_BYTES
+    if threads < 1 or buffer_bytes < 1 << 16:
+        raise ConfigurationError(
+            f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
+            fix="use threads >= 1 and buffer_bytes >= 64 KiB",
+        )
+    return threads, buffer_bytes
+
+
 @dataclass(frozen=True)
 class Piece:
     """``nbytes`` bytes at ``file_offset`` of ``file`` -> tensor ``target``, from element ``elem_start``."""

@@ -10,7 +10,6 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigurationError
 from ..reader import TensorInfo
 from .checkpoint import prepare, resolve_device
 from .keys import check_keys, plan_keys, torch_dtype
@@ -45,13 +44,7 @@ def load(
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    threads = threads or staging.default_threads()
-    buffer_bytes = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
-    if threads < 1 or buffer_bytes < 1 << 16:
-        raise ConfigurationError(
-            f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
-            fix="use threads >= 1 and buffer_bytes >= 64 KiB",
-        )
+    threads, buffer_bytes = staging.io_settings(threads, buffer_bytes)
     prep = prepare(path, from_pretrained_kwargs)
     header, config = prep.header, prep.config
     root = header.root

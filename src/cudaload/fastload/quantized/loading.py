@@ -16,7 +16,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigurationError, CudaloadError
+from ...errors import CudaloadError
 from ..materialize import clear_tracebacks, finish, load_report, resolve_device
 from .checks import StepAside, _bnb_config_or_none, _check_quant_options, _pick_device
 from .fill import _fill_and_quantize, _layer_groups
@@ -54,13 +54,7 @@ def load_quantized(
 
     t0 = time.perf_counter()
     dev = resolve_device(_pick_device(device, device_map) or "cuda:0")
-    threads = threads or staging.default_threads()
-    buffer_bytes = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
-    if threads < 1 or buffer_bytes < 1 << 16:
-        raise ConfigurationError(
-            f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
-            fix="use threads >= 1 and buffer_bytes >= 64 KiB",
-        )
+    threads, buffer_bytes = staging.io_settings(threads, buffer_bytes)
     prep: Any = _prepare(
         path, quantization_config, auto_class, dev, dtype, attn_implementation, from_config_kwargs
     )

@@ -146,13 +146,7 @@ def load_fsdp2(
 
     t0 = time.perf_counter()
     dev = resolve_device(device) if device is not None else _default_device(dist)
-    threads = threads or staging.default_threads()
-    buffer_bytes = buffer_bytes or staging.DEFAULT_BUFFER_BYTES
-    if threads < 1 or buffer_bytes < 1 << 16:
-        raise ConfigurationError(
-            f"threads={threads}, buffer_bytes={buffer_bytes} out of range",
-            fix="use threads >= 1 and buffer_bytes >= 64 KiB",
-        )
+    threads, buffer_bytes = staging.io_settings(threads, buffer_bytes)
     if mesh is None:
         mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
     if mesh.ndim != 1:
