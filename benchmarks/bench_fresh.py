@@ -98,7 +98,9 @@ for i, g in enumerate(spec.get("generate") or []):
     gen = torch.Generator().manual_seed(1234 + i)
     ids = torch.randint(4, int(model.config.vocab_size), (b, p), generator=gen)
     mask = torch.ones_like(ids)
-    if g["padding"] == "left" and b > 1:  # lengths evenly spaced from p // 2 up to p, longest first
+    # built here rather than with cudaload.tuning.measure.make_inputs: the plain child never imports cudaload.
+    # The same lengths as WorkShape.lengths: evenly spaced from p // 2 up to p, longest first
+    if g["padding"] == "left" and b > 1:
         lo = max(1, p // 2)
         for row in range(b):
             real = p - round(row * (p - lo) / (b - 1))

@@ -11,11 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .timings import PRIORS_VERSION, priors_from_bench, sdpa_facts_from_bench
-
-
-def _ident(p: dict) -> tuple:  # type: ignore[type-arg]
-    return (p.get("gpu"), p.get("model"), json.dumps(p.get("work"), sort_keys=True), p.get("mask"))
+from .timings import PRIORS_VERSION, prior_key, priors_from_bench, sdpa_facts_from_bench
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,14 +28,14 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads(out.read_text())
         if old.get("version") != PRIORS_VERSION:
             old = {}  # another format: its numbers mean something else (version 1: mostly repeated lengths)
-    keep = {_ident(p): p for p in old.get("priors", [])}
+    keep = {prior_key(p): p for p in old.get("priors", [])}
     facts = {(f.get("gpu"), f.get("variant")): f for f in old.get("sdpa_dispatch", [])}
     added = 0
     runs = [json.loads(Path(r).read_text()) for r in args.results]
     for r, res in zip(args.results, runs, strict=True):
         doc = priors_from_bench(res, source=str(Path(r).parent))
         for p in doc["priors"]:
-            keep[_ident(p)] = p
+            keep[prior_key(p)] = p
             added += 1
     # one fact per GPU and variant over every run given (both shapes), replacing what --out had
     sources = ", ".join(sorted({str(Path(r).parent) for r in args.results}))

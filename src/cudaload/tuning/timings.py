@@ -385,7 +385,7 @@ def _variant_ratios(prior: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _prior_key(prior: Mapping[str, Any]) -> tuple[Any, ...]:
+def prior_key(prior: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes two priors the same measurement target (as ``python -m cudaload.tuning priors`` merges them)."""
     return (
         prior.get("gpu"),
@@ -452,7 +452,7 @@ def sdpa_facts_from_bench(runs: Sequence[Mapping[str, Any]], *, source: str = ""
     first = runs[0] if runs else {}
     for r in runs:
         for p in priors_from_bench(r)["priors"]:
-            per_work[_prior_key(p)] = _variant_ratios(p)
+            per_work[prior_key(p)] = _variant_ratios(p)
         steady_by.update(_steady_by_work(r))
     ratios: dict[str, list[tuple[float, float]]] = {}
     for vr in per_work.values():
