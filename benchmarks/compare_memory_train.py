@@ -68,6 +68,24 @@ def plan_args(mode: str, optim: str) -> dict[str, Any] | None:
     return {"intent": "training", "quantization": None, "optimizer": optim}
 
 
+#: how bench_memory_train.py trained its adapters (its LORA and its loop): LoRA dropout 0.05, peft's fp32 cast for
+#: QLoRA, no autocast around LoRA's forward -- not cudaload's defaults, so the step says it
+BENCH_LORA_DROPOUT = 0.05
+
+
+def measured_step(row: dict[str, Any], seq_len: int | None = None) -> Any:
+    """The step shape the bench measured for ``row`` (padded, at ``seq_len`` when given)."""
+    from cudaload.training_plan import StepShape
+
+    return StepShape.padded(
+        row["batch"],
+        seq_len or row["seq_len"],
+        lora_dropout=BENCH_LORA_DROPOUT,
+        kbit_upcast=row["mode"] == "qlora",
+        autocast=row["mode"] == "full",
+    )
+
+
 def estimate_point(row: dict[str, Any]) -> dict[str, Any] | None:
     from cudaload.policies.memory import allocated_bytes, estimate, reserved_bytes
 
@@ -81,6 +99,7 @@ def estimate_point(row: dict[str, Any]) -> dict[str, Any] | None:
         batch_size=row["batch"],
         attn=row["attn"],
         gradient_checkpointing=row["gradient_checkpointing"],
+        step=measured_step(row),
         **args,
     )
     return {"terms": t, "allocated": allocated_bytes(t), "reserved": reserved_bytes(t)}
@@ -103,9 +122,10 @@ def longest_aligned(fits: Callable[[int], bool], align: int | None = None) -> in
 
 
 def planned_longest(rec: dict[str, Any]) -> int:
-    """The longest seq_len (multiple of ALIGN) cudaload.plan accepts on the emulated card."""
+    """The longest seq_len (multiple of ALIGN) cudaload's fit ladder accepts on the emulated card, for the step
+    the bench measured (:func:`measured_step`)."""
     from cudaload.errors import DoesNotFitError
-    from cudaload.planner import plan
+    from cudaload.policies.quantization import fit
     from cudaload.profiles import hardware
 
     args = plan_args(rec["mode"], rec["optim"])
@@ -114,13 +134,13 @@ def planned_longest(rec: dict[str, Any]) -> int:
     h200 = hardware("H200").with_packages(["bitsandbytes", "peft"], [])
     # the H200 profile with its free memory capped: the emulated card, as the allocator saw it, plus the context
     caps = dataclasses.replace(h200, gpus=tuple(dataclasses.replace(g, free_memory=free) for g in h200.gpus))
-    cfg = config(rec["shape"])
 
     def fits(seq: int) -> bool:
         try:
-            plan(
-                cfg,
-                hardware=caps,
+            fit(
+                info(rec["shape"]),
+                caps,
+                dtype="bfloat16",
                 intent=args["intent"],
                 quantization=args["quantization"] or "none",
                 optimizer=args["optimizer"],
@@ -128,6 +148,7 @@ def planned_longest(rec: dict[str, Any]) -> int:
                 attn=rec["attn"],
                 seq_len=seq,
                 batch_size=rec["batch"],
+                step=measured_step(rec, seq),
             )
             return True
         except DoesNotFitError:

@@ -317,16 +317,21 @@ def test_qlora_config_is_explicit() -> None:
     assert p.peft == {
         "r": 16,
         "lora_alpha": 32,
-        "lora_dropout": 0.05,
+        "lora_dropout": 0.0,
         "target_modules": "all-linear",
         "bias": "none",
         "task_type": "CAUSAL_LM",
     }
+    assert p.training is not None and p.training.kbit_upcast is not None
+    assert p.training.kbit_upcast.choice == "bf16"  # bf16 compute: no fp32 cast of the rest
     assert p.memory.terms["adapters"] > 0 and p.memory.terms["kv_cache"] == 0
     t4 = plan(full_config("Qwen3-0.6B"), hardware=hw("T4", ("bitsandbytes",)), intent="qlora")
     assert (
         t4.quantization_config is not None and t4.quantization_config["bnb_4bit_compute_dtype"] == "float16"
     )
+    # fp16 compute: peft's fp32 cast of everything not 4-bit, as its recipe does
+    assert t4.training is not None and t4.training.kbit_upcast is not None
+    assert t4.training.kbit_upcast.choice == "fp32"
 
 
 def test_quantization_rules() -> None:
@@ -587,8 +592,9 @@ def test_declared_single_short_sequence_picks_eager_on_gpus() -> None:
     assert small.choice == "eager" and small.reasons[0].startswith("shipped prior: NVIDIA H200")
     assert plan(cfg, hardware=h200, seq_len=544).attention.choice == "cudaload_sdpa"
     assert plan(cfg, hardware=h200, batch_size=1).attention.choice == "cudaload_sdpa"
+    # training is not a generate() work: the backend measured for training there (cudaload.policies.training)
     lora = plan(cfg, hardware=h200, batch_size=1, seq_len=512, intent="lora").attention
-    assert lora.choice == "sdpa"
+    assert lora.choice == "flash_attention_4" and lora.reasons[0].startswith("training: measured on NVIDIA H200")
     explicit = plan(cfg, hardware=h200, batch_size=1, seq_len=544, attn="flash_attention_4").attention
     assert explicit.choice == "flash_attention_4" and explicit.explicit
     assert (

@@ -30,6 +30,8 @@ _LAZY = {
     "plan": "cudaload.planner",
     "load_model": "cudaload.execute",
     "training_arguments": "cudaload.training",
+    "training_setup": "cudaload.training",
+    "sft_config_arguments": "cudaload.training",
     "hardware": "cudaload.profiles",
     "diagnose": "cudaload.doctor",
     "precompile": "cudaload.bytecache",
@@ -69,7 +71,9 @@ __all__ = [
     "load_model",
     "plan",
     "precompile",
+    "sft_config_arguments",
     "training_arguments",
+    "training_setup",
 ]
 
 if TYPE_CHECKING:
@@ -94,7 +98,7 @@ if TYPE_CHECKING:
     from .planner import plan
     from .plans import Plan
     from .profiles import hardware
-    from .training import training_arguments
+    from .training import sft_config_arguments, training_arguments, training_setup
 
 
 def __getattr__(name: str) -> Any:

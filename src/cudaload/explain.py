@@ -9,6 +9,7 @@ from .decision import Decision
 
 if TYPE_CHECKING:  # plans.py imports this module (Plan.explain); the type alone flows back, so no cycle
     from .plans import Plan
+    from .training_plan import TrainingPlan
 
 
 def _size(n: int) -> str:
@@ -41,6 +42,25 @@ def _decision(title: str, d: Decision, none_label: str = "none") -> list[str]:
         if c.reasons and any(why in r for r in d.reasons):  # the choice's reason already says it
             why = "see above"
         lines.append(f"  - {mark}{c.name}: {why}")
+    return lines
+
+
+def _training(t: TrainingPlan) -> list[str]:
+    """The training section: the batch layout and step size, the loss, the adapters' settings, what was assumed."""
+    s = t.step
+    head = f"at most {s.sequences} sequences and {s.tokens:,} tokens a step, each sequence up to {s.longest:,} tokens"
+    if t.packed and t.boundaries:
+        head += f"; sequence boundaries by {t.boundaries}"
+    lines = _decision("batch layout", t.layout)
+    lines.insert(1, f"    {head}")
+    lines += _decision("tokens per step", t.tokens_per_step)
+    lines += _decision("loss", t.loss)
+    if t.lora_dropout is not None:
+        lines += _decision("LoRA dropout", t.lora_dropout)
+    if t.kbit_upcast is not None:
+        lines += _decision("k-bit preparation", t.kbit_upcast)
+    lines.extend(f"    assumed: {a}" for a in t.assumed)
+    lines.extend(f"    note: {n}" for n in t.notes)
     return lines
 
 
@@ -98,6 +118,8 @@ def explain(plan: Plan) -> str:
         out += _decision("optimizer", plan.optimizer)
     if plan.gradient_checkpointing is not None:
         out += _decision("gradient checkpointing", plan.gradient_checkpointing)
+    if plan.training is not None:
+        out += _training(plan.training)
     out.append("memory (estimated before loading):")
     for k, v in plan.memory.terms.items():
         if v:

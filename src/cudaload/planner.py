@@ -20,7 +20,7 @@ from .errors import ConfigurationError, DoesNotFitError
 from .model_info import ModelInfo, model_info
 from .plans import INTENTS, MemoryEstimate, Plan
 from .policies.attention import choose_attention
-from .policies.dtype import choose_dtype
+from .policies.dtype import choose_dtype, dtype_bytes
 from .policies.load_path import choose_load_path, fast_kwargs_blockers
 from .policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R, gpu_terms
 from .policies.parallelism import SHARDED_REASON, SHARDED_STEPPED_ASIDE
@@ -28,7 +28,16 @@ from .policies.parallelism import decide as decide_parallelism
 from .policies.quantization import fit
 from .policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from .policies.serving import ServingPlan, choose_paged_attention, plan_serving
-from .tuning import Timings, Work, load_sdpa_facts
+from .policies.training import (
+    DEFAULT_SEQUENCES,
+    StepChoice,
+    choose_kbit_upcast,
+    choose_layout,
+    choose_lora_dropout,
+    plan_step,
+)
+from .training_plan import StepShape
+from .tuning import Timings, Work, load_sdpa_facts, load_training_facts
 from .tuning import lookup as lookup_timings
 
 if TYPE_CHECKING:
@@ -96,15 +105,73 @@ def hardware_summary(caps: Capabilities) -> dict[str, Any]:
     }
 
 
-def _peft(info: ModelInfo) -> dict[str, Any]:
+def _peft(info: ModelInfo, lora: Mapping[str, Any] | None, dropout: Decision | None) -> dict[str, Any]:
+    """The LoraConfig keywords: cudaload's defaults, the caller's ``lora`` over them, the dropout decided."""
     return {
         "r": LORA_R,
         "lora_alpha": LORA_ALPHA,
-        "lora_dropout": LORA_DROPOUT,
         "target_modules": "all-linear",
         "bias": "none",
         "task_type": info.task_type,
+        **dict(lora or {}),
+        "lora_dropout": float(dropout.choice) if dropout is not None and dropout.choice else LORA_DROPOUT,
     }
+
+
+def _plan_training(
+    info: ModelInfo,
+    caps: Capabilities,
+    fit_kw: dict[str, Any],
+    *,
+    intent: str,
+    attn: str,
+    batch_declared: bool,
+    batch_layout: str,
+    tokens_per_step: int | None,
+    lora: Mapping[str, Any] | None,
+    loss: str,
+    assumed: Sequence[str],
+) -> StepChoice:
+    """The training section: layout, then the step bound, loss and checkpointing through the fit ladder
+    (cudaload.policies.training.plan_step). Sets ``fit_kw``'s ``batch_size`` (the sequences a step holds) and
+    ``step`` (the shape memory is planned for), which the parallelism decision sizes its shards with."""
+    kbit = choose_kbit_upcast(intent, fit_kw["dtype"], "nf4" if intent == "qlora" else None)
+    act_bytes = 4 if kbit is not None and kbit.choice == "fp32" else dtype_bytes(fit_kw["dtype"])
+    layout = choose_layout(info, attn, act_bytes, batch_layout)
+    notes = list(assumed)
+    if not batch_declared and layout.choice == "packed":
+        fit_kw["batch_size"] = DEFAULT_SEQUENCES
+        notes.append(
+            f"at most {DEFAULT_SEQUENCES} sequences a step (Trainer's default per_device_train_batch_size; "
+            "declare batch_size=)"
+        )
+    probe_kw = {k: v for k, v in fit_kw.items() if k not in ("gradient_checkpointing", "step")}
+    packed = layout.choice == "packed"
+    # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below)
+    fit_kw["step"] = StepShape.padded(fit_kw["batch_size"], fit_kw["seq_len"], packed=packed)
+
+    def probe(step: StepShape, gc: bool | None) -> Any:
+        return fit(info, caps, **probe_kw, gradient_checkpointing=gc, step=step)
+
+    choice = plan_step(
+        probe,
+        info=info,
+        caps=caps,
+        intent=intent,
+        layout=layout,
+        attn=attn,
+        batch_size=fit_kw["batch_size"],
+        seq_len=fit_kw["seq_len"],
+        tokens_per_step=tokens_per_step,
+        loss=loss,
+        gradient_checkpointing=fit_kw["gradient_checkpointing"],
+        lora_dropout=choose_lora_dropout(intent, lora),
+        kbit_upcast=kbit,
+        assumed=notes,
+        sequences_declared=batch_declared,
+    )
+    fit_kw["step"] = choice.step
+    return choice
 
 
 def _kernels(
@@ -278,6 +345,10 @@ def plan(
     gradient_checkpointing: bool | None = None,
     parallelism: str = "auto",
     lower_latency: bool = False,
+    batch_layout: str = "auto",
+    tokens_per_step: int | None = None,
+    lora: Mapping[str, Any] | None = None,
+    loss: str = "auto",
 ) -> Plan:
     """Decide dtype, attention, quantization, placement and load path for ``model`` on ``hardware``.
 
@@ -325,11 +396,20 @@ def plan(
         parallelism: several GPUs: ``"auto"``, ``"single"``, ``"ddp"``, ``"fsdp2"``, ``"deepspeed"``,
             ``"tp"`` or ``"layer_split"``.
         lower_latency: inference on several GPUs: prefer tensor parallelism (every GPU on every token).
+        batch_layout: training: ``"auto"`` (``"packed"`` where the attention keeps concatenated sequences apart,
+            else ``"padded"``), ``"packed"`` or ``"padded"``.
+        tokens_per_step: training, packed: the most real tokens one step may hold (default: the largest that fits
+            without gradient checkpointing, between ``batch_size x seq_len`` and a quarter of it).
+        lora: ``intent="lora"/"qlora"``: LoraConfig keywords over cudaload's (``r``, ``lora_alpha``,
+            ``lora_dropout``, ``target_modules``...).
+        loss: training: ``"auto"`` (transformers' loss; Liger's fused linear cross-entropy only where it alone
+            avoids checkpointing), ``"transformers"`` or ``"liger"``.
 
     Returns:
         The :class:`~cudaload.plans.Plan`: each decision with its reasons and every rejected candidate
         (``plan.explain()``), the memory estimate, and the keywords the load will use; ``verified`` is None
-        until :func:`cudaload.load_model` fills it. Its JSON form is docs/plan-schema.md.
+        until :func:`cudaload.load_model` fills it; for training intents ``plan.training`` (the batch layout,
+        tokens per step, loss, adapter settings). Its JSON form is docs/plan-schema.md.
 
     Raises:
         ConfigurationError: an invalid option or environment variable, or an unknown profile.
@@ -360,8 +440,14 @@ def plan(
     s = info.summary
     # the work the caller declared (both numbers), before defaults fill them in for the memory estimate
     declared = (batch_size, seq_len) if batch_size is not None and seq_len is not None else None
+    assumed: list[str] = []
     if seq_len is None:
         seq_len = min(s.max_position_embeddings or DEFAULT_SEQ_UNKNOWN, DEFAULT_SEQ_CAP)
+        assumed.append(
+            f"sequences of at most {seq_len} tokens (the model's context, at most {DEFAULT_SEQ_CAP}; declare "
+            "seq_len=, the longest sequence of the data)"
+        )
+    batch_declared = batch_size is not None
     batch_size = batch_size or 1
 
     dt = choose_dtype(
@@ -393,6 +479,7 @@ def plan(
         first_use=_first_use_here(caps),
         timings_repeated=timings.repeated if timings is not None else None,
         sdpa_facts=load_sdpa_facts(),
+        training_facts=load_training_facts(),
     )
     assert at.choice is not None
     usable_attention: list[str] | None = None
@@ -422,12 +509,30 @@ def plan(
         gradient_checkpointing=gradient_checkpointing,
     )
     fr = None
+    training: StepChoice | None = None
+    nofit: DoesNotFitError | None = None
     try:
-        fr = fit(info, caps, **fit_kw)
+        if base_intent in ("training", "lora", "qlora"):
+            training = _plan_training(
+                info,
+                caps,
+                fit_kw,
+                intent=intent,
+                attn=fit_kw["attn"] or attn_choice,
+                batch_declared=batch_declared,
+                batch_layout=batch_layout,
+                tokens_per_step=tokens_per_step,
+                lora=lora,
+                loss=loss,
+                assumed=assumed,
+            )
+            fr = training.fit
+        else:
+            fr = fit(info, caps, **fit_kw)
     except DoesNotFitError as e:
-        nofit: DoesNotFitError | None = e
-    else:
-        nofit = None
+        nofit = e
+    if base_intent in ("training", "lora", "qlora"):
+        batch_size = fit_kw["batch_size"]  # packed steps hold Trainer's default when none was declared
     # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a
     # model that no single process fits, or replace a quantization chosen only to fit one rank's GPU
     pd = decide_parallelism(
@@ -542,7 +647,9 @@ def plan(
         load_path=lp,
         kernels=_kernels(info, caps, base_intent, kernels, trust, model_class),
         quantization_config=fr.quantization_config,
-        peft=_peft(info) if intent in ("lora", "qlora") else None,
+        peft=_peft(info, lora, training.plan.lora_dropout if training else None)
+        if intent in ("lora", "qlora")
+        else None,
         warnings=tuple(warnings),
         serving=_serving(
             info,
@@ -560,6 +667,7 @@ def plan(
         optimizer=fr.optimizer,
         gradient_checkpointing=fr.gradient_checkpointing,
         parallelism=par,
+        training=training.plan if training is not None else None,
     )
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",

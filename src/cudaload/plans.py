@@ -13,6 +13,7 @@ from typing import Any
 
 from .decision import Decision
 from .serving_plan import ServingPlan
+from .training_plan import TrainingPlan
 
 # Plan data sits below every policy: this module imports none (the policies import it), so a plan read back from
 # JSON needs no policy, and explain() renders each section from its own data.
@@ -243,6 +244,9 @@ class Plan:
     optimizer: Decision | None = None
     gradient_checkpointing: Decision | None = None
     parallelism: Parallelism | None = None  # several GPUs: DDP / FSDP2 / TP / layer split (None: one GPU)
+    # training intents: the batch layout, tokens per step, loss and adapter settings (cudaload.training_plan,
+    # decided by cudaload.policies.training)
+    training: TrainingPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -272,6 +276,7 @@ class Plan:
                 self.gradient_checkpointing.to_dict() if self.gradient_checkpointing else None
             ),
             "parallelism": self.parallelism.to_dict() if self.parallelism is not None else None,
+            "training": self.training.to_dict() if self.training is not None else None,
         }
 
     @classmethod
@@ -302,6 +307,7 @@ class Plan:
                 Decision.from_dict(d["gradient_checkpointing"]) if d.get("gradient_checkpointing") else None
             ),
             parallelism=Parallelism.from_dict(d["parallelism"]) if d.get("parallelism") else None,
+            training=TrainingPlan.from_dict(d["training"]) if d.get("training") else None,
         )
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -1,16 +1,32 @@
-"""TrainingArguments keywords that fit a Plan.
+"""What a trainer takes from a Plan: ``TrainingArguments`` keywords, the collator, the packed data set.
 
-:func:`training_arguments` merges small, independent pieces (precision, optimizer, memory); each is a function
-of the plan alone, so other pieces (distributed settings) compose the same way.
+:func:`training_arguments` merges small, independent pieces (precision, optimizer, memory, the step's layout and
+loss); each is a function of the plan alone, so other pieces (distributed settings) compose the same way.
+:func:`training_setup` hands over all three for ``Trainer``; :func:`sft_config_arguments` the same plan as
+TRL's ``SFTConfig`` options.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .detection.versions import version_tuple
 from .errors import ConfigurationError
 from .plans import Plan
+from .training_data import PackedCollator, PackedDataset, PaddedCollator, collator_for, pack
+
+#: the only Liger kernel the plan turns on: the fused linear cross-entropy (``loss="liger"``); Liger's RoPE,
+#: RMSNorm and SwiGLU are off because they were not what the plan weighed (TrainingArguments.liger_kernel_config
+#: is passed to liger_kernel.transformers._apply_liger_kernel_to_instance, transformers 5.17 trainer.py:1452)
+LIGER_LOSS_ONLY = {
+    "fused_linear_cross_entropy": True,
+    "cross_entropy": False,
+    "rope": False,
+    "rms_norm": False,
+    "swiglu": False,
+}
 
 #: transformers renamed TrainingArguments.gradient_checkpointing to activation_checkpointing in 5.23 (the old
 #: name is a deprecated alias there: transformers 5.23.0 training_args.py:313 and :929 "Deprecated alias of
@@ -48,20 +64,37 @@ def optimizer_arguments(plan: Plan) -> dict[str, Any]:
 
 
 def memory_arguments(plan: Plan) -> dict[str, Any]:
-    """Batch size and gradient checkpointing as planned (the memory estimate assumed exactly these)."""
+    """Batch size and gradient checkpointing as planned (the memory estimate assumed exactly these). A packed
+    plan's data set holds whole steps (:func:`cudaload.training_data.pack`), so its batch size is 1."""
     if plan.gradient_checkpointing is not None:
         gc = plan.gradient_checkpointing.choice == "on"
     else:  # plans made before checkpointing was planned
         gc = plan.intent in ("training", "qlora") or plan.seq_len >= 4096
     new = (version_tuple(plan.hardware.get("transformers")) or (0,)) >= ACTIVATION_CHECKPOINTING_SINCE
     name = "activation_checkpointing" if new else "gradient_checkpointing"
-    args: dict[str, Any] = {"per_device_train_batch_size": plan.batch_size, name: gc}
+    packed = plan.training is not None and plan.training.packed
+    args: dict[str, Any] = {"per_device_train_batch_size": 1 if packed else plan.batch_size, name: gc}
     if gc:
         # non-reentrant checkpointing: no inputs need requires_grad, and it is what the estimate measured
         args[f"{name}_kwargs"] = {"use_reentrant": False}
     if plan.intent in ("lora", "qlora"):
         # adapters leave most parameters frozen; DDP must not wait for their gradients
         args["ddp_find_unused_parameters"] = False
+    return args
+
+
+def step_arguments(plan: Plan) -> dict[str, Any]:
+    """The step's layout and loss: padded batches grouped by length where planned (transformers 5.17
+    TrainingArguments.train_sampling_strategy), Liger's fused loss alone where the plan chose it."""
+    t = plan.training
+    if t is None:
+        return {}
+    args: dict[str, Any] = {}
+    if t.group_by_length:
+        args["train_sampling_strategy"] = "group_by_length"
+    if t.loss.choice == "liger":
+        args["use_liger_kernel"] = True
+        args["liger_kernel_config"] = dict(LIGER_LOSS_ONLY)
     return args
 
 
@@ -81,21 +114,130 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
 
     Returns:
         A dict of ``TrainingArguments`` keywords: ``bf16`` / ``fp16`` (and ``tf32`` on a GPU), ``optim``,
-        ``per_device_train_batch_size``, ``gradient_checkpointing`` (``activation_checkpointing`` from
-        transformers 5.23) with its kwargs, ``ddp_find_unused_parameters`` for adapters, and the
+        ``per_device_train_batch_size`` (1 for a packed plan: each data set item is a step),
+        ``gradient_checkpointing`` (``activation_checkpointing`` from transformers 5.23) with its kwargs,
+        ``ddp_find_unused_parameters`` for adapters, ``train_sampling_strategy="group_by_length"`` for padded
+        batches, ``use_liger_kernel`` / ``liger_kernel_config`` where the plan chose Liger's fused loss, and the
         parallelism's settings (``fsdp``, ``fsdp_config``, ``deepspeed``...) where they apply.
 
     Raises:
-        ConfigurationError: the plan is for inference or serving.
+        ConfigurationError: not a Plan, or the plan is for inference or serving.
     """
     if plan.intent in ("inference", "serving"):
         raise ConfigurationError(
             f"this plan is for {plan.intent}", fix="plan or load with intent='training', 'lora' or 'qlora'"
         )
-    args = {**precision_arguments(plan), **optimizer_arguments(plan), **memory_arguments(plan)}
+    if not isinstance(plan, Plan):
+        raise ConfigurationError(
+            f"training_arguments() takes a Plan, not {type(plan).__name__}",
+            fix="pass model.cudaload_plan (from load_model) or the result of cudaload.plan(...)",
+        )
+    args = {
+        **precision_arguments(plan),
+        **optimizer_arguments(plan),
+        **memory_arguments(plan),
+        **step_arguments(plan),
+    }
     par = plan.parallelism
     if par is not None and (par.launched or str(plan.hardware.get("source", "")).startswith("profile:")):
         from .policies.parallelism import merge_training_arguments
 
         args = merge_training_arguments(args, plan)
+    return args
+
+
+@dataclass
+class TrainingSetup:
+    """What ``Trainer`` needs from a plan: ``arguments`` (``TrainingArguments`` keywords), ``data_collator``
+    and ``train_dataset`` (packed into steps where the plan packs; as given otherwise), with ``plan``.
+
+    >>> setup = cudaload.training_setup(model, dataset)
+    >>> trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", **setup.arguments),
+    ...                   train_dataset=setup.train_dataset, data_collator=setup.data_collator)
+    """
+
+    plan: Plan
+    arguments: dict[str, Any]
+    data_collator: PackedCollator | PaddedCollator
+    train_dataset: Any
+
+    def describe(self) -> str:
+        """What the setup will run: the layout, the step bound, and for packed data how full the steps are."""
+        t = self.plan.training
+        if t is None:
+            return "no training section in this plan"
+        head = f"{t.layout.choice} steps of at most {t.step.sequences} sequences and {t.step.tokens:,} tokens"
+        ds = self.train_dataset
+        return head + (f": {ds.summary.describe()}" if isinstance(ds, PackedDataset) else "")
+
+
+def training_setup(
+    model_or_plan: Any,
+    train_dataset: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    truncate: bool = False,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> TrainingSetup:
+    """``TrainingArguments`` keywords, the collator and the data set for ``Trainer``, as the plan decided.
+
+    Args:
+        model_or_plan: a model from :func:`cudaload.load_model` (its ``cudaload_plan``) or a :class:`Plan`.
+        train_dataset: tokenized examples (dicts with ``input_ids``, optionally ``labels`` and
+            ``attention_mask``: a ``datasets.Dataset``, a list...). A packed plan groups them into steps of at
+            most the plan's sequences and tokens (:func:`cudaload.training_data.pack`); a padded plan keeps
+            them as given. None: only the arguments and the collator.
+        truncate: cut sequences longer than the plan's ``seq_len`` to it (default: refuse them, naming the
+            longest, since the plan's memory holds up to that length).
+        shuffle, seed: the packed steps are made in a random order fixed by ``seed`` (Trainer shuffles the
+            steps again every epoch).
+
+    Returns:
+        A :class:`TrainingSetup`.
+
+    Raises:
+        ConfigurationError: not a plan or a cudaload-loaded model, a plan for inference, an untokenized example,
+            or a sequence longer than the plan's ``seq_len`` without ``truncate``.
+    """
+    plan = model_or_plan if isinstance(model_or_plan, Plan) else getattr(model_or_plan, "cudaload_plan", None)
+    if not isinstance(plan, Plan):
+        raise ConfigurationError(
+            f"training_setup() takes a model from cudaload.load_model or a Plan, not {type(model_or_plan).__name__}",
+            fix="load with cudaload.load_model(path, intent='lora') and pass the model",
+        )
+    args = training_arguments(plan)
+    ds: Any = train_dataset
+    t = plan.training
+    if train_dataset is not None and t is not None and t.packed:
+        ds = pack(
+            train_dataset,
+            tokens_per_step=t.step.tokens,
+            sequences_per_step=t.step.sequences,
+            longest=t.step.longest,
+            truncate=truncate,
+            shuffle=shuffle,
+            seed=seed,
+        )
+    return TrainingSetup(plan=plan, arguments=args, data_collator=collator_for(plan), train_dataset=ds)
+
+
+def sft_config_arguments(plan: Plan) -> dict[str, Any]:
+    """Keywords for TRL's ``SFTConfig`` (``SFTTrainer``) carrying the same plan through TRL's own options.
+
+    A packed plan becomes TRL's best-fit-decreasing packing (``packing=True, packing_strategy="bfd"``) into rows
+    of the plan's ``tokens_per_step`` tokens, one row a step, padding-free: TRL fills each step to about the
+    bound (not at most ``batch_size`` sequences, as :func:`training_setup` does), so a step holds more sequences
+    and the memory the plan was made for is used. A padded plan keeps TRL's padding with ``max_length`` at the
+    plan's ``seq_len``. TRL (trl 1.x sft_config.py: ``packing``, ``packing_strategy``, ``padding_free``,
+    ``max_length``) pads or packs the data itself: pass your data set to ``SFTTrainer`` unchanged.
+
+    Raises:
+        ConfigurationError: not a Plan, or a plan for inference or serving.
+    """
+    args = training_arguments(plan)
+    t = plan.training
+    if t is not None and t.packed:
+        args.update(packing=True, packing_strategy="bfd", padding_free=True, max_length=t.step.tokens)
+    else:
+        args.update(packing=False, max_length=plan.seq_len)
     return args

@@ -1,4 +1,5 @@
-"""The plan's LoRA adapters: the LoraConfig and the peft wrap (k-bit preparation for quantized bases)."""
+"""The plan's LoRA adapters: the LoraConfig and the peft wrap (k-bit preparation for quantized bases), and
+gradient checkpointing switched on where the plan trains with it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ from typing import Any
 
 from ..errors import DependencyError
 from ..plans import Plan
+
+#: non-reentrant checkpointing: inputs need not require grad (no enable_input_require_grads hook), and it is what
+#: the memory estimate measured (cudaload.training.memory_arguments passes the same to Trainer)
+_CHECKPOINT_KWARGS = {"use_reentrant": False}
 
 
 def _lora_config(plan: Plan) -> Any:
@@ -19,11 +24,35 @@ def _lora_config(plan: Plan) -> Any:
     return LoraConfig(**(plan.peft or {"target_modules": "all-linear"}))
 
 
+def _checkpointing(plan: Plan) -> bool:
+    gc = plan.gradient_checkpointing
+    return gc is not None and gc.choice == "on"
+
+
 def _wrap_peft(model: Any, plan: Plan) -> Any:
     config = _lora_config(plan)
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     if plan.quantization.choice in ("nf4", "int8"):
-        # casts norms to fp32 and enables input grads so checkpointed k-bit layers train stably
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+        t = plan.training
+        upcast = t is None or t.kbit_upcast is None or t.kbit_upcast.choice == "fp32"
+        if upcast:
+            # peft's recipe: the non-k-bit parameters cast to fp32 (the plan says why, fp16 compute); it also
+            # turns checkpointing on when asked, so ask exactly what the plan decided (plans made before the
+            # training section: peft's default, on)
+            model = prepare_model_for_kbit_training(
+                model,
+                use_gradient_checkpointing=_checkpointing(plan) if t is not None else True,
+                gradient_checkpointing_kwargs=dict(_CHECKPOINT_KWARGS),
+            )
+        # bf16: the base stays as loaded; get_peft_model freezes it (peft tuners_utils _mark_only_adapters_as_trainable)
     return get_peft_model(model, config)
+
+
+def enable_planned_checkpointing(model: Any, plan: Plan) -> None:
+    """Gradient checkpointing on the model where the plan trains with it, so a training loop of one's own
+    runs what was planned (Trainer switches it on again from training_arguments, which changes nothing)."""
+    if plan.intent in ("training", "lora", "qlora") and _checkpointing(plan):
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        if enable is not None:
+            enable(gradient_checkpointing_kwargs=dict(_CHECKPOINT_KWARGS))

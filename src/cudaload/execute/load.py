@@ -15,7 +15,7 @@ from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..prefetch import MODES as _PREFETCH_MODES
 from ..prefetch import REMOVED_MODES as _REMOVED_PREFETCH_MODES
 from . import serving as _serving
-from .adapters import _wrap_peft
+from .adapters import _wrap_peft, enable_planned_checkpointing
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .from_pretrained import _DECIDED, resolve_auto_class
@@ -58,6 +58,10 @@ def load_model(
     padded: bool = False,
     tune: bool = False,
     tune_budget_s: float | None = None,
+    batch_layout: str = "auto",
+    tokens_per_step: int | None = None,
+    lora: dict[str, Any] | None = None,
+    loss: str = "auto",
     **from_pretrained_kwargs: Any,
 ) -> Any:
     """Detect the machine, plan, load, verify and return a ready transformers model.
@@ -117,6 +121,14 @@ def load_model(
         tune: measure the timings here first when the cache has none for the declared work (every usable
             backend through generate(), as ``cudaload tune`` does); needs ``batch_size`` and ``seq_len``.
         tune_budget_s: seconds ``tune=True`` may spend (default 120).
+        batch_layout: training: ``"auto"`` (``"packed"`` where the attention keeps concatenated sequences apart,
+            else ``"padded"``), ``"packed"`` or ``"padded"``. :func:`cudaload.training_setup` packs the data.
+        tokens_per_step: training, packed: the most real tokens one step may hold (default: the largest that
+            fits without gradient checkpointing, between ``batch_size x seq_len`` and a quarter of it).
+        lora: ``intent="lora"/"qlora"``: LoraConfig keywords over cudaload's (``r``, ``lora_alpha``,
+            ``lora_dropout`` -- 0 unless given --, ``target_modules``...).
+        loss: training: ``"auto"``, ``"transformers"`` or ``"liger"`` (Liger's fused linear cross-entropy,
+            chosen automatically only where it alone avoids gradient checkpointing).
         **from_pretrained_kwargs: passed to ``from_pretrained`` (``revision``, ``token``, ``subfolder``,
             ``trust_remote_code`` - False unless you say so...). The keywords cudaload decides (``dtype``,
             ``attn_implementation``, ``device_map``, ``max_memory``, ``use_kernels``, ``kernel_config``) are
@@ -240,6 +252,10 @@ def load_model(
             new_tokens=new_tokens,
             padded=padded,
             from_pretrained_kwargs=from_pretrained_kwargs,
+            batch_layout=batch_layout,
+            tokens_per_step=tokens_per_step,
+            lora=lora,
+            loss=loss,
         )
         try:  # from here to the plans' exchange, a rank that raises tells the others (they would wait for it)
             # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
@@ -364,6 +380,7 @@ def load_model(
         loaded.eval()
     else:
         loaded.train()
+        enable_planned_checkpointing(loaded, plan)
     if plan.serving is not None:
         refusal: DoesNotFitError | None = None
         try:

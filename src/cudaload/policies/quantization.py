@@ -19,6 +19,7 @@ from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import bitsandbytes_support
 from ..errors import DoesNotFitError, InvalidChoiceError
+from ..training_plan import StepShape
 from .attention.names import SHORT_DECODE_MAX_TOKENS
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
 from .placement import Fit, budgets, place
@@ -92,10 +93,9 @@ def training_ladder(
         opts = [first]
     if gradient_checkpointing is not None:
         gcs: list[bool | None] = [gradient_checkpointing]
-    elif intent == "qlora":
-        # peft's prepare_model_for_kbit_training (which load_model runs for k-bit bases) turns it on
-        gcs = [True]
     else:
+        # QLoRA too: load_model runs peft's k-bit preparation (where the plan casts to fp32) with the plan's
+        # checkpointing, not its default of on
         gcs = [False, True]
     return opts, gcs, skipped
 
@@ -185,7 +185,10 @@ def fit(
     allow_offload: bool = False,
     optimizer: str = "auto",
     gradient_checkpointing: bool | None = None,
+    step: StepShape | None = None,
 ) -> FitResult:
+    """The fit ladder for one configuration. ``step``: a training step's shape (None: padded ``batch_size`` x
+    ``seq_len`` with the plan's defaults; see :func:`cudaload.policies.memory.breakdown`)."""
     methods = _methods(intent, quantization)
     opts, gcs, opt_skipped = training_ladder(
         intent, caps, optimizer=optimizer, gradient_checkpointing=gradient_checkpointing
@@ -211,6 +214,7 @@ def fit(
             attn=attn,
             optimizer=opt,
             gradient_checkpointing=gc,
+            step=step,
         )
         if bd.host_bytes and caps.host_memory and bd.host_bytes > caps.host_memory:
             # paged optimizer states evicted to the host must fit there
@@ -290,6 +294,7 @@ def fit(
             optimizer=opts[-1],
             gradient_checkpointing=gcs[-1],
             optimizer_requested=optimizer,
+            step=step,
         )
         raise DoesNotFitError(
             f"{info.summary.name} ({info.summary.params / 1e9:.2f} B params, intent {intent}, "
@@ -353,9 +358,7 @@ def _training_decisions(
     for name, val in (("off", False), ("on", True)):
         if val == chosen[1]:
             why = ["requested" if gradient_checkpointing is not None else "fits"]
-            if val and gradient_checkpointing is None and len(gcs) == 1:
-                why = ["prepare_model_for_kbit_training turns it on for a k-bit base (peft utils/other.py)"]
-            elif val and gradient_checkpointing is None:
+            if val and gradient_checkpointing is None:
                 why.append(
                     "without it the activations of every layer do not fit (each layer's input is kept "
                     "and the layer recomputed in backward: ~1/3 more compute)"
@@ -366,17 +369,7 @@ def _training_decisions(
             why = ["does not fit: " + "; ".join(fails[-1].reasons)] if fails else ["not needed: fits without"]
             gc_c.append(Candidate(name, False, tuple(why)))
         else:
-            gc_c.append(
-                Candidate(
-                    name,
-                    False,
-                    (
-                        "not requested"
-                        if gradient_checkpointing is not None
-                        else "k-bit training runs with it on",
-                    ),
-                )
-            )
+            gc_c.append(Candidate(name, False, ("not requested",)))
     gc_dec = Decision(
         "on" if chosen[1] else "off",
         next(c.reasons for c in gc_c if c.ok),
@@ -425,12 +418,15 @@ def suggestions(
     optimizer: str | None = None,
     gradient_checkpointing: bool | None = None,
     optimizer_requested: str = "auto",
+    step: StepShape | None = None,
 ) -> list[Suggestion]:
     """Alternatives that fit, each probed with the ladder's last (smallest) rung: the last quantization
     method, ``optimizer`` and ``gradient_checkpointing`` as the ladder would end. A GPU count is found by
     placing the model on that many copies of the first GPU, so the per-GPU context and activations and the
     whole-layer granularity of a split are in the arithmetic (a count that only adds up in bytes is not
-    enough)."""
+    enough). A packed training ``step`` is shortened by its tokens per step, where a padded one is by
+    ``seq_len``."""
+    packed = step is not None and step.packed
     out: list[Suggestion] = []
     if not methods:
         # nothing this intent allows can run here (qlora without a usable bitsandbytes): only another intent
@@ -444,6 +440,7 @@ def suggestions(
                 batch_size=batch_size,
                 attn=attn,
                 gradient_checkpointing=True,
+                step=step,
             )
             if place(caps, bd, max_memory=max_memory).ok:
                 out.append(
@@ -463,8 +460,20 @@ def suggestions(
             "attn": attn,
             "optimizer": optimizer,
             "gradient_checkpointing": gradient_checkpointing,
+            "step": step,
         }
         args.update(kw)
+        if step is not None and "seq_len" in kw:
+            # a shorter sequence: a packed step holds fewer tokens, a padded one is batch x that
+            n = int(kw["seq_len"])
+            args["step"] = (
+                replace(step, tokens=n, longest=min(step.longest, n))
+                if step.packed
+                else replace(step, tokens=step.sequences * n, longest=n)
+            )
+        if step is not None and "batch_size" in kw and not step.packed:
+            b = int(kw["batch_size"])
+            args["step"] = replace(args["step"], tokens=b * args["step"].longest, sequences=b)
         if (
             args["intent"] == "inference"
             and args["batch_size"] == 1
@@ -482,16 +491,32 @@ def suggestions(
         return place(c, estimate_with(**kw), max_memory=max_memory).ok
 
     if caps.gpus:
-        lo, hi = 0, seq_len
+        top = step.tokens if step is not None and packed else seq_len
+        lo, hi = 0, top
         while hi - lo > 1:  # the longest sequence that fits, by bisection (each probe is arithmetic)
             mid = (lo + hi) // 2
             if fits(seq_len=mid):
                 lo = mid
             else:
                 hi = mid
-        if lo >= 128:
+        if lo >= 128 and packed and step is not None and lo >= step.longest:
+            out.append(
+                Suggestion(
+                    "tokens_per_step", lo, f"tokens_per_step={lo}{'' if q is None else f' with {q}'} fits"
+                )
+            )
+        elif lo >= 128 and packed:
+            # a step must hold the longest sequence: shorter sequences, and steps of that many tokens
+            out.append(
+                Suggestion(
+                    "seq_len",
+                    lo,
+                    f"seq_len <= {lo} with tokens_per_step={lo}{'' if q is None else f' with {q}'} fits",
+                )
+            )
+        elif lo >= 128:
             out.append(Suggestion("seq_len", lo, f"seq_len <= {lo} fits{'' if q is None else f' with {q}'}"))
-        if batch_size > 1 and fits(batch_size=1):
+        if batch_size > 1 and not packed and fits(batch_size=1):
             out.append(Suggestion("batch_size", 1, "batch_size=1 fits"))
         explicit_map = max_memory is not None and any(
             str(k).strip() not in ("cpu", "disk") for k in max_memory

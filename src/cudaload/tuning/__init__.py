@@ -15,7 +15,15 @@ from __future__ import annotations
 from .fa4 import FA4CacheState, enable_fa4_compile_cache
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
 from .store import CACHE_VERSION, Entry, TimingCache, gpu_id, package_versions
-from .timings import MAX_DISTANCE, Timings, load_priors, load_sdpa_facts, lookup, priors_from_bench
+from .timings import (
+    MAX_DISTANCE,
+    Timings,
+    load_priors,
+    load_sdpa_facts,
+    load_training_facts,
+    lookup,
+    priors_from_bench,
+)
 from .tune import DEFAULT_BUDGET_S, TuneResult, add_tune_parser, measured_or_tune, run_tune, tune
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "gpu_id",
     "load_priors",
     "load_sdpa_facts",
+    "load_training_facts",
     "lookup",
     "measured_or_tune",
     "package_versions",

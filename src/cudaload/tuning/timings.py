@@ -21,6 +21,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
+from ..policies.training_facts import TrainingFacts
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
 from .store import Entry, TimingCache, gpu_id, package_versions
 
@@ -113,6 +114,24 @@ def _facts(data: Mapping[str, Any] | None) -> list[SdpaFacts]:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             logger.warning("ignoring SDPA dispatch record #%d: %s", i, e)
     return out
+
+
+def load_training_facts(path: str | os.PathLike[str] | None = None) -> list[TrainingFacts]:
+    """Training throughput measured per attention backend (the priors file's ``training`` records), for
+    :mod:`cudaload.policies.training_facts`. Unreadable records are ignored with a warning."""
+    data = _document(path) if path is not None else _shipped_document()
+    out = []
+    for i, d in enumerate((data or {}).get("training") or []):
+        try:
+            out.append(TrainingFacts.from_dict(d))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            logger.warning("ignoring training record #%d: %s", i, e)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_document() -> dict[str, Any] | None:
+    return _document(None)
 
 
 def _document(path: str | os.PathLike[str] | None) -> dict[str, Any] | None:

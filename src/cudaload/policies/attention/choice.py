@@ -9,8 +9,10 @@ when the caller has them, else the cheapest safe default.
    in the 2026-12-01 run (benchmarks/results/2026-12-01-h200/README.md), where first calls met new decode
    lengths and torch 2.11's cuDNN SDPA built a plan for each (40-60 ms); FA4 costs 2.7-9.7 s of import plus
    ~3 s of JIT in every fresh process. So sdpa where valid; where it is not (soft-capping, models without SDPA), an
-   ahead-of-time compiled flash build (no JIT) or eager; backends with a first-use cost (FA4's JIT,
-   flex_attention's compile) only when the caller declared training, where one-time seconds are amortised.
+   ahead-of-time compiled flash build (no JIT) or eager.
+2b. Training (no timings: those are generate() seconds) is a different question: the backends measured for
+   training on this architecture, fastest first, then the flash kernels with a varlen forward and backward
+   (they keep packed sequences apart), then sdpa (``_training_order``); one-time seconds are amortised.
 3. A declared single short sequence for inference picks eager (measured: 1 x 512 + 32, eager 1.03 s vs sdpa
    1.07 s vs FA4 1.84 s), unless timings say otherwise or ``cudaload_sdpa`` is the default here (2.): against
    it, on first-seen lengths, eager was slower on the H200's 8B shape (see ``_SHORT_DECODE_YIELDS``).
@@ -26,9 +28,13 @@ from ...decision import Candidate, Decision
 from ...errors import InvalidChoiceError
 from .. import sdpa_dispatch
 from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
+from ..training_facts import TrainingFacts, training_facts_for
 from .candidates import _candidates
 from .first_use import FIRST_USE
-from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS
+from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, FLASH_PACKAGE, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS
+
+#: the flash implementations (package and Hub-kernel forms): varlen forward and backward
+VARLEN_NAMES = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
 
 
 def _fmt(s: float) -> str:
@@ -79,6 +85,7 @@ def choose_attention(
     first_use: Mapping[str, float] | None = None,
     timings_repeated: Mapping[str, float] | None = None,
     sdpa_facts: Sequence[SdpaFacts] = (),
+    training_facts: Sequence[TrainingFacts] = (),
 ) -> Decision:
     """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``.
 
@@ -96,6 +103,8 @@ def choose_attention(
     same work on lengths already met, is shown beside them and not weighed.
     ``sdpa_facts``: what was measured about SDPA's cuDNN dispatch (:mod:`cudaload.policies.sdpa_dispatch`);
     where they say leaving cuDNN out of decode helps on this GPU, the default is ``cudaload_sdpa``.
+    ``training_facts``: training throughput measured per backend (:mod:`cudaload.policies.training_facts`); for a
+    training intent the measured backends valid here rank first (:func:`_training_order`).
     """
     cands = _candidates(info, caps, dtype, intent, trust, revision, work[1] if work else None, sdpa_facts)
     by = {c.name: c for c in cands}
@@ -187,19 +196,21 @@ def choose_attention(
             f"{source} covers no valid backend"
             + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
         ]
-    if short and _sdpa_variant(caps, by, sdpa_facts, False) is None:
+    if short and _sdpa_variant(caps, by, sdpa_facts) is None:
         return Decision("eager", (short, *by["eager"].reasons, *note), _ordered(cands, "eager", caps))
     if short:
         note = [f"{short}; {_SHORT_DECODE_YIELDS}", *note]
 
-    training = intent in _TRAINING
+    if intent in _TRAINING:
+        order, train_why = _training_order(caps, by, training_facts)
+        chosen = next(n for n in order if by[n].ok)
+        return Decision(chosen, (*train_why(chosen), *by[chosen].reasons), _ordered(cands, chosen, caps))
+    # inference without measurements pays no one-time seconds: eager (none) beats FA4 / flex (seconds)
     order = _static_order(caps)
-    if not training:
-        # inference without measurements pays no one-time seconds: eager (none) beats FA4 / flex (seconds)
-        order = tuple(n for n in order if cost(n) == 0) + tuple(n for n in order if cost(n) > 0)
+    order = tuple(n for n in order if cost(n) == 0) + tuple(n for n in order if cost(n) > 0)
     chosen = next(n for n in order if by[n].ok)
     reasons = []
-    variant = _sdpa_variant(caps, by, sdpa_facts, training) if chosen == "sdpa" else None
+    variant = _sdpa_variant(caps, by, sdpa_facts) if chosen == "sdpa" else None
     if variant is not None:
         chosen, why = variant
         reasons += why
@@ -211,15 +222,12 @@ def choose_attention(
     else:
         skipped = [n for n in order[: order.index(chosen)] if n in by]
         reasons.append(f"preferred but rejected: {', '.join(skipped)}" if skipped else "first choice")
-        if not training:
-            dearer = [n for n in valid if cost(n) > 0 and n != chosen]
-            if dearer:
-                reasons.append(
-                    "no timings, so no one-time seconds are paid for an unknown gain: "
-                    + ", ".join(f"{n} would cost +{_fmt(cost(n))} first" for n in dearer)
-                )
-        else:
-            reasons.append("training: one-time first-use seconds are amortised over the run")
+        dearer = [n for n in valid if cost(n) > 0 and n != chosen]
+        if dearer:
+            reasons.append(
+                "no timings, so no one-time seconds are paid for an unknown gain: "
+                + ", ".join(f"{n} would cost +{_fmt(cost(n))} first" for n in dearer)
+            )
     faster_unknown = [n for n in valid if n not in ("sdpa", "eager", chosen)]
     if faster_unknown and chosen == "sdpa":
         reasons.append(
@@ -229,6 +237,71 @@ def choose_attention(
         )
     reasons += note
     return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), _ordered(cands, chosen, caps))
+
+
+#: attention implementations with a varlen forward and backward, in the order the rules prefer them per
+#: architecture where nothing was measured: the kernel written for the architecture first (FA3 for Hopper:
+#: hopper/ in flash-attention; FA4 for Blackwell and Hopper: flash_attn/cute; FA2 for Ampere), then the others
+#: the flash rules admit there
+def _varlen_rule_order(caps: Capabilities) -> tuple[str, ...]:
+    major = caps.gpus[0].compute_capability[0] if caps.gpus else 0
+    fa4 = ("flash_attention_4", HUB_KERNEL["flash_attention_4"])
+    fa3 = ("flash_attention_3", _VLLM_FA3)
+    fa2 = ("flash_attention_2", HUB_KERNEL["flash_attention_2"])
+    if major >= 10:
+        return (*fa4, *fa2)
+    if major == 9:
+        return (*fa3, *fa4, *fa2)
+    return (*fa2, *fa3, *fa4)
+
+
+def _training_order(
+    caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[TrainingFacts]
+) -> tuple[tuple[str, ...], Any]:
+    """Training's preference: the backends measured on this GPU's architecture, fastest first, then the varlen
+    flash kernels (:func:`_varlen_rule_order`), then sdpa, flex_attention and eager. Returns the order and a
+    function giving the chosen backend's reasons."""
+    f = training_facts_for(caps, facts)
+    measured = (
+        sorted((n for n in f.tokens_per_s if n in by and by[n].ok), key=lambda n: -f.tokens_per_s[n])
+        if f is not None
+        else []
+    )
+    rule = (*_varlen_rule_order(caps), "sdpa", "flex_attention", "eager")
+    order = tuple(dict.fromkeys((*measured, *rule, *by)))
+
+    def why(chosen: str) -> list[str]:
+        out = []
+        if f is not None and chosen in measured:
+            out.append(
+                f"training: measured on {f.gpu.split('/')[0]} ({f.model}, {f.intent}, {f.layout} steps, "
+                f"{f.date}): "
+                + ", ".join(
+                    f"{n} {f.tokens_per_s[n]:,.0f}"
+                    for n in sorted(f.tokens_per_s, key=lambda n: -f.tokens_per_s[n])
+                )
+                + f" tokens/s ({f.source})"
+            )
+            unmeasured = [
+                n for n in _varlen_rule_order(caps) if n in by and by[n].ok and n not in f.tokens_per_s
+            ]
+            if unmeasured:
+                out.append("also valid, not measured for training here: " + ", ".join(unmeasured))
+        elif chosen in VARLEN_NAMES:
+            out.append(
+                "training: a flash kernel with varlen forward and backward: packed sequences kept apart by their "
+                "boundaries, no mask and no padding computed; its first-use seconds are amortised over the run"
+            )
+        else:
+            skipped = [n for n in _varlen_rule_order(caps) if n in by]
+            out.append(
+                "training: no flash kernel with a varlen forward and backward is valid here"
+                + (f" ({', '.join(skipped)} rejected below)" if skipped else "")
+                + f"; {chosen} is the next preference"
+            )
+        return out
+
+    return order, why
 
 
 def _pool_sdpa_twins(measured: Mapping[str, float]) -> tuple[dict[str, float], set[str]]:
@@ -244,11 +317,12 @@ def _pool_sdpa_twins(measured: Mapping[str, float]) -> tuple[dict[str, float], s
 
 
 def _sdpa_variant(
-    caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[SdpaFacts], training: bool
+    caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[SdpaFacts]
 ) -> tuple[str, list[str]] | None:
-    """``cudaload_sdpa`` in place of sdpa, with why, where it is valid here and measured to help on this GPU."""
+    """``cudaload_sdpa`` in place of sdpa, with why, where it is valid here and measured to help on this GPU
+    (inference: training chooses by :func:`_training_order`)."""
     c = by.get(SDPA_DECODE)
-    if c is None or not c.ok or training:
+    if c is None or not c.ok:
         return None
     f = sdpa_dispatch.facts_for(caps, facts, SDPA_DECODE)
     if f is None or not f.helps:

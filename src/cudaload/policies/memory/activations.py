@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...training_plan import StepShape
 from .constants import (
     ATTENTION_BACKWARD_ACTS,
     EAGER_BACKWARD_BYTES,
@@ -56,12 +57,28 @@ class TrainingPhases:
         return act, max(grads + step - top, 0)
 
 
+def adapter_input_bytes(act_bytes: int, step: StepShape) -> tuple[float, bool]:
+    """Bytes PEFT's LoRA keeps per element of each adapted layer's input, and whether the adapters share the
+    inputs the layer keeps anyway.
+
+    PEFT casts the input to the adapter's dtype before the adapter (peft 0.21 tuners/lora/layer.py:1100,
+    ``_cast_input_dtype``), and the adapters are fp32 (``autocast_adapter_dtype``). On a bf16 stream that cast
+    is a new fp32 tensor per adapter: kept by the fp32 ``lora_A`` (4 bytes), or under bf16 autocast (Trainer
+    with ``bf16=True``, through accelerate's ``prepare_model``) cast back to a bf16 copy that ``lora_A`` keeps
+    (2 bytes). Dropout > 0 adds its output in place of the input and a 1-byte mask. On an fp32 stream (QLoRA
+    with peft's fp32 cast) the cast is a no-op: without dropout the adapters keep the same tensors as the
+    layer."""
+    if act_bytes >= 4:
+        return (5.0, False) if step.lora_dropout > 0 else (0.0, True)
+    kept = 2.0 if step.autocast else 4.0
+    return kept + (1.0 if step.lora_dropout > 0 else 0.0), False
+
+
 def training_activations(
     info: Any,
     *,
     intent: str,
-    seq_len: int,
-    batch_size: int,
+    step: StepShape,
     act_bytes: int,
     resid_bytes: int,
     attn: str,
@@ -71,10 +88,18 @@ def training_activations(
     """The step's activation phases and the notes that say how.
 
     Saved per layer and token (no checkpointing): the two RMSNorms' fp32 inputs and their outputs, q/k/v,
-    the rotated q/k and the attention output, the MLP's gate, up, activation and product, and with LoRA each
-    wrapped module's dropout output in fp32 (PEFT casts the input to the adapter's dtype) and its mask. With
-    gradient checkpointing (transformers checkpoints every decoder layer, non-reentrant) each layer keeps only
-    its input and one layer at a time is recomputed."""
+    the rotated q/k and the attention output, the MLP's gate, up, activation and product, and with LoRA what
+    each adapter keeps of its layer's input (:func:`adapter_input_bytes`). With gradient checkpointing
+    (transformers checkpoints every decoder layer, non-reentrant) each layer keeps only its input and one layer
+    at a time is recomputed.
+
+    ``step.tokens`` sets every per-token term. Attention scores are materialised per sequence in a padded
+    step (``sequences x longest^2``) and over the whole row in a packed one (one row of ``tokens``: eager, or
+    sdpa's math path); a packed step under sdpa's fused kernels keeps a ``tokens x tokens`` bias per layer
+    instead (transformers' block-diagonal mask, which torch converts to the query's dtype for the
+    memory-efficient kernel and saves for backward), and the key/value heads repeated to the query heads
+    (transformers' sdpa_attention repeats them whenever a mask is passed: integrations/sdpa_attention.py
+    ``use_gqa_in_sdpa`` in 5.17); flash attention's varlen kernels keep neither."""
     s = info.summary
     L = max(s.layers, 1)
     h = s.hidden_size
@@ -82,27 +107,41 @@ def training_activations(
     q = s.num_heads * s.head_dim or h
     kv = s.num_kv_heads * s.head_dim or h
     a, r = act_bytes, resid_bytes
-    tokens = batch_size * seq_len
+    tokens = step.tokens
+    notes = []
     if intent in ("lora", "qlora"):
         # frozen base: autograd saves an operand only for the gradient of another operand that requires grad,
         # so a frozen nn.Linear keeps no input and a frozen RMSNorm weight keeps no output. Each RMSNorm keeps
         # its fp32 input; the MLP keeps gate, up and act(gate) (SiLU's and the product's inputs) but not the
-        # product, which only the frozen down_proj reads (the adapter reads its own dropout copy). Without
-        # checkpointing the H200 measured 332.5 KB per token and layer for 8B LoRA (bf16) and 433.0 KB for
-        # QLoRA (fp32) (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json, least squares over
-        # 5 and 3 points, the loss at LOSS_BYTES_PER_LOGIT): 321.5 and 426.0 KB here; with the norms' outputs
-        # and the product counted (full fine-tuning, below) it was 362.5 and 507.9 KB.
+        # product, which only the frozen down_proj reads. Without checkpointing the H200 measured 332.5 KB per
+        # token and layer for 8B LoRA (bf16) and 433.0 KB for QLoRA (fp32), both with dropout 0.05 and no
+        # autocast (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json, least squares over 5 and 3
+        # points, the loss at LOSS_BYTES_PER_LOGIT): 321.5 and 426.0 KB here; with the norms' outputs and the
+        # product counted (full fine-tuning, below) it was 362.5 and 507.9 KB.
         layer = 2 * 4 * h + a * (3 * q + 3 * kv) + 3 * a * inter
-        layer += 5 * (5 * h + q + inter)  # fp32 dropout output + bool mask on each of the 7 wrapped inputs
+        per_elem, shared = adapter_input_bytes(a, step)
+        if shared:
+            # the adapters read the norms' outputs (shared by q/k/v and by gate/up) and the product, which the
+            # frozen layers alone would not keep; o_proj's input is the attention output, kept already
+            layer += a * (2 * h + inter)
+        else:
+            # one copy per adapted layer: q, k, v, gate, up read h each, o_proj q, down_proj inter
+            layer += int(per_elem * (5 * h + q + inter))
     else:
         layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
+    packed_sdpa = step.packed and attn == "sdpa" and not sdpa_math(info, a)
+    if packed_sdpa and kv < q:
+        layer += a * 2 * (q - kv)  # the repeated key/value heads sdpa keeps
     layer_saved = tokens * layer
     backward = tokens * (2 * a * inter + 4 * r * h)
-    scores = batch_size * s.num_heads * seq_len * seq_len
-    notes = []
+    if step.packed:
+        scores = s.num_heads * tokens * tokens
+    else:
+        scores = step.sequences * s.num_heads * step.longest * step.longest
     #: one layer's recompute + backward; with materialised scores its peak is the larger of the MLP's backward
     #: (every saved tensor of the layer alive) and the attention's (the MLP's freed, the scores' gradients live)
     one_layer = layer_saved + backward
+    mask_kept = 0
     if attn == "eager" or (attn == "sdpa" and sdpa_math(info, a)):
         # in fp32 (QLoRA's fp32 stream) the softmax is already fp32: no copy in the dtype; in bf16 see
         # EAGER_BACKWARD_BYTES, in fp32 FP32_SCORES_BACKWARD_BYTES
@@ -117,23 +156,44 @@ def training_activations(
         how = (
             "eager attention" if attn == "eager" else "sdpa's math kernel (fp32 q/k/v with grouped kv heads)"
         )
+        rows = f"one packed row of {tokens}" if step.packed else f"{step.longest}"
         notes.append(
-            f"activations: {how} keeps {s.num_heads} x {seq_len}^2 scores per layer "
+            f"activations: {how} keeps {s.num_heads} x {rows}^2 scores per layer "
             f"({saved} bytes each), {scores * saved / GiB:.2f} GiB a layer"
         )
-    loss = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT if info.can_generate else 0
-    if gradient_checkpointing:
-        ph = TrainingPhases(L * tokens * h * r, loss, one_layer, autocast_copies)
+    elif packed_sdpa:
+        bias = tokens * (-(-tokens // 16) * 16) * a
+        layer_saved += bias
+        one_layer += bias
+        mask_kept = tokens * tokens  # the boolean mask, made once per forward and read by every layer
         notes.append(
-            f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, the fp32 loss over "
-            f"{s.vocab_size} logits {loss / GiB:.2f} GiB, one layer recomputed with its backward "
-            f"{ph.layer / GiB:.2f} GiB"
+            f"activations: sdpa on a packed row keeps a {tokens} x {tokens} attention bias per layer "
+            f"({bias / GiB:.2f} GiB each): flash attention's varlen kernels need none"
+        )
+    if not info.can_generate:
+        loss = 0
+    elif step.fused_loss:
+        # Liger's fused linear cross-entropy (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py:103-108):
+        # the gradient of its input (tokens x hidden) and one chunk of logits sized to about the same
+        loss = 2 * tokens * h * a
+    else:
+        loss = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT
+    what_loss = (
+        f"Liger's fused loss {loss / GiB:.2f} GiB (no fp32 logits)"
+        if step.fused_loss
+        else f"the fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
+    )
+    if gradient_checkpointing:
+        ph = TrainingPhases(L * tokens * h * r + mask_kept, loss, one_layer, autocast_copies)
+        notes.append(
+            f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, {what_loss}, "
+            f"one layer recomputed with its backward {ph.layer / GiB:.2f} GiB"
         )
     else:
-        ph = TrainingPhases(L * layer_saved, loss, backward, autocast_copies)
+        ph = TrainingPhases(L * layer_saved + mask_kept, loss, backward, autocast_copies)
         notes.append(
-            f"activations: no gradient checkpointing: every layer's saved tensors {ph.kept / GiB:.2f} GiB, the "
-            f"fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
+            f"activations: no gradient checkpointing: every layer's saved tensors {ph.kept / GiB:.2f} GiB, "
+            f"{what_loss}"
         )
     if autocast_copies:
         notes.append(

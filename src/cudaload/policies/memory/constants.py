@@ -109,7 +109,8 @@ OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bi
 #: Those that need bitsandbytes.
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
-#: LoRA defaults cudaload plans with (LoraConfig kwargs in the plan)
+#: LoRA defaults cudaload plans with (LoraConfig kwargs in the plan). Dropout is PEFT's own default (peft 0.21
+#: tuners/lora/config.py ``lora_dropout: float = 0.0``): no copy of each adapted layer's input
 LORA_R = 16
 LORA_ALPHA = 32
-LORA_DROPOUT = 0.05
+LORA_DROPOUT = 0.0

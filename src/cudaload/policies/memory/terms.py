@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ...training_plan import StepShape
 from ..dtype import dtype_bytes
 from .activations import training_activations
 from .constants import (
@@ -59,13 +60,18 @@ def breakdown(
     optimizer: str | None = None,
     gradient_checkpointing: bool | None = None,
     gradient_accumulation_steps: int = 1,
+    step: StepShape | None = None,
 ) -> Breakdown:
     """All memory terms for one configuration, and how they distribute over a layer split.
 
     Training: ``optimizer`` (None: :func:`default_optimizer`), ``gradient_checkpointing`` (None: on), and
     ``gradient_accumulation_steps``: gradients persist across micro-steps, which the estimate already assumes
     (they are counted at the activation peak), so accumulation adds no bytes -- it is the way to grow the
-    effective batch without growing the activations."""
+    effective batch without growing the activations.
+
+    ``step``: a training step's shape (:class:`cudaload.training_plan.StepShape`: packed or padded tokens, the
+    loss, LoRA dropout, QLoRA's fp32 cast); None is a padded step of ``batch_size`` x ``seq_len`` with the
+    plan's defaults (no dropout, no fp32 cast, under autocast)."""
     s = info.summary
     b = dtype_bytes(dtype)
     L = max(s.layers, 1)
@@ -75,9 +81,11 @@ def breakdown(
     if training and optimizer is None:
         optimizer = default_optimizer(intent, on_gpu=b < 4)
     gc_on = True if gradient_checkpointing is None else gradient_checkpointing
+    if step is None:
+        step = StepShape.padded(batch_size, seq_len)
     # peft's prepare_model_for_kbit_training (peft 0.21 utils/other.py:203-209) casts every parameter that is
-    # not 4-bit -- embeddings, norms, the output head, fused expert tensors -- to fp32
-    kbit_prepared = intent == "qlora" and quantization is not None
+    # not 4-bit -- embeddings, norms, the output head, fused expert tensors -- to fp32 (where the plan runs it)
+    kbit_prepared = intent == "qlora" and quantization is not None and step.kbit_upcast
     ob = 4 if kbit_prepared else b
     wtot, wemb, whead = weight_bytes(info, dtype, quantization, other_bytes=ob)
     terms["weights"] = wtot
@@ -129,8 +137,7 @@ def breakdown(
         phases, act_notes = training_activations(
             info,
             intent=intent,
-            seq_len=seq_len,
-            batch_size=batch_size,
+            step=step,
             # QLoRA: bitsandbytes' Linear4bit computes in bf16 but returns its input's dtype (bitsandbytes 0.50.2
             # nn/modules.py:626,637, ``.to(inp_dtype)``), and the input is the fp32 norms' output,
             # so every activation is fp32 (H200 run1-memtrain: 8B QLoRA without checkpointing at 2048 tokens
@@ -142,7 +149,7 @@ def breakdown(
             autocast_copies=n * b if master else 0,
         )
         notes.extend(act_notes)
-    grads = opt = mw = adapters = host = step = 0
+    grads = opt = mw = adapters = host = opt_step = 0
     if intent == "training":
         pb = 4 if master else b
         grads = n * pb  # gradients take the parameters' dtype
@@ -172,9 +179,9 @@ def breakdown(
     if training:
         if optimizer == "adamw_torch":
             # foreach AdamW: torch._foreach_sqrt(exp_avg_sqs) copies every second moment during step()
-            step = opt // 2
+            opt_step = opt // 2
         elif optimizer == "adafactor" and intent == "training":
-            step = ADAFACTOR_STEP_FP32_COPIES * 4 * _largest_param(info)
+            opt_step = ADAFACTOR_STEP_FP32_COPIES * 4 * _largest_param(info)
         if host:
             notes.append(
                 f"optimizer: {optimizer} keeps {host / GiB:.2f} GiB of states in CUDA managed memory, "
@@ -192,7 +199,7 @@ def breakdown(
                 f"gradients: the tied embedding's gradient arrives last and is accumulated into the head's: "
                 f"{tied / GiB:.2f} GiB with every other gradient alive"
             )
-        act, terms["optimizer_step"] = phases.peak(grads, step, accumulate)
+        act, terms["optimizer_step"] = phases.peak(grads, opt_step, accumulate)
         terms["activations"] = act
         # what a split keeps per layer: its checkpointed inputs (never more than the phase peak)
         act_layer = min(phases.kept, act) // L
@@ -203,8 +210,9 @@ def breakdown(
     terms["master_weights"] = mw
     terms["adapters"] = adapters
     # the caching allocator's reserved-but-unusable bytes at a training step's peak (ALLOCATOR_SLACK_PER_LOGIT)
+    # (Liger's fused loss allocates no vocabulary-wide tensor: its largest are tokens x hidden)
     terms["allocator_slack"] = (
-        int(batch_size * seq_len * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT)
+        int(step.tokens * (hidden if step.fused_loss else s.vocab_size) * ALLOCATOR_SLACK_PER_LOGIT)
         if training and info.can_generate
         else 0
     )

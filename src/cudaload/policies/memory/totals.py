@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...training_plan import StepShape
 from .constants import CUDA_CONTEXT_BYTES
 from .terms import Breakdown, breakdown
 
@@ -21,8 +22,10 @@ def estimate(
     devices: int = 1,
     optimizer: str | None = None,
     gradient_checkpointing: bool | None = None,
+    step: StepShape | None = None,
 ) -> dict[str, int]:
-    """The terms for ``devices`` GPUs (each with a CUDA context and its own activations), with ``total``."""
+    """The terms for ``devices`` GPUs (each with a CUDA context and its own activations), with ``total``.
+    ``step``: a training step's shape (see :func:`breakdown`)."""
     bd = breakdown(
         info,
         dtype=dtype,
@@ -33,6 +36,7 @@ def estimate(
         attn=attn,
         optimizer=optimizer,
         gradient_checkpointing=gradient_checkpointing,
+        step=step,
     )
     terms = gpu_terms(bd, devices)
     terms["total"] = sum(terms.values())

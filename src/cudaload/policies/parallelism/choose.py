@@ -8,6 +8,7 @@ from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
 from ...errors import ConfigurationError, DependencyError, DoesNotFitError, InvalidChoiceError
 from ...plans import Parallelism
+from ...training_plan import StepShape
 from ..memory import CUDA_CONTEXT_BYTES, breakdown
 from .launch import _settings, launch_command
 from .per_gpu import (
@@ -45,6 +46,7 @@ def choose_parallelism(
     optimizer: str | None = None,
     gradient_checkpointing: bool | None = None,
     offload: bool | None = None,
+    step: StepShape | None = None,
 ) -> Parallelism | None:
     """The parallelism decision, or None when there is one GPU and nothing was asked for.
 
@@ -80,6 +82,7 @@ def choose_parallelism(
         attn=attn,
         optimizer=optimizer,
         gradient_checkpointing=gradient_checkpointing,
+        step=step,
     )
     t = bd.terms
     rank_gpus = rank_gpus_of(caps)

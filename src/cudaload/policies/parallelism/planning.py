@@ -10,6 +10,7 @@ from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
 from ...errors import DoesNotFitError
 from ...plans import Parallelism
+from ...training_plan import StepShape
 from ..memory import GiB, breakdown
 from .choose import choose_parallelism
 from .launch import launch_command
@@ -52,6 +53,7 @@ def decide(
     allow_offload: bool,
     optimizer: str = "auto",
     gradient_checkpointing: bool | None = None,
+    step: StepShape | None = None,
 ) -> Outcome:
     """Run :func:`choose_parallelism` with what the fit ladder found (``fr``, or the error ``nofit``).
 
@@ -96,6 +98,7 @@ def decide(
         attn=attn,
         allow_offload=allow_offload,
         facts=model_facts(info),
+        step=step,
         strategy=strategy,
         lower_latency=lower_latency,
         nccl=nccl_available(caps),
@@ -174,6 +177,7 @@ def decide(
         attn=attn,
         optimizer=opt,
         gradient_checkpointing=gc,
+        step=step,
     )
     r = (caps.distributed.local_rank or 0) if launched else 0
     rank_gpus = rank_gpus_of(caps)

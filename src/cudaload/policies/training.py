@@ -1,0 +1,485 @@
+"""Training decisions: how each optimizer step is laid out and computed, for speed as well as fit.
+
+* **batch layout** (:func:`choose_layout`): ``packed`` -- a step's sequences concatenated into one row,
+  position ids restarting at each sequence, so no padding is computed -- where the attention keeps the
+  sequences apart without materialising scores over the whole row (flash attention's varlen kernels, told the
+  boundaries once per step; sdpa or flex_attention with transformers' block-diagonal mask); else ``padded``,
+  grouped by length where the batch holds several sequences.
+* **tokens per step** (:func:`plan_step`): at most ``batch_size`` sequences and at most ``tokens_per_step``
+  real tokens a step. The bound is what memory is planned for, so a step of long sequences never runs out of
+  memory; it is the largest that fits without gradient checkpointing, down to what typical instruction data
+  puts in ``batch_size`` sequences, before the fused loss and then checkpointing are tried.
+* **the loss**: transformers' (fp32 logits over the vocabulary), or Liger's fused linear cross-entropy where
+  only it makes the step fit without checkpointing (measured slower where memory was not short).
+* **LoRA dropout** (:func:`choose_lora_dropout`) and **QLoRA's k-bit preparation** (:func:`choose_kbit_upcast`).
+
+Each is a :class:`~cudaload.decision.Decision` with its candidates, like every other policy; the fits are
+probed through a function the planner passes in (pure arithmetic: :func:`cudaload.policies.quantization.fit`).
+Measured training throughput (:class:`TrainingFacts`, shipped in the priors file) ranks the attention
+backends for training in :mod:`cudaload.policies.attention.choice`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..decision import Candidate, Decision
+from ..errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
+from ..training_plan import LAYOUTS, LOSSES, StepShape, TrainingPlan
+from .attention.names import FLASH_PACKAGE, HUB_KERNEL
+from .memory import LORA_DROPOUT, sdpa_math
+from .training_facts import TrainingFacts, training_facts_for
+
+__all__ = [
+    "DEFAULT_SEQUENCES",
+    "StepChoice",
+    "TrainingFacts",
+    "boundaries_for",
+    "choose_kbit_upcast",
+    "choose_layout",
+    "choose_lora_dropout",
+    "liger_problems",
+    "packing_blockers",
+    "packing_costs",
+    "plan_step",
+    "step_bounds",
+    "training_facts_for",
+]
+
+#: Trainer's default ``per_device_train_batch_size`` (transformers 5.17 training_args.py, the field's
+#: default): the sequences a step holds when the caller declares none
+DEFAULT_SEQUENCES = 8
+#: The smallest step bound tried before the fused loss or checkpointing, as a fraction of ``batch_size x
+#: seq_len``: instruction data's sequences average about a quarter of the longest (the H200 runs'
+#: log-normal lengths, median ~420 tokens capped at 2048, mean ~530; /work/shared/device/README.md,
+#: 2026-12-03), so ``batch_size`` sequences rarely need more, and a step that would is split in two.
+TYPICAL_FILL = 0.25
+#: step bounds are multiples of this (a whole number of 256-token tiles)
+ALIGN = 256
+#: the bounds tried, as fractions of ``batch_size x seq_len``, largest first
+_FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25)
+
+#: attention implementations whose kernels take the sequence boundaries (``cu_seq_lens``) and run varlen
+#: forward and backward: transformers' flash path (modeling_flash_attention_utils._flash_attention_forward,
+#: 5.17 lines 759-817) reads them from the batch and skips its per-layer search of the position ids
+VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
+
+
+def packing_blockers(info: Any) -> list[str]:
+    """Why packed steps would train this model wrongly (empty: they would not)."""
+    bad: list[str] = []
+    s = info.summary
+    if s.is_encoder or not info.can_generate or info.auto_class != "AutoModelForCausalLM":
+        bad.append(
+            "packing concatenates causal-LM sequences; this model is not trained as a causal LM "
+            f"({info.auto_class}), whose inputs are read whole"
+        )
+    if info.remote_code:
+        bad.append("remote code: its attention is not transformers' own, which keeps packed sequences apart")
+    if info.attention_classes is not None:
+        bad.append(
+            "legacy attention classes (the model's *_ATTENTION_CLASSES): no block-diagonal mask from position ids"
+        )
+    return bad
+
+
+def packing_costs(info: Any, attn: str, act_bytes: int) -> list[str]:
+    """Why packed steps would be slow with this attention: scores materialised over the whole row."""
+    if attn == "eager":
+        return [
+            "eager attention over a packed row computes every token against every other token of the row "
+            "(tokens^2 scores per head and layer), not per sequence"
+        ]
+    if attn == "sdpa" and sdpa_math(info, act_bytes):
+        return ["sdpa runs its math kernel here (fp32 with grouped kv heads): tokens^2 scores over the row"]
+    return []
+
+
+def boundaries_for(attn: str) -> str:
+    """How a packed step tells ``attn`` where its sequences start (:data:`cudaload.training_plan.BOUNDARIES`)."""
+    return "cu_seq_lens" if attn in VARLEN else "position_ids"
+
+
+def choose_layout(info: Any, attn: str, act_bytes: int, requested: str = "auto") -> Decision:
+    """``packed`` where the model is a causal LM and the attention keeps packed sequences apart without scores
+    over the whole row, else ``padded``. An explicit ``packed`` is honoured where it trains correctly (its
+    cost said), refused with :class:`InvalidChoiceError` where it would not."""
+    req = (requested or "auto").strip().lower()
+    if req not in ("auto", *LAYOUTS):
+        raise ConfigurationError(
+            f"unknown batch_layout {requested!r}", fix=f"use 'auto' or one of {', '.join(LAYOUTS)}"
+        )
+    bad = packing_blockers(info)
+    costs = packing_costs(info, attn, act_bytes)
+    how = (
+        f"{attn}'s varlen kernels take the sequence boundaries (cu_seq_lens), computed once per step by the "
+        "collator"
+        if attn in VARLEN
+        else f"transformers builds a block-diagonal mask for {attn} from the restarting position ids "
+        "(masking_utils.find_packed_sequence_indices)"
+    )
+    packed_why = (
+        f"no padding is computed: each step's sequences are concatenated into one row; {how}. On the H200 "
+        "(8B LoRA, instruction-like lengths) padding-free steps trained 2.0-3.2x the tokens/s of padded ones "
+        "(/work/shared/device/README.md, 2026-12-03)"
+    )
+    padded_why = "each sequence padded to the batch's longest (attention mask); padding tokens are computed too"
+    cands = (
+        Candidate("packed", not bad and not costs, (packed_why, *bad, *costs)),
+        Candidate("padded", True, (padded_why,)),
+    )
+    if req == "packed":
+        if bad:
+            raise InvalidChoiceError(
+                "batch_layout='packed' cannot be used here",
+                reasons=bad,
+                fix="use batch_layout='auto' (padded here)",
+            )
+        return Decision("packed", ("requested explicitly", packed_why, *costs), cands, explicit=True)
+    if req == "padded":
+        return Decision("padded", ("requested explicitly", padded_why), cands, explicit=True)
+    if bad or costs:
+        return Decision("padded", (f"packing is not right here: {'; '.join(bad + costs)}",), cands)
+    return Decision("packed", (packed_why,), cands)
+
+
+def choose_lora_dropout(intent: str, lora: Mapping[str, Any] | None) -> Decision | None:
+    """LoRA dropout: PEFT's own default (0) unless the caller set one. None for other intents."""
+    if intent not in ("lora", "qlora"):
+        return None
+    given = (lora or {}).get("lora_dropout")
+    zero_why = (
+        "PEFT's own default (LoraConfig.lora_dropout = 0.0): no dropout copy of every adapted layer's input is "
+        "made or kept for backward"
+    )
+    if given is not None:
+        v = float(given)
+        return Decision(
+            f"{v:g}",
+            ("requested explicitly (lora={'lora_dropout': ...})",),
+            (Candidate(f"{v:g}", True, ("requested",)), Candidate("0", True, (zero_why,))),
+            explicit=True,
+        )
+    return Decision(
+        f"{LORA_DROPOUT:g}",
+        (zero_why, "pass lora={'lora_dropout': 0.05} for a regularising dropout (slower, more memory)"),
+        (Candidate(f"{LORA_DROPOUT:g}", True, (zero_why,)),),
+    )
+
+
+def choose_kbit_upcast(intent: str, dtype: str, quantization: str | None) -> Decision | None:
+    """QLoRA's preparation of the quantized base: keep the non-4-bit parameters in the compute dtype (bf16), or
+    peft's ``prepare_model_for_kbit_training`` cast of all of them to fp32 (fp16 compute). None otherwise."""
+    if intent != "qlora" or quantization is None:
+        return None
+    fp32_why = (
+        "peft's prepare_model_for_kbit_training: embeddings, norms and the output head cast to fp32 (peft 0.21 "
+        "utils/other.py:204-209), so the residual stream, every activation and the logits are fp32: twice the "
+        "activation memory, and sdpa's fused kernels do not take fp32 with grouped kv heads"
+    )
+    bf16_why = (
+        "the non-4-bit parameters stay bf16, the precision cudaload's bf16 LoRA trains in: bf16 has fp32's "
+        "range, the RMSNorms compute in fp32 inside (hidden_states.to(torch.float32)) and the loss upcasts the "
+        "logits (loss/loss_utils.py ``logits.float()``); the adapters are fp32 either way"
+    )
+    if dtype == "bfloat16":
+        return Decision(
+            "bf16", (bf16_why,), (Candidate("bf16", True, (bf16_why,)), Candidate("fp32", True, (fp32_why,)))
+        )
+    why16 = f"{dtype} compute: fp16's narrow range is why peft casts the rest to fp32"
+    return Decision(
+        "fp32",
+        (why16, fp32_why),
+        (Candidate("fp32", True, (fp32_why,)), Candidate("bf16", False, (f"the compute dtype is {dtype}",))),
+    )
+
+
+def step_bounds(batch_size: int, seq_len: int, requested: int | None) -> list[int]:
+    """The tokens-per-step bounds to try, largest first: ``batch_size x seq_len`` down to what typical data puts
+    in ``batch_size`` sequences (:data:`TYPICAL_FILL`), never below one longest sequence."""
+    if requested is not None:
+        return [requested]
+    full = batch_size * seq_len
+    out: list[int] = []
+    for f in _FRACTIONS:
+        # rounded down to whole tiles, never below one longest sequence nor above the full step
+        t = min(max(seq_len, int(full * f) // ALIGN * ALIGN), full)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+#: the fit probe the planner passes in: (step, gradient_checkpointing) -> a fit result (raises DoesNotFitError)
+FitProbe = Callable[[StepShape, "bool | None"], Any]
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """What :func:`plan_step` chose: the step, the fit result for it, and the training section of the plan."""
+
+    step: StepShape
+    fit: Any
+    plan: TrainingPlan
+
+
+def plan_step(
+    fit: FitProbe,
+    *,
+    info: Any,
+    caps: Capabilities,
+    intent: str,
+    layout: Decision,
+    attn: str,
+    batch_size: int,
+    seq_len: int,
+    tokens_per_step: int | None,
+    loss: str,
+    gradient_checkpointing: bool | None,
+    lora_dropout: Decision | None,
+    kbit_upcast: Decision | None,
+    assumed: Sequence[str] = (),
+    sequences_declared: bool = True,
+) -> StepChoice:
+    """The step bound, the loss and (through ``fit``) checkpointing and the optimizer, cheapest first.
+
+    Tried in order, each probed by ``fit``: the largest bound with checkpointing as the fit ladder decides; if
+    that needs checkpointing, smaller bounds without it (the same optimizer), then Liger's fused loss without
+    it; else the largest bound with checkpointing. An explicit ``tokens_per_step``, ``loss`` or
+    ``gradient_checkpointing`` narrows the ladder to it. Where ``batch_size`` was assumed
+    (``sequences_declared=False``), the ladder goes down to one longest sequence a step."""
+    req_loss = (loss or "auto").strip().lower()
+    if req_loss not in ("auto", *LOSSES):
+        raise ConfigurationError(f"unknown loss {loss!r}", fix=f"use 'auto' or one of {', '.join(LOSSES)}")
+    liger_bad = liger_problems(caps, info)
+    if req_loss == "liger" and liger_bad:
+        raise InvalidChoiceError(
+            "loss='liger' cannot be used here",
+            reasons=liger_bad,
+            fix="pip install liger-kernel (needs a CUDA GPU and triton), or use loss='auto'",
+        )
+    packed = layout.choice == "packed"
+    if tokens_per_step is not None and tokens_per_step < seq_len and packed:
+        raise ConfigurationError(
+            f"tokens_per_step={tokens_per_step} is shorter than seq_len={seq_len}: the longest sequence must fit "
+            "in one step",
+            fix=f"pass tokens_per_step >= {seq_len}, or a shorter seq_len",
+        )
+    dropout = float(lora_dropout.choice) if lora_dropout is not None and lora_dropout.choice else 0.0
+    upcast = kbit_upcast is not None and kbit_upcast.choice == "fp32"
+    base = StepShape(
+        tokens=batch_size * seq_len,
+        sequences=batch_size,
+        longest=seq_len,
+        packed=packed,
+        lora_dropout=dropout,
+        kbit_upcast=upcast,
+    )
+    bounds = step_bounds(batch_size, seq_len, tokens_per_step) if packed else [batch_size * seq_len]
+    if packed and tokens_per_step is None and not sequences_declared and bounds[-1] > seq_len:
+        # the sequences a step holds were assumed, not declared: fewer of them is still the caller's plan
+        bounds.append(seq_len)
+    losses = (
+        [False]
+        if req_loss == "transformers" or liger_bad
+        else ([True] if req_loss == "liger" else [False, True])
+    )
+
+    def shape(t: int, fused: bool) -> StepShape:
+        return replace(base, tokens=t, longest=min(seq_len, t), fused_loss=fused)
+
+    tried: list[tuple[int, bool, bool | None, str]] = []  # (bound, fused, checkpointing, outcome)
+
+    def ladder() -> Any:
+        """Yield (bound, fused, checkpointing request) in the order they are tried."""
+        if gradient_checkpointing is not True:
+            for fused in losses:
+                for t in bounds:
+                    yield t, fused, False
+        if gradient_checkpointing is not False:
+            for fused in losses:
+                for t in bounds:
+                    yield t, fused, True
+
+    # the fit ladder's optimizer for the largest bound (with checkpointing if it needs it): smaller bounds are
+    # tried without checkpointing only with that optimizer, so a full fine-tune does not trade fp32 AdamW for
+    # an 8-bit one to skip checkpointing (the fit ladder's own order: optimizer first, then checkpointing)
+    # (its error, with the fit ladder's suggestions for the caller's whole step, is the one raised if nothing fits)
+    r0_err: DoesNotFitError | None = None
+    try:
+        r0 = fit(shape(bounds[0], losses[0]), gradient_checkpointing)
+    except DoesNotFitError as e:
+        r0, r0_err = None, e
+    opt0 = r0.optimizer.choice if r0 is not None and r0.optimizer is not None else None
+    chosen: tuple[int, bool, Any] | None = None
+    for t, fused, gc in ladder():
+        try:
+            r = fit(shape(t, fused), gc)
+        except DoesNotFitError as e:
+            tried.append((t, fused, gc, _short(e)))
+            continue
+        if gc is False and opt0 is not None and r.optimizer is not None and r.optimizer.choice != opt0:
+            tried.append((t, fused, gc, f"fits only with {r.optimizer.choice} in place of {opt0}"))
+            continue
+        tried.append((t, fused, gc, "fits"))
+        chosen = (t, fused, r)
+        break
+    if chosen is None:
+        assert r0_err is not None
+        raise r0_err
+    t, fused, result = chosen
+    step = shape(t, fused)
+    gc_on = result.gradient_checkpointing is not None and result.gradient_checkpointing.choice == "on"
+    if gradient_checkpointing is None and result.gradient_checkpointing is not None:
+        result = replace(result, gradient_checkpointing=_checkpointing_decision(gc_on, t, tried, bounds))
+    tp = TrainingPlan(
+        layout=layout,
+        tokens_per_step=_tokens_decision(
+            bounds, tried, t, fused, packed, tokens_per_step, batch_size, seq_len
+        ),
+        loss=_loss_decision(req_loss, fused, liger_bad, tried, gc_on),
+        step=step,
+        boundaries=boundaries_for(attn) if packed else None,
+        group_by_length=not packed and batch_size > 1,
+        lora_dropout=lora_dropout,
+        kbit_upcast=kbit_upcast,
+        assumed=tuple(assumed),
+        notes=_notes(step, packed, batch_size),
+    )
+    return StepChoice(step, result, tp)
+
+
+def _short(e: DoesNotFitError) -> str:
+    """A fit failure in one line: the first device's need against its budget, else the message."""
+    need = next((r.split(": does not fit: ", 1)[-1] for r in e.reasons if "needs" in r), None)
+    return f"does not fit ({need})" if need else f"does not fit: {e.message}"
+
+
+def _checkpointing_decision(
+    on: bool, chosen: int, tried: Sequence[tuple[int, bool, bool | None, str]], bounds: Sequence[int]
+) -> Decision:
+    """Gradient checkpointing as the step ladder decided it (the fit ladder's own decision saw one bound)."""
+    cost = "each layer's input kept and the layer recomputed in backward: about 1/3 more compute"
+    if not on:
+        why = f"fits without it at {chosen:,} tokens a step: every layer's activations kept, none recomputed"
+        return Decision(
+            "off", (why,), (Candidate("off", True, (why,)), Candidate("on", True, (f"not needed: {cost}",)))
+        )
+    offs = [o for b, _, gc, o in tried if gc is False]
+    smallest = min(bounds)
+    why = (
+        f"no step bound down to {smallest:,} tokens fits without it"
+        + (f" ({offs[-1]})" if offs else "")
+        + f"; {cost}"
+    )
+    return Decision(
+        "on",
+        (why,),
+        (Candidate("on", True, (why,)), Candidate("off", False, tuple(offs[-1:]) or ("does not fit",))),
+    )
+
+
+def liger_problems(caps: Capabilities, info: Any) -> list[str]:
+    """Why Liger's fused linear cross-entropy cannot run here (empty when it can)."""
+    bad: list[str] = []
+    if not caps.gpus:
+        bad.append("Liger's kernels are Triton kernels: they need a CUDA GPU")
+    pkg = caps.package("liger-kernel")
+    if not pkg.installed:
+        bad.append("liger-kernel is not installed")
+    elif not pkg.usable:
+        bad.append(f"liger-kernel is installed but unusable: {pkg.reason or 'probe failed'}")
+    if not info.can_generate:
+        bad.append("the fused loss replaces a causal LM's output head and loss; this model has none")
+    return bad
+
+
+def _attempt(fused: bool, gc: bool | None, outcome: str) -> str:
+    how = (
+        "with checkpointing"
+        if gc
+        else "without checkpointing"
+        if gc is False
+        else "as the fit ladder decides"
+    )
+    return f"{'fused loss, ' if fused else ''}{how}: {outcome}"
+
+
+def _fmt_t(t: int) -> str:
+    return f"{t:,}"
+
+
+def _tokens_decision(
+    bounds: Sequence[int],
+    tried: Sequence[tuple[int, bool, bool | None, str]],
+    chosen: int,
+    fused: bool,
+    packed: bool,
+    requested: int | None,
+    batch_size: int,
+    seq_len: int,
+) -> Decision:
+    cands: list[Candidate] = []
+    for b in bounds:
+        rows = [x for x in tried if x[0] == b]
+        why = [_attempt(f, gc, o) for _, f, gc, o in rows] or ["not needed: a larger bound fits"]
+        cands.append(Candidate(_fmt_t(b), b == chosen, tuple(why)))
+    if not packed:
+        pad = f"padded: every step computes {batch_size} x {seq_len} tokens, padding included"
+        return Decision(_fmt_t(chosen), (pad,), tuple(cands))
+    if requested is not None:
+        return Decision(_fmt_t(chosen), ("requested explicitly",), tuple(cands), explicit=True)
+    reasons = [
+        f"at most {batch_size} sequences and {chosen:,} real tokens a step; memory is planned for the bound, so "
+        "no step of long sequences runs out of it"
+    ]
+    full = batch_size * seq_len
+    if chosen < full:
+        why_full = next((_attempt(f, gc, o) for t, f, gc, o in reversed(tried) if t == full), "larger")
+        reasons.append(
+            f"{batch_size} x {seq_len} = {full:,} tokens: {why_full}; typical instruction data averages about a "
+            f"quarter of its longest sequence, so {batch_size} sequences rarely hold more than {chosen:,} tokens "
+            "(a step that would is split in two)"
+        )
+    return Decision(_fmt_t(chosen), tuple(reasons), tuple(cands))
+
+
+def _loss_decision(
+    req: str,
+    fused: bool,
+    liger_bad: Sequence[str],
+    tried: Sequence[tuple[int, bool, bool | None, str]],
+    gc_on: bool,
+) -> Decision:
+    std_why = "transformers' loss: the logits of every token over the vocabulary, cast to fp32"
+    slower = (
+        "Liger's fused linear cross-entropy never holds all the logits, but trained slower on the H200 where "
+        "memory was not short (8B LoRA, packed, flash_attention_4: 5,786 vs 8,808 tokens/s; "
+        "/work/shared/device/README.md, 2026-12-03)"
+    )
+    liger_c = Candidate("liger", not liger_bad, (slower, *liger_bad))
+    std_c = Candidate("transformers", True, (std_why,))
+    if req != "auto":
+        return Decision(
+            "liger" if fused else "transformers", ("requested explicitly",), (std_c, liger_c), explicit=True
+        )
+    if fused:
+        why = "only the fused loss lets the step fit without gradient checkpointing (which recomputes every layer)"
+        return Decision("liger", (why, slower), (std_c, liger_c))
+    reasons = [std_why]
+    if not liger_bad:
+        reasons.append("the fused loss is kept for when memory is short: " + slower)
+    if gc_on and not liger_bad:
+        reasons.append("even the fused loss does not avoid checkpointing here")
+    return Decision("transformers", tuple(reasons), (std_c, liger_c))
+
+
+def _notes(step: StepShape, packed: bool, batch_size: int) -> tuple[str, ...]:
+    if not packed:
+        return ()
+    return (
+        "TrainingArguments' per_device_train_batch_size is 1: each item of the packed data set "
+        f"(cudaload.training_setup) is one step of up to {batch_size} sequences and {step.tokens:,} tokens",
+    )

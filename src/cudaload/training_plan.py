@@ -1,0 +1,148 @@
+"""The training section of a Plan: how each optimizer step is laid out and computed, pure data.
+
+It sits beside :mod:`cudaload.plans` and below every policy, as :mod:`cudaload.serving_plan` does:
+:mod:`cudaload.policies.training` decides the values, ``Plan`` holds and (de)serialises them, and
+:mod:`cudaload.training` turns them into what a trainer takes (arguments, the collator, the packed data set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .decision import Decision
+
+#: the batch layouts cudaload plans
+LAYOUTS = ("packed", "padded")
+#: how a packed step tells the attention where its sequences start: ``cu_seq_lens`` (computed once per step by
+#: the collator and passed to every layer: flash attention's varlen kernels) or ``position_ids`` (transformers
+#: finds the boundaries from the restarting position ids and builds a block-diagonal mask: sdpa, flex, eager)
+BOUNDARIES = ("cu_seq_lens", "position_ids")
+#: the losses cudaload plans: transformers' own (fp32 logits over the vocabulary) or Liger's fused linear
+#: cross-entropy (the logits computed chunk by chunk, never whole)
+LOSSES = ("transformers", "liger")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One optimizer step's work, as the memory model sees it.
+
+    ``tokens``: the most tokens a step computes (packed: real tokens, at most the plan's ``tokens_per_step``;
+    padded: ``sequences x longest``); ``sequences``: at most this many sequences a step; ``longest``: the
+    longest sequence. ``packed``: the sequences are concatenated into one row (the attention keeps them
+    apart). ``fused_loss``: Liger's fused linear cross-entropy instead of transformers' loss over fp32 logits.
+    ``lora_dropout``: PEFT's dropout on every adapted layer's input (a copy of each input kept for backward
+    when > 0). ``kbit_upcast``: QLoRA's fp32 cast of every non-4-bit parameter (peft's
+    ``prepare_model_for_kbit_training``), which makes the residual stream and activations fp32. ``autocast``:
+    the forward runs under bf16/fp16 autocast, as ``Trainer(bf16=True)`` runs it (accelerate wraps the model's
+    forward: accelerate/accelerator.py ``prepare_model``, ``get_mixed_precision_context_manager``)."""
+
+    tokens: int
+    sequences: int
+    longest: int
+    packed: bool = False
+    fused_loss: bool = False
+    lora_dropout: float = 0.0
+    kbit_upcast: bool = False
+    autocast: bool = True
+
+    @classmethod
+    def padded(cls, batch_size: int, seq_len: int, **kw: Any) -> StepShape:
+        """A padded step of ``batch_size`` sequences of ``seq_len`` tokens (the other fields as keywords)."""
+        return cls(batch_size * seq_len, batch_size, seq_len, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "sequences": self.sequences,
+            "longest": self.longest,
+            "packed": self.packed,
+            "fused_loss": self.fused_loss,
+            "lora_dropout": self.lora_dropout,
+            "kbit_upcast": self.kbit_upcast,
+            "autocast": self.autocast,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepShape:
+        return cls(
+            tokens=int(d["tokens"]),
+            sequences=int(d["sequences"]),
+            longest=int(d["longest"]),
+            packed=bool(d.get("packed", False)),
+            fused_loss=bool(d.get("fused_loss", False)),
+            lora_dropout=float(d.get("lora_dropout", 0.0)),
+            kbit_upcast=bool(d.get("kbit_upcast", False)),
+            autocast=bool(d.get("autocast", True)),
+        )
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How to train fast: each decision with its candidates and reasons, and what the plan expects of the data.
+
+    ``layout``: ``packed`` (each step's sequences concatenated into one row, no padding computed) or
+    ``padded``; ``tokens_per_step``: the decision on the most real tokens one step may hold (its choice a
+    number as text); ``loss``: ``transformers`` or ``liger``; ``lora_dropout`` and ``kbit_upcast`` for
+    adapters (None where they do not apply). ``step`` is the shape memory was planned for; ``boundaries``
+    how a packed step marks its sequences (:data:`BOUNDARIES`); ``group_by_length``: padded batches of similar
+    lengths (less padding); ``assumed``: what the plan took for granted about the data because it was not
+    declared."""
+
+    layout: Decision
+    tokens_per_step: Decision
+    loss: Decision
+    step: StepShape
+    boundaries: str | None = None
+    group_by_length: bool = False
+    lora_dropout: Decision | None = None
+    kbit_upcast: Decision | None = None
+    assumed: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def packed(self) -> bool:
+        return self.layout.choice == "packed"
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens one step computes (packed: real tokens; padded: batch x longest)."""
+        return self.step.tokens
+
+    def expects(self) -> dict[str, int]:
+        """What the plan expects of the data: the longest sequence, the most sequences and tokens a step."""
+        return {
+            "longest_sequence": self.step.longest,
+            "sequences_per_step": self.step.sequences,
+            "tokens_per_step": self.step.tokens,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout.to_dict(),
+            "tokens_per_step": self.tokens_per_step.to_dict(),
+            "loss": self.loss.to_dict(),
+            "step": self.step.to_dict(),
+            "boundaries": self.boundaries,
+            "group_by_length": self.group_by_length,
+            "lora_dropout": self.lora_dropout.to_dict() if self.lora_dropout else None,
+            "kbit_upcast": self.kbit_upcast.to_dict() if self.kbit_upcast else None,
+            "assumed": list(self.assumed),
+            "notes": list(self.notes),
+            "expects": self.expects(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainingPlan:
+        return cls(
+            layout=Decision.from_dict(d["layout"]),
+            tokens_per_step=Decision.from_dict(d["tokens_per_step"]),
+            loss=Decision.from_dict(d["loss"]),
+            step=StepShape.from_dict(d["step"]),
+            boundaries=d.get("boundaries"),
+            group_by_length=bool(d.get("group_by_length", False)),
+            lora_dropout=Decision.from_dict(d["lora_dropout"]) if d.get("lora_dropout") else None,
+            kbit_upcast=Decision.from_dict(d["kbit_upcast"]) if d.get("kbit_upcast") else None,
+            assumed=tuple(d.get("assumed", ())),
+            notes=tuple(d.get("notes", ())),
+        )
