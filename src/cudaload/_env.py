@@ -202,6 +202,11 @@ def trusted_kernel_repos(env: Mapping[str, str] | None = None) -> tuple[str, ...
 _TRUST_ENTRY = re.compile(r"^(\*|[\w.-]+/(\*|[\w.-]+))$")
 
 
+def trust_entry_ok(entry: str) -> bool:
+    """Whether ``entry`` names a Hub kernel repo (``org/name``), a publisher (``org/*``) or every one (``*``)."""
+    return bool(_TRUST_ENTRY.match(entry))
+
+
 def cache_dir(env: Mapping[str, str] | None = None) -> str:
     """``CUDALOAD_CACHE``: where cudaload keeps its own small caches (attention probe verdicts)."""
     e = _environ(env)
@@ -238,3 +243,121 @@ def fa4_compile_cache(env: Mapping[str, str] | None = None) -> tuple[str | None,
     """The user's own (``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED``, ``..._DIR``); None where unset."""
     e = _environ(env)
     return e.get(FA4_CACHE_ENABLED), e.get(FA4_CACHE_DIR)
+
+
+# -- every variable checked at once ---------------------------------------------------------------------------
+
+#: the ``CUDALOAD_*`` variables the library reads, each through one function above
+LIBRARY_VARIABLES = (
+    "CUDALOAD_CACHE",
+    "CUDALOAD_GPU_START",
+    "CUDALOAD_HUB_TIMEOUT",
+    "CUDALOAD_RANKS_TIMEOUT",
+    "CUDALOAD_TRUST_KERNELS",
+)
+#: ``CUDALOAD_*`` variables read by cudaload's own tools, never by the library: ./dev (the torch version it
+#: installs) and tests/test_fastload_parity.py (the slow sweep)
+TOOL_VARIABLES = ("CUDALOAD_TORCH", "CUDALOAD_PARITY_SWEEP")
+#: variables that did something once and now do nothing, and why (CHANGELOG.md says when)
+REMOVED_VARIABLES = {
+    "CUDALOAD_EARLY_UPLOAD": "the early upload was removed: it did not pay end to end (CHANGELOG.md)",
+}
+#: the values CUDA reads; anything else leaves CUDA on FASTEST_FIRST while it looks like a choice
+DEVICE_ORDERS = ("FASTEST_FIRST", "PCI_BUS_ID")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every variable cudaload reads, read and checked at once (:func:`check_all`). ``notes``: ``CUDALOAD_*``
+    variables that are set but read by nothing (a typo, a removed variable), each with what to do."""
+
+    hub_timeout: float
+    ranks_timeout: float
+    gpu_start: bool
+    trusted_kernels: tuple[str, ...]
+    cache_dir: str
+    launch: LaunchEnv
+    device_order: str | None
+    notes: tuple[str, ...] = ()
+
+
+def _device_order(env: Mapping[str, str]) -> str | None:
+    raw = env.get("CUDA_DEVICE_ORDER")
+    if raw is None or raw == "":
+        return None
+    if raw not in DEVICE_ORDERS:
+        # CUDA compares the exact spelling: "pci_bus_id" or "PCI" would be ignored by it, silently
+        raise _invalid("CUDA_DEVICE_ORDER", raw, "FASTEST_FIRST or PCI_BUS_ID", "PCI_BUS_ID")
+    return raw
+
+
+def _checked_launch(env: Mapping[str, str]) -> LaunchEnv:
+    """:func:`launch`, with the ranges a launcher keeps: no negative rank, a rank inside its world."""
+    got = launch(env)
+    for name, value, least in (
+        ("LOCAL_RANK", got.local_rank, 0),
+        ("RANK", got.rank, 0),
+        ("WORLD_SIZE", got.world_size, 1),
+        ("LOCAL_WORLD_SIZE", got.local_world_size, 1),
+    ):
+        if value is not None and value < least:
+            raise _invalid(name, env[name], f"an integer >= {least}", str(least))
+    for rank, world in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        r, w = _int(env, rank), _int(env, world)
+        if r is not None and w is not None and r >= w:
+            from .errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"{rank}={r} is not below {world}={w}",
+                fix=f"let the launcher set them (torchrun sets {rank} from 0 to {world} - 1), or unset both",
+            )
+    return got
+
+
+def _checked_cache_dir(env: Mapping[str, str]) -> str:
+    path = cache_dir(env)
+    if os.path.exists(path) and not os.path.isdir(path):
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"CUDALOAD_CACHE={path!r} is a file, not a folder",
+            fix="set CUDALOAD_CACHE to a folder (it is created when needed), or unset it",
+        )
+    return path
+
+
+def _unread(env: Mapping[str, str]) -> tuple[str, ...]:
+    """What to say about each ``CUDALOAD_*`` variable that is set and read by nothing."""
+    from .errors import close_names
+
+    known = (*LIBRARY_VARIABLES, *TOOL_VARIABLES)
+    notes = []
+    for name in sorted(k for k in env if k.startswith("CUDALOAD_") and k not in known):
+        if name in REMOVED_VARIABLES:
+            notes.append(f"{name} is set but does nothing: {REMOVED_VARIABLES[name]}; unset it")
+            continue
+        close = close_names(name, LIBRARY_VARIABLES, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        notes.append(
+            f"{name} is set but cudaload reads no such variable{hint} (docs/api.md lists them); "
+            + (f"rename it to {close[0]}" if close else "unset it")
+        )
+    return tuple(notes)
+
+
+def check_all(env: Mapping[str, str] | None = None) -> Settings:
+    """Read and check every variable cudaload reads, whether or not this call would read it: a bad value
+    (``CUDALOAD_HUB_TIMEOUT=abc``, ``CUDA_DEVICE_ORDER=bogus``, ``LOCAL_RANK=x``) raises
+    :class:`~cudaload.errors.ConfigurationError` now, not on the one path that happens to read it.
+    ``cudaload.request.Request.build`` calls it."""
+    e = _environ(env)
+    return Settings(
+        hub_timeout=hub_probe_timeout(e),
+        ranks_timeout=ranks_timeout(e),
+        gpu_start=gpu_start_enabled(e),
+        trusted_kernels=trusted_kernel_repos(e),
+        cache_dir=_checked_cache_dir(e),
+        launch=_checked_launch(e),
+        device_order=_device_order(e),
+        notes=_unread(e),
+    )

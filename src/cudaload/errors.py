@@ -15,6 +15,8 @@ the fix.
     ├── DoesNotFitError (MemoryError)          nothing in the fit ladder fits; says what would
     └── LoadError (RuntimeError)               transformers failed, or verification found a mismatch
         └── VerificationError                  the loaded model is not what the plan said
+
+    CudaloadWarning (UserWarning)              a legal input that is probably not what was meant
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ class LoadError(CudaloadError, RuntimeError):
 
 class VerificationError(LoadError):
     """The loaded model differs from the plan (device, dtype, attention, offloaded modules)."""
+
+
+class CudaloadWarning(UserWarning):
+    """A legal input that is probably not what was meant: a context longer than the model's, a device that is
+    not there, an option with no effect in this call. Warned once, at the request (:mod:`cudaload.request`);
+    the message ends with what to do. ``warnings.simplefilter("error", CudaloadWarning)`` makes them errors."""
 
 
 def close_names(word: str, known: Iterable[str], n: int = 5) -> list[str]:
