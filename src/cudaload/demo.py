@@ -85,7 +85,7 @@ def run(
 ) -> int:
     from transformers import AutoTokenizer
 
-    from .detection import detect
+    from .detection import GPU_SELECTION, detect
     from .execute import load_model
     from .testing import make_tiny
 
@@ -95,13 +95,23 @@ def run(
         print(text, file=out, flush=True)
 
     caps = detect()
-    if cpu and caps.gpus:
-        caps = dataclasses.replace(caps, gpus=())
-        say("--cpu given: running on the CPU although a GPU is present.")
+    selection = [f for f in caps.findings if f.code in GPU_SELECTION]
+    if cpu:
+        # the CPU was asked for: which GPU this process would use (CUDA_VISIBLE_DEVICES, LOCAL_RANK...) does
+        # not matter, and a problem with it must not stop a CPU run
+        had_gpu = bool(caps.gpus)
+        caps = dataclasses.replace(
+            caps, gpus=(), findings=tuple(f for f in caps.findings if f.code not in GPU_SELECTION)
+        )
+        say("--cpu given: running on the CPU" + (" although a GPU is present." if had_gpu else "."))
+        for f in selection:
+            say(f"  (not in the way of a CPU run: {f.message})")
     elif not caps.gpus:
         say(
             "No usable NVIDIA GPU found: running on the CPU (float32). On a GPU machine the same command uses the GPU."
         )
+        for f in selection:
+            say(f"  {f.message}\n  fix: {f.fix}")
     else:
         g = caps.gpus[0]
         say(

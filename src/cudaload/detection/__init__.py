@@ -27,6 +27,7 @@ from .visible import NvmlDevice, Selected, Visibility, resolve
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "GPU_SELECTION",
     "assemble",
     "clear_cache",
     "detect",
@@ -35,6 +36,22 @@ __all__ = [
     "render",
     "with_hub_answer",
 ]
+
+#: findings about which GPU a process uses: nothing a CPU-only run (``cudaload demo --cpu``) depends on
+GPU_SELECTION = frozenset(
+    {
+        "cvd-unmatched",
+        "cvd-duplicate",
+        "cvd-malformed",
+        "cvd-hides-all",
+        "cvd-no-gpu",
+        "cvd-after-init",
+        "device-order",
+        "device-order-invalid",
+        "local-rank",
+        "mig-multiple",
+    }
+)
 
 #: one probe per process and (endpoint, timeout): a second detect() reuses the answer, or the running request
 _hub_probes: dict[tuple[str, float], _hub.Probe] = {}
@@ -165,6 +182,16 @@ def _findings(
                 "install the NVIDIA driver (nvidia-smi must work) and `pip install nvidia-ml-py`",
             )
         )
+    order = _env.cuda_device_order(env)
+    if order and order not in _env.DEVICE_ORDERS:
+        out.append(
+            Finding(
+                "device-order-invalid",
+                f"CUDA_DEVICE_ORDER={order!r} is neither FASTEST_FIRST nor PCI_BUS_ID: CUDA ignores it and "
+                "numbers the GPUs fastest first",
+                "export CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's order), or unset it",
+            )
+        )
     if vis.order_guessed and len(devices) > 1:
         models = sorted({d.name for d in devices})
         out.append(
@@ -175,7 +202,21 @@ def _findings(
                 "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
             )
         )
-    if vis.unmatched:
+    if vis.unmatched and not devices:
+        # nothing can match on a machine without an NVIDIA GPU: CUDA sees none with or without the variable, so
+        # a load runs on the CPU as it would unset (load_model does not stop on this code); nvidia-smi -L has
+        # nothing to list here, so the fix is the variable itself
+        out.append(
+            Finding(
+                "cvd-no-gpu",
+                f"CUDA_VISIBLE_DEVICES={cvd!r} selects GPUs, but this machine has no NVIDIA GPU that NVML can "
+                f"see ({nvml_error or 'none found'}): models load on the CPU",
+                "to run on the CPU, unset CUDA_VISIBLE_DEVICES (or set it empty: no GPU); if this machine has a "
+                "GPU, install the NVIDIA driver until `nvidia-smi` lists it",
+                severity="error",
+            )
+        )
+    elif vis.unmatched:
         out.append(
             Finding(
                 "cvd-unmatched",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,15 @@ class NvmlReport:
     driver_version: str | None = None
     cuda_driver_version: str | None = None  # "13.0"
     error: str | None = None  # why NVML could not be read (None when it could)
+
+
+def driver_absent() -> bool:
+    """True only where this machine certainly has no usable NVIDIA GPU: Linux without the NVIDIA kernel
+    module's ``/proc/driver/nvidia`` and without its control device ``/dev/nvidiactl`` (a container given GPUs
+    gets both). Two stats, no NVML: cheap enough for checking arguments. False where unsure."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/nvidiactl")
 
 
 def _text(v: Any) -> str:
