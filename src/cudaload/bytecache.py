@@ -18,15 +18,16 @@ the standard library's included, from the prefix only. (The module is ``bytecach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, LoadError
@@ -189,14 +190,30 @@ def _owner_notes(paths: Sequence[str]) -> list[str]:
     ]
 
 
-def _check_writable(folders: Sequence[str], prefix: str | None) -> None:
-    from .detection.bytecode import can_create
+def _check_prefix(prefix: str) -> None:
+    """Write a file under ``prefix`` before anything else (finding the packages imports torch in a child, and
+    compiling takes a minute): ``os.access`` answers yes to root for folders no one can create files in
+    (``/proc/nope``), so only a write says whether compileall's will work. A folder made for the check alone is
+    removed again."""
+    made = not os.path.exists(prefix)
+    try:
+        os.makedirs(prefix, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=prefix, prefix=".cudaload-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigurationError(
+            f"cannot write bytecode caches under {prefix}: {e.strerror or e}",
+            fix="pass a writable folder as --prefix (it is created if missing)",
+        ) from None
+    if made:
+        with contextlib.suppress(OSError):
+            os.rmdir(prefix)
 
+
+def _check_writable(folders: Sequence[str], prefix: str | None) -> None:
     if prefix:
-        if not can_create(Path(prefix)):
-            raise ConfigurationError(
-                f"cannot write bytecode caches under {prefix}", fix="pass a writable folder as --prefix"
-            )
+        _check_prefix(prefix)
         return
     readonly = [f for f in folders if not os.access(f, os.W_OK)]
     if readonly:
@@ -247,6 +264,8 @@ def precompile(
     pre = os.path.abspath(raw) if raw else None
     env = _child_env(pre)
     t0 = time.perf_counter()
+    if pre:
+        _check_prefix(pre)
     with_stdlib = bool(pre) if stdlib is None else stdlib
     if packages is None:
         seen = _inspect(python, env)
