@@ -11,9 +11,14 @@ import json
 import logging
 import re
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from .errors import CudaloadError
+from .errors import ConfigurationError, CudaloadError, CudaloadWarning
+
+if TYPE_CHECKING:
+    from .request import Request
 
 #: Python keyword -> the ``cudaload plan`` flag that sets it. The library's messages name keywords
 #: (``allow_offload=True``); the CLI prints them as flags (``--allow-offload``). The one place the two
@@ -87,10 +92,10 @@ def _positive_int(value: str) -> int:
 
 
 def _packages(value: str) -> list[str]:
-    from .detection.packages import check_names
+    from .request import package_names
 
     try:
-        return check_names(_csv(value))
+        return package_names("--assume-installed", _csv(value))
     except CudaloadError as e:
         raise argparse.ArgumentTypeError(e.message + (f" ({e.fix})" if e.fix else "")) from None
 
@@ -142,6 +147,10 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
             else "no package a load imports is compiled again by each process"
         )
         return 1 if text else 0
+    if args.jobs < 0:
+        raise ConfigurationError(
+            f"--jobs {args.jobs} is not a number of processes", fix="pass --jobs 0 (one per CPU) or more"
+        )
     from .bytecache import precompile
 
     report = precompile(args.packages, prefix=args.prefix, workers=args.jobs)
@@ -157,11 +166,26 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import plan
+def _request(model: str, entry: str, **options: Any) -> Request:
+    """The same :class:`~cudaload.request.Request` the Python API builds, before torch or transformers is
+    imported: a bad value is refused at once. Its warnings are printed as the CLI's own lines."""
+    from .request import Request
 
-    p = plan(
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CudaloadWarning)
+        req = Request.build(model, entry=entry, **options)
+    for w in caught:
+        if issubclass(w.category, CudaloadWarning):
+            print(f"cudaload: warning: {as_flags(str(w.message))}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return req
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    req = _request(
         args.model,
+        "plan",
         hardware=args.hardware,
         intent=args.intent,
         seq_len=args.seq_len,
@@ -182,8 +206,51 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         parallelism=args.parallelism,
         lower_latency=args.lower_latency,
     )
+    from .planner import plan
+
+    # the training options the CLI has no flags for stay out: their defaults are plan()'s
+    kwargs = {k: v for k, v in req.plan_kwargs().items() if k not in _NO_FLAG}
+    p = plan(req.model, **kwargs)
     print(p.to_json() if args.json else as_flags(p.explain()))
     return 0
+
+
+#: Request options `cudaload plan` has no flag for, left at plan()'s defaults
+_NO_FLAG = ("batch_layout", "tokens_per_step", "lora", "loss")
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """`cudaload tune`: the work checked as plan()'s (a zero length is refused, not stored in the timing cache),
+    then cudaload.tuning.run_tune, which imports torch."""
+    try:
+        _request(
+            args.model,
+            "tune",
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            new_tokens=args.new_tokens,
+            padded=args.padded,
+            tune_budget_s=args.budget_s,
+        )
+    except CudaloadError as e:
+        # tune's own spelling of the one keyword plan has no flag for
+        e.message = e.message.replace("tune_budget_s=", "--budget-s ")
+        e.fix = e.fix and e.fix.replace("tune_budget_s=", "--budget-s ")
+        raise
+    if args.reps < 1:
+        raise ConfigurationError(f"--reps {args.reps} times nothing", fix="pass --reps 1 or more (default 5)")
+    from .request import attention_name
+
+    for name in args.backends or ():
+        if name == "auto":
+            raise ConfigurationError(
+                "--backends names the backends to time; auto is not one",
+                fix="leave --backends out to time every usable one",
+            )
+        attention_name(name)  # the names --attn takes, refused the same way
+    from .tuning import run_tune
+
+    return run_tune(args)
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
@@ -385,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tuning import add_tune_parser
 
-    add_tune_parser(sub, parents=[common])
+    add_tune_parser(sub, parents=[common]).set_defaults(func=_cmd_tune)
 
     pr = sub.add_parser(
         "profiles",
