@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 33's H200 runs, one device call each (the call's limit is 600 s):
+#   benchmarks/gpu_train_suite.sh 1   GPU training tests, 8B LoRA and QLoRA on instruct-like lengths, 8B LoRA on documents
+#   benchmarks/gpu_train_suite.sh 2   0.6B on chat and document lengths, 8B on chat lengths, 8B LoRA on a 46 GiB card
+# Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source .whl/env.sh || exit 1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+log() { grep --line-buffered -v -e Warning -e warn; }
+case ${1:-1} in
+  1)
+    timeout 170 python -m pytest -q -p no:cacheprovider tests/test_training_gpu.py 2>&1 | tail -60 > "$out/gputests.log"
+    timeout 390 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora,qlora \
+      --dists instruct --budget-s 250 2>&1 | log > "$out/bench1.log"
+    timeout 150 python benchmarks/bench_train.py --out "$out/t2" --shapes 8b --modes lora --dists docs \
+      --budget-s 140 2>&1 | log > "$out/bench2.log"
+    ;;
+  2)
+    timeout 200 python benchmarks/bench_train.py --out "$out/t3" --shapes 0.6b --modes lora,qlora \
+      --dists chat,docs --budget-s 190 2>&1 | log > "$out/bench3.log"
+    timeout 200 python benchmarks/bench_train.py --out "$out/t4" --shapes 8b --modes qlora,lora --dists chat \
+      --budget-s 190 2>&1 | log > "$out/bench4.log"
+    timeout 110 python benchmarks/bench_train.py --out "$out/t5" --shapes 8b --modes lora --dists instruct \
+      --methods cudaload --card-gib 46 --budget-s 100 2>&1 | log > "$out/bench5.log"
+    ;;
+esac
+rm -f "$out"/*/results.md
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+python -c "import torch, transformers, peft; print(torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__)" >> "$out/gpu.txt" 2>&1

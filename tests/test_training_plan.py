@@ -1,0 +1,265 @@
+"""The training plan over profiles (pure): layout, attention for training, the step bound and the loss through
+the fit ladder, LoRA dropout, QLoRA's preparation, what training_arguments / training_setup / TRL get."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+import cudaload
+from cudaload.errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
+from cudaload.model_info import model_info
+from cudaload.planner import plan
+from cudaload.plans import Plan
+from cudaload.policies.memory import allocated_bytes, estimate
+from cudaload.policies.training import TYPICAL_FILL, step_bounds
+from cudaload.profiles import hardware
+from cudaload.testing import full_config, tiny_config
+from cudaload.training_plan import StepShape
+
+Q8 = full_config("Qwen3-8B")
+
+
+def h200(*pkgs: str) -> Any:
+    return hardware("H200").with_packages(["peft", *pkgs], [])
+
+
+def test_8b_lora_on_an_h200_with_fa4_packs_with_varlen_boundaries_and_no_checkpointing() -> None:
+    p = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
+    t = p.training
+    assert t is not None and p.attention.choice == "flash_attention_4"
+    assert p.attention.reasons[0].startswith("training: measured on NVIDIA H200")
+    assert t.layout.choice == "packed" and t.boundaries == "cu_seq_lens"
+    assert p.gradient_checkpointing is not None and p.gradient_checkpointing.choice == "off"
+    # the largest bound that fits without checkpointing, between batch x seq_len and a quarter of it
+    assert 8 * 2048 * TYPICAL_FILL <= t.step.tokens < 8 * 2048
+    assert t.step == dataclasses.replace(t.step, sequences=8, longest=2048, packed=True, fused_loss=False)
+    assert p.memory.per_device["cuda:0"] <= p.memory.budget["cuda:0"]
+    # the larger bound is refused with the reason (its need against the budget)
+    bigger = t.tokens_per_step.candidate(f"{8 * 2048:,}")
+    assert bigger is not None and not bigger.ok and "does not fit" in " ".join(bigger.reasons)
+    assert p.peft is not None and p.peft["lora_dropout"] == 0.0
+    assert t.lora_dropout is not None and "PEFT's own default" in t.lora_dropout.reasons[0]
+    text = p.explain()
+    assert "batch layout: packed" in text and "tokens per step:" in text and "LoRA dropout: 0" in text
+
+
+def test_without_a_flash_package_sdpa_packs_by_position_ids_with_its_bias_in_memory() -> None:
+    fa4 = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
+    p = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8)
+    t = p.training
+    assert t is not None and p.attention.choice == "sdpa" and t.boundaries == "position_ids"
+    assert any("attention bias per layer" in n for n in p.memory.notes)
+    assert fa4.training is not None and t.step.tokens <= fa4.training.step.tokens
+
+
+def test_training_attention_follows_the_architecture_where_nothing_was_measured() -> None:
+    a100 = hardware("A100-80GB").with_packages(["peft", "flash-attn", "flash-attn-4"], [])
+    p = plan(Q8, hardware=a100, intent="lora", seq_len=2048, batch_size=8)
+    # FA4's backward needs sm90+: on sm80 FA2 (varlen forward and backward) is the kernel
+    assert p.attention.choice == "flash_attention_2"
+    assert p.attention.reasons[0].startswith("training: a flash kernel with varlen forward and backward")
+    fa4 = p.attention.candidate("flash_attention_4")
+    assert fa4 is not None and not fa4.ok
+    # inference is unchanged: sdpa without timings
+    assert plan(Q8, hardware=a100, seq_len=2048, batch_size=8).attention.choice == "sdpa"
+
+
+def test_eager_or_a_non_causal_model_is_padded_and_explicit_packing_is_honoured_or_refused() -> None:
+    p = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, attn="eager")
+    assert p.training is not None and p.training.layout.choice == "padded"
+    assert p.training.group_by_length and "tokens^2" in p.training.layout.reasons[0]
+    forced = plan(
+        Q8, hardware=h200(), intent="lora", seq_len=512, batch_size=4, attn="eager", batch_layout="packed"
+    )
+    assert forced.training is not None and forced.training.layout.choice == "packed"
+    assert forced.training.layout.explicit and any("tokens^2" in r for r in forced.training.layout.reasons)
+    cls = {"model_class": "AutoModelForSequenceClassification"}
+    with pytest.raises(InvalidChoiceError, match="packed"):
+        plan(tiny_config("qwen3"), hardware=h200(), intent="training", seq_len=128, batch_layout="packed", **cls)
+    seq_cls = plan(tiny_config("qwen3"), hardware=h200(), intent="training", seq_len=128, **cls)
+    assert seq_cls.training is not None and seq_cls.training.layout.choice == "padded"
+    with pytest.raises(ConfigurationError, match="batch_layout"):
+        plan(Q8, hardware=h200(), intent="lora", batch_layout="flat")
+
+
+def test_declared_nothing_assumes_trainers_batch_and_says_so() -> None:
+    p = plan(Q8, hardware=h200("flash-attn-4"), intent="lora")
+    t = p.training
+    assert t is not None and p.batch_size == 8 and t.step.sequences == 8 and t.step.longest == 4096
+    assert any("Trainer's default per_device_train_batch_size" in a for a in t.assumed)
+    assert any("declare seq_len=" in a for a in t.assumed)
+    # a declared batch is taken as given
+    declared = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=1024, batch_size=2)
+    assert declared.training is not None and declared.training.assumed == ()
+    assert declared.batch_size == 2
+
+
+def test_an_assumed_batch_may_shrink_to_one_sequence_a_declared_one_raises_with_fixes_that_fit() -> None:
+    a100 = hardware("A100-40GB").with_packages(["peft"], [])
+    p = plan(Q8, hardware=a100, intent="lora", seq_len=8192)
+    assert p.training is not None and p.training.step.tokens >= 8192
+    with pytest.raises(DoesNotFitError) as e:
+        plan(full_config("Llama-3.1-8B"), hardware=a100, intent="training", seq_len=4096, batch_size=4)
+    assert e.value.suggestions
+    for s in e.value.suggestions:
+        if s.kind in ("seq_len", "tokens_per_step"):
+            kw = (
+                {"seq_len": s.value} if s.kind == "seq_len" else {"seq_len": 4096, "tokens_per_step": s.value}
+            )
+            plan(full_config("Llama-3.1-8B"), hardware=a100, intent="training", batch_size=4, **kw)
+
+
+def test_liger_is_chosen_only_where_it_alone_avoids_checkpointing() -> None:
+    card = dataclasses.replace(
+        h200("liger-kernel"),
+        gpus=tuple(dataclasses.replace(g, free_memory=46 << 30) for g in hardware("H200").gpus),
+    )
+    tight = plan(Q8, hardware=card, intent="lora", seq_len=2048, batch_size=2)
+    assert tight.training is not None
+    roomy = plan(Q8, hardware=h200("liger-kernel"), intent="lora", seq_len=2048, batch_size=8)
+    assert roomy.training is not None and roomy.training.loss.choice == "transformers"
+    assert "slower" in " ".join(roomy.training.loss.reasons)
+    # where the standard loss needs checkpointing at every bound and the fused one does not, the fused one
+    if tight.training.loss.choice == "liger":
+        assert tight.gradient_checkpointing is not None and tight.gradient_checkpointing.choice == "off"
+        assert tight.training.step.fused_loss
+        args = cudaload.training_arguments(tight)
+        assert args["use_liger_kernel"] is True and args["liger_kernel_config"]["fused_linear_cross_entropy"]
+        assert not args["liger_kernel_config"]["rms_norm"]
+    with pytest.raises(InvalidChoiceError, match="liger"):
+        plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, loss="liger")
+    with pytest.raises(ConfigurationError, match="loss"):
+        plan(Q8, hardware=h200(), intent="lora", loss="fast")
+
+
+def test_fused_loss_and_packing_shrink_the_estimate_as_the_model_says() -> None:
+    info = model_info(Q8)
+    kw: dict[str, Any] = dict(dtype="bfloat16", quantization=None, intent="lora", seq_len=2048, batch_size=8)
+    padded = estimate(info, gradient_checkpointing=False, step=StepShape.padded(8, 2048), **kw)
+    half = estimate(info, gradient_checkpointing=False, step=StepShape(8192, 8, 2048, packed=True), **kw)
+    fused = estimate(
+        info, gradient_checkpointing=False, step=StepShape(8192, 8, 2048, packed=True, fused_loss=True), **kw
+    )
+    assert allocated_bytes(half) < allocated_bytes(padded)
+    # the fp32 logits of 8192 tokens over the vocabulary (12 bytes each) are the difference, nearly
+    assert allocated_bytes(half) - allocated_bytes(fused) > 0.9 * 8192 * 151936 * 12
+    dropout = estimate(
+        info,
+        gradient_checkpointing=False,
+        step=StepShape(8192, 8, 2048, packed=True, lora_dropout=0.05),
+        **kw,
+    )
+    assert allocated_bytes(dropout) > allocated_bytes(half)
+
+
+def test_explicit_tokens_per_step_and_checkpointing_are_honoured() -> None:
+    p = plan(
+        Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8, tokens_per_step=4096
+    )
+    assert p.training is not None and p.training.step.tokens == 4096 and p.training.tokens_per_step.explicit
+    on = plan(
+        Q8,
+        hardware=h200("flash-attn-4"),
+        intent="lora",
+        seq_len=2048,
+        batch_size=8,
+        gradient_checkpointing=True,
+    )
+    assert on.gradient_checkpointing is not None and on.gradient_checkpointing.choice == "on"
+    assert on.training is not None and on.training.step.tokens == 8 * 2048  # no reason to shrink the step
+    with pytest.raises(ConfigurationError, match="longest sequence must fit"):
+        plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, tokens_per_step=1024)
+    assert step_bounds(8, 2048, None)[0] == 16384 and step_bounds(8, 2048, 5000) == [5000]
+    assert min(step_bounds(3, 1000, None)) >= 1000
+
+
+def test_lora_overrides_and_qlora_preparation() -> None:
+    p = plan(
+        Q8, hardware=h200(), intent="lora", seq_len=512, batch_size=4, lora={"r": 64, "lora_dropout": 0.1}
+    )
+    assert p.peft is not None and p.peft["r"] == 64 and p.peft["lora_dropout"] == 0.1
+    assert p.training is not None and p.training.lora_dropout is not None and p.training.lora_dropout.explicit
+    assert p.training.step.lora_dropout == 0.1
+    q = plan(Q8, hardware=h200("bitsandbytes"), intent="qlora", seq_len=512, batch_size=4)
+    assert (
+        q.training is not None
+        and q.training.kbit_upcast is not None
+        and q.training.kbit_upcast.choice == "bf16"
+    )
+    assert not q.training.step.kbit_upcast
+    assert q.optimizer is not None and q.optimizer.choice == "adamw_torch_fused"
+
+
+def test_training_arguments_and_trl_follow_the_layout() -> None:
+    packed = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
+    a = cudaload.training_arguments(packed)
+    assert a["per_device_train_batch_size"] == 1 and "train_sampling_strategy" not in a
+    padded = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, batch_layout="padded")
+    b = cudaload.training_arguments(padded)
+    assert b["per_device_train_batch_size"] == 8 and b["train_sampling_strategy"] == "group_by_length"
+    assert packed.training is not None
+    trl = cudaload.sft_config_arguments(packed)
+    assert (
+        trl["packing"]
+        and trl["packing_strategy"] == "bfd"
+        and trl["max_length"] == packed.training.step.tokens
+    )
+    assert cudaload.sft_config_arguments(padded)["max_length"] == 2048
+    with pytest.raises(ConfigurationError, match="takes a Plan"):
+        cudaload.training_arguments("x")  # type: ignore[arg-type]
+
+
+def test_training_arguments_are_fields_of_the_installed_trainingarguments() -> None:
+    import transformers
+    from transformers import TrainingArguments
+
+    p = plan(Q8, hardware=h200("flash-attn-4", "liger-kernel"), intent="lora", seq_len=2048, batch_size=8)
+    here = dataclasses.replace(p, hardware={**p.hardware, "transformers": transformers.__version__})
+    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    for pl in (
+        here,
+        dataclasses.replace(here, training=dataclasses.replace(here.training, group_by_length=True)),
+    ):  # type: ignore[arg-type]
+        assert set(cudaload.training_arguments(pl)) <= known
+
+
+def test_trl_sftconfig_takes_the_arguments() -> None:
+    trl = pytest.importorskip("trl")
+    p = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
+    cfg = trl.SFTConfig(output_dir="/tmp/cudaload-trl", **cudaload.sft_config_arguments(p))
+    assert cfg.packing and cfg.max_length == p.training.step.tokens  # type: ignore[union-attr]
+
+
+def test_the_training_section_round_trips_through_json() -> None:
+    p = plan(Q8, hardware=h200("flash-attn-4", "bitsandbytes"), intent="qlora", seq_len=2048, batch_size=8)
+    back = Plan.from_json(p.to_json())
+    assert back == p
+    d = json.loads(p.to_json())["training"]
+    assert d["expects"] == {
+        "longest_sequence": 2048,
+        "sequences_per_step": 8,
+        "tokens_per_step": d["step"]["tokens"],
+    }
+
+
+def test_training_setup_packs_to_the_plan_and_refuses_what_is_not_a_plan() -> None:
+    p = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=64, batch_size=4)
+    assert p.training is not None
+    data = [{"input_ids": list(range(5, 5 + n))} for n in (10, 60, 33, 7, 64, 50, 12, 40)]
+    s = cudaload.training_setup(p, data)
+    assert len(s.train_dataset) >= 2
+    for item in s.train_dataset:
+        assert len(item["input_ids"]) <= 4 and sum(map(len, item["input_ids"])) <= p.training.step.tokens
+    assert s.data_collator.boundaries == "cu_seq_lens"  # type: ignore[union-attr]
+    assert "packed steps of at most 4 sequences" in s.describe()
+    with pytest.raises(ConfigurationError, match="seq_len=70"):
+        cudaload.training_setup(p, [*data, {"input_ids": list(range(70))}])
+    with pytest.raises(ConfigurationError, match="not str"):
+        cudaload.training_setup("model")
+    inference = plan(Q8, hardware=h200(), seq_len=64)
+    with pytest.raises(ConfigurationError, match="inference"):
+        cudaload.training_setup(inference)
