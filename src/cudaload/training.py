@@ -123,14 +123,14 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
     Raises:
         ConfigurationError: not a Plan, or the plan is for inference or serving.
     """
-    if plan.intent in ("inference", "serving"):
-        raise ConfigurationError(
-            f"this plan is for {plan.intent}", fix="plan or load with intent='training', 'lora' or 'qlora'"
-        )
     if not isinstance(plan, Plan):
         raise ConfigurationError(
             f"training_arguments() takes a Plan, not {type(plan).__name__}",
             fix="pass model.cudaload_plan (from load_model) or the result of cudaload.plan(...)",
+        )
+    if plan.intent in ("inference", "serving"):
+        raise ConfigurationError(
+            f"this plan is for {plan.intent}", fix="plan or load with intent='training', 'lora' or 'qlora'"
         )
     args = {
         **precision_arguments(plan),

@@ -15,7 +15,7 @@ from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..prefetch import MODES as _PREFETCH_MODES
 from ..prefetch import REMOVED_MODES as _REMOVED_PREFETCH_MODES
 from . import serving as _serving
-from .adapters import _wrap_peft, enable_planned_checkpointing
+from .adapters import _training_after_fallback, _wrap_peft, enable_planned_checkpointing
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .from_pretrained import _DECIDED, resolve_auto_class
@@ -338,6 +338,8 @@ def load_model(
             plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
             if fallbacks and plan.serving is not None:
                 plan = _serving_after_fallback(plan, model, plan_kwargs)
+            if fallbacks and plan.training is not None:
+                plan = _training_after_fallback(plan, model, plan_kwargs)
         plan, sdpa_dispatch = _confirm_sdpa_variant(loaded, plan)
         phases.mark("probe")
         verified = verify(loaded, plan, allow_offload=allow_offload)

@@ -30,8 +30,10 @@ def _with_layers(config: Any, n: int) -> Any:
     return c
 
 
-def _count(cls: Any, config: Any) -> tuple[int, int, int, int, int, int]:
-    """(linear, head, embedding, other, linear modules, sum in+out) of ``cls`` built on the meta device."""
+def _count(cls: Any, config: Any) -> tuple[int, int, int, int, int, int, int]:
+    """(linear, head, embedding, other, linear modules, sum in+out, q/k norms) of ``cls`` built on the meta
+    device. A q/k norm is an attention's ``q_norm`` module (Qwen3, Gemma3, OLMo2...: its fp32 input is kept for
+    backward, a training activation the memory model counts)."""
     import torch
 
     with torch.device("meta"):
@@ -40,8 +42,10 @@ def _count(cls: Any, config: Any) -> tuple[int, int, int, int, int, int]:
     head_ids = {id(p) for p in head.parameters()} if head is not None else set()
     emb_ids: set[int] = set()
     lin_ids: set[int] = set()
-    mods = ins = 0
-    for m in model.modules():
+    mods = ins = qk = 0
+    for name, m in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "q_norm" and any(True for _ in m.parameters()):
+            qk += 1
         if isinstance(m, torch.nn.Embedding):
             emb_ids.update(id(p) for p in m.parameters(recurse=False))
         elif isinstance(m, torch.nn.Linear) and m is not head:
@@ -59,7 +63,7 @@ def _count(cls: Any, config: Any) -> tuple[int, int, int, int, int, int]:
             lin += n
         else:
             other += n
-    return lin, hd, emb, other, mods, ins
+    return lin, hd, emb, other, mods, ins, qk
 
 
 #: (class, config JSON) -> counts. Plans are re-made often for the same model (CLI, tests, load_model).
@@ -92,6 +96,7 @@ def _counts(cls: Any, config: Any, layers: int) -> ParamCounts:
             per_layer=sum(full[:4]) // max(layers, 1),
             linear_modules=full[4],
             linear_in_out=full[5],
+            qk_norms=full[6],
         )
     per = [b - a for a, b in zip(one, two, strict=True)]
     base = [a - p for a, p in zip(one, per, strict=True)]
@@ -104,4 +109,5 @@ def _counts(cls: Any, config: Any, layers: int) -> ParamCounts:
         per_layer=sum(per[:4]),
         linear_modules=tot[4],
         linear_in_out=tot[5],
+        qk_norms=tot[6],
     )

@@ -35,6 +35,7 @@ class ParamCounts:
     per_layer: int = 0  # one decoder layer (the unit a device_map split moves)
     linear_modules: int = 0  # nn.Linear modules LoRA ("all-linear") would wrap
     linear_in_out: int = 0  # sum of in_features + out_features over those modules (LoRA params = r * this)
+    qk_norms: int = 0  # attention q_norm modules (RMSNorm on the queries and keys: Qwen3, Gemma3, OLMo2...)
 
     @property
     def total(self) -> int:

@@ -53,9 +53,9 @@ __all__ = [
 #: default): the sequences a step holds when the caller declares none
 DEFAULT_SEQUENCES = 8
 #: The smallest step bound tried before the fused loss or checkpointing, as a fraction of ``batch_size x
-#: seq_len``: instruction data's sequences average about a quarter of the longest (the H200 runs'
-#: log-normal lengths, median ~420 tokens capped at 2048, mean ~530; /work/shared/device/README.md,
-#: 2026-12-03), so ``batch_size`` sequences rarely need more, and a step that would is split in two.
+#: seq_len``: instruction data's sequences average about a quarter of the longest (benchmarks/bench_train.py's
+#: log-normal lengths: median 420 capped at 2048 averaged 579, 0.28 of it; median 200, 301, 0.15), so
+#: ``batch_size`` sequences rarely need more, and a step that would is split in two.
 TYPICAL_FILL = 0.25
 #: step bounds are multiples of this (a whole number of 256-token tiles)
 ALIGN = 256
@@ -122,9 +122,9 @@ def choose_layout(info: Any, attn: str, act_bytes: int, requested: str = "auto")
         "(masking_utils.find_packed_sequence_indices)"
     )
     packed_why = (
-        f"no padding is computed: each step's sequences are concatenated into one row; {how}. On the H200 "
-        "(8B LoRA, instruction-like lengths) padding-free steps trained 2.0-3.2x the tokens/s of padded ones "
-        "(/work/shared/device/README.md, 2026-12-03)"
+        f"no padding is computed: each step's sequences are concatenated into one row; {how}. On the H200, "
+        "packed steps as planned here trained 3.1-3.4x the tokens/s of the padded, checkpointed recipe (8B LoRA, "
+        "flash_attention_4; 2.3-2.4x with sdpa; benchmarks/results/2026-12-03-h200)"
     )
     padded_why = "each sequence padded to the batch's longest (attention mask); padding tokens are computed too"
     cands = (

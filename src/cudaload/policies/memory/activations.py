@@ -57,7 +57,7 @@ class TrainingPhases:
         return act, max(grads + step - top, 0)
 
 
-def adapter_input_bytes(act_bytes: int, step: StepShape) -> tuple[float, bool]:
+def adapter_input_bytes(act_bytes: int, step: StepShape, kbit: bool = False) -> tuple[float, bool]:
     """Bytes PEFT's LoRA keeps per element of each adapted layer's input, and whether the adapters share the
     inputs the layer keeps anyway.
 
@@ -67,9 +67,12 @@ def adapter_input_bytes(act_bytes: int, step: StepShape) -> tuple[float, bool]:
     with ``bf16=True``, through accelerate's ``prepare_model``) cast back to a bf16 copy that ``lora_A`` keeps
     (2 bytes). Dropout > 0 adds its output in place of the input and a 1-byte mask. On an fp32 stream (QLoRA
     with peft's fp32 cast) the cast is a no-op: without dropout the adapters keep the same tensors as the
-    layer."""
-    if act_bytes >= 4:
-        return (5.0, False) if step.lora_dropout > 0 else (0.0, True)
+    layer. PEFT's bitsandbytes layers (``kbit``) cast only outside autocast (peft 0.21 tuners/lora/bnb.py:543-546,
+    ``requires_conversion = not torch.is_autocast_enabled()``): under autocast they share the inputs too
+    (measured on the H200: 8B QLoRA kept 8.6 GB less than LoRA at 7,673 packed tokens, 1.13 MB a token;
+    benchmarks/results/2026-12-03-h200/README.md)."""
+    if act_bytes >= 4 or (kbit and step.autocast):
+        return (5.0 if act_bytes >= 4 else 3.0, False) if step.lora_dropout > 0 else (0.0, True)
     kept = 2.0 if step.autocast else 4.0
     return kept + (1.0 if step.lora_dropout > 0 else 0.0), False
 
@@ -119,7 +122,7 @@ def training_activations(
         # points, the loss at LOSS_BYTES_PER_LOGIT): 321.5 and 426.0 KB here; with the norms' outputs and the
         # product counted (full fine-tuning, below) it was 362.5 and 507.9 KB.
         layer = 2 * 4 * h + a * (3 * q + 3 * kv) + 3 * a * inter
-        per_elem, shared = adapter_input_bytes(a, step)
+        per_elem, shared = adapter_input_bytes(a, step, kbit=intent == "qlora")
         if shared:
             # the adapters read the norms' outputs (shared by q/k/v and by gate/up) and the product, which the
             # frozen layers alone would not keep; o_proj's input is the attention output, kept already
@@ -129,6 +132,12 @@ def training_activations(
             layer += int(per_elem * (5 * h + q + inter))
     else:
         layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
+    if info.counts.qk_norms and a < 4:
+        # a q/k RMSNorm (Qwen3, Gemma3, OLMo2...) keeps its fp32 input, 4 bytes a query and key value where the
+        # terms above count the projection's output in the activations' dtype. Measured on the H200 (8B LoRA,
+        # FA4, packed): 9.79 MB a token against 9.42 planned without this term, the 10.2 KB a token and layer it
+        # adds (benchmarks/results/2026-12-03-h200/README.md)
+        layer += (4 - a) * (q + kv)
     packed_sdpa = step.packed and attn == "sdpa" and not sdpa_math(info, a)
     if packed_sdpa and kv < q:
         layer += a * 2 * (q - kv)  # the repeated key/value heads sdpa keeps
