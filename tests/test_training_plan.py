@@ -79,7 +79,14 @@ def test_eager_or_a_non_causal_model_is_padded_and_explicit_packing_is_honoured_
     assert forced.training.layout.explicit and any("tokens^2" in r for r in forced.training.layout.reasons)
     cls = {"model_class": "AutoModelForSequenceClassification"}
     with pytest.raises(InvalidChoiceError, match="packed"):
-        plan(tiny_config("qwen3"), hardware=h200(), intent="training", seq_len=128, batch_layout="packed", **cls)
+        plan(
+            tiny_config("qwen3"),
+            hardware=h200(),
+            intent="training",
+            seq_len=128,
+            batch_layout="packed",
+            **cls,
+        )
     seq_cls = plan(tiny_config("qwen3"), hardware=h200(), intent="training", seq_len=128, **cls)
     assert seq_cls.training is not None and seq_cls.training.layout.choice == "padded"
     with pytest.raises(ConfigurationError, match="batch_layout"):
@@ -228,10 +235,20 @@ def test_training_arguments_are_fields_of_the_installed_trainingarguments() -> N
 
 
 def test_trl_sftconfig_takes_the_arguments() -> None:
+    """Real TRL (the dev set installs it): every keyword is an SFTConfig field and TRL takes the values (the
+    GPU precision flags are switched off: this machine has none)."""
     trl = pytest.importorskip("trl")
     p = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
-    cfg = trl.SFTConfig(output_dir="/tmp/cudaload-trl", **cudaload.sft_config_arguments(p))
-    assert cfg.packing and cfg.max_length == p.training.step.tokens  # type: ignore[union-attr]
+    args = cudaload.sft_config_arguments(p)
+    assert set(args) <= {f.name for f in dataclasses.fields(trl.SFTConfig)}
+    cpu = {**args, "bf16": False, "tf32": False, "use_cpu": True}
+    cfg = trl.SFTConfig(output_dir="/tmp/cudaload-trl", **cpu)
+    assert cfg.packing and cfg.packing_strategy == "bfd" and cfg.padding_free
+    assert (
+        p.training is not None
+        and cfg.max_length == p.training.step.tokens
+        and cfg.per_device_train_batch_size == 1
+    )
 
 
 def test_the_training_section_round_trips_through_json() -> None:
@@ -263,3 +280,21 @@ def test_training_setup_packs_to_the_plan_and_refuses_what_is_not_a_plan() -> No
     inference = plan(Q8, hardware=h200(), seq_len=64)
     with pytest.raises(ConfigurationError, match="inference"):
         cudaload.training_setup(inference)
+
+
+def test_a_runtime_fallback_plans_the_training_section_again(tiny_model: Any) -> None:
+    """A packed plan made for flash attention's varlen kernels (boundaries once per step, no bias) is planned
+    again when the load falls back to sdpa: the boundaries become the position ids and the bound is sdpa's."""
+    from cudaload.execute.adapters import _training_after_fallback
+
+    path = str(tiny_model("qwen3"))
+    caps = h200("flash-attn-4")
+    kw = {"hardware": caps, "intent": "lora", "seq_len": 256, "batch_size": 8}
+    first = plan(path, **kw)
+    assert first.training is not None and first.training.boundaries == "cu_seq_lens"
+    fell = dataclasses.replace(first, attention=dataclasses.replace(first.attention, choice="sdpa"))
+    again = _training_after_fallback(fell, path, kw)
+    assert again.training is not None and again.training.boundaries == "position_ids"
+    assert again.attention == fell.attention  # the decision with its fallback stays
+    assert any("planned again for sdpa" in n for n in again.training.notes)
+    assert _training_after_fallback(first, path, kw).training is not None
