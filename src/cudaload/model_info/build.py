@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..dtypes import dtype_bytes
 from ..plans import ModelSummary
 from .attention_facts import _alibi, _attention_dims, _attention_dropout, _module_attention_facts
 from .config import _load_config
@@ -54,8 +55,6 @@ def model_info(model: Any, *, model_class: str | None = None, revision: str | No
         ck_dtype = st_dtype or ck_dtype
         source = "safetensors"
     else:
-        from ..policies.dtype import dtype_bytes
-
         wparams = counts.total
         wbytes = wparams * dtype_bytes(ck_dtype or "float32")
         source = "config"

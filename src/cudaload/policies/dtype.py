@@ -10,44 +10,11 @@ from __future__ import annotations
 
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
+from ..dtypes import DTYPES, dtype_bytes, normalize_dtype
 from ..errors import InvalidChoiceError
 
-DTYPES = ("bfloat16", "float16", "float32")
-_ALIASES = {
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "torch.bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "half": "float16",
-    "torch.float16": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-    "float": "float32",
-    "torch.float32": "float32",
-}
-_BYTES = {
-    "bfloat16": 2,
-    "float16": 2,
-    "float32": 4,
-    "float64": 8,
-    "int8": 1,
-    "uint8": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
-
-
-def dtype_bytes(name: str) -> int:
-    return _BYTES.get(normalize_dtype(name) if name in _ALIASES else name, 2)
-
-
-def normalize_dtype(name: object) -> str:
-    """'bf16', 'torch.bfloat16', torch.bfloat16 -> 'bfloat16'. InvalidChoiceError for anything else."""
-    key = str(name).strip().lower()
-    if key in _ALIASES:
-        return _ALIASES[key]
-    raise InvalidChoiceError(f"unknown dtype {name!r}", fix=f"use one of {', '.join(DTYPES)} or 'auto'")
+# names, spellings and sizes live in cudaload.dtypes (model_info reads them too); still importable from here
+__all__ = ["DTYPES", "choose_dtype", "dtype_bytes", "fp16_overflow_warning", "normalize_dtype"]
 
 
 def fp16_overflow_warning(model_type: str) -> str:

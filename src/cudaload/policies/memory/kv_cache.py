@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dtype import dtype_bytes
+from ...dtypes import dtype_bytes
 
 
 def kv_cache_bytes(info: Any, dtype: str, seq_len: int, batch_size: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..dtype import dtype_bytes
+from ...dtypes import dtype_bytes
 from .constants import ADAM8BIT_BYTES_PER_PARAM
 
 

@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ...dtypes import dtype_bytes
 from ...training_plan import StepShape
-from ..dtype import dtype_bytes
 from .activations import training_activations
 from .constants import (
     ADAFACTOR_STEP_FP32_COPIES,

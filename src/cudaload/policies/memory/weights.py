@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..dtype import dtype_bytes
+from ...dtypes import dtype_bytes
 from .constants import (
     INT8_BYTES_PER_PARAM,
     LORA_R,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...capabilities import Capabilities, Distributed
+from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
 from ...plans import Parallelism
-from ..dtype import dtype_bytes
 from ..memory import CUDA_CONTEXT_BYTES, Breakdown, GiB, MiB, default_optimizer
 from .topology import ParallelFacts, _divisors_of_both, rank_gpus_of
 

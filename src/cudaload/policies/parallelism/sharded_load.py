@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...capabilities import Capabilities
-from ..dtype import dtype_bytes
+from ...dtypes import dtype_bytes
 from .per_gpu import _gib
 
 

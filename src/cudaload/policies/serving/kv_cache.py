@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
 from ...serving_plan import TF_DEFAULT_BLOCK_SIZE, ServingPlan
-from ..dtype import dtype_bytes
 from ..memory import GiB
 
 #: transformers' defaults this plan departs from or keeps (5.17 file:line)

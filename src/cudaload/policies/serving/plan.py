@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from ...decision import Decision
+from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
 from ...serving_plan import TF_DEFAULT_BLOCK_SIZE, ServingPlan
-from ..dtype import dtype_bytes
 from ..memory import CUDA_CONTEXT_BYTES, GiB
 from ..memory import estimate as memory_estimate
 from .batching import (
