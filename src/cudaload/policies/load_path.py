@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..decision import Candidate, Decision
+from ..model_info import ModelInfo
 from ..plans import Placement
 
 #: ``from_pretrained`` keywords the fast path honours exactly. ``variant``, ``subfolder``, ``use_safetensors``
@@ -100,7 +101,7 @@ QUANTIZED_FAST = frozenset({"int8", "nf4"})
 
 
 def choose_load_path(
-    info: Any,
+    info: ModelInfo,
     *,
     quantization: str | None,
     placement: Placement,

@@ -19,6 +19,7 @@ from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
 from ..detection.support import bitsandbytes_support
 from ..errors import DoesNotFitError, InvalidChoiceError
+from ..model_info import ModelInfo
 from ..training_plan import StepShape
 from .attention.names import SHORT_DECODE_MAX_TOKENS
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
@@ -171,7 +172,7 @@ def _methods(intent: str, requested: str) -> list[str]:
 
 
 def fit(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     *,
     dtype: str,
@@ -404,7 +405,7 @@ def replicate_gpus(caps: Capabilities, count: int) -> Capabilities:
 
 
 def suggestions(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     *,
     dtype: str,

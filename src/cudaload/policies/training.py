@@ -28,6 +28,7 @@ from typing import Any
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
 from ..errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
+from ..model_info import ModelInfo
 from ..training_plan import LAYOUTS, LOSSES, StepShape, TrainingPlan
 from .attention.names import FLASH_PACKAGE, HUB_KERNEL
 from .memory import LORA_DROPOUT, sdpa_math
@@ -68,7 +69,7 @@ _FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25)
 VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
 
 
-def packing_blockers(info: Any) -> list[str]:
+def packing_blockers(info: ModelInfo) -> list[str]:
     """Why packed steps would train this model wrongly (empty: they would not)."""
     bad: list[str] = []
     s = info.summary
@@ -86,7 +87,7 @@ def packing_blockers(info: Any) -> list[str]:
     return bad
 
 
-def packing_costs(info: Any, attn: str, act_bytes: int) -> list[str]:
+def packing_costs(info: ModelInfo, attn: str, act_bytes: int) -> list[str]:
     """Why packed steps would be slow with this attention: scores materialised over the whole row."""
     if attn == "eager":
         return [
@@ -103,7 +104,7 @@ def boundaries_for(attn: str) -> str:
     return "cu_seq_lens" if attn in VARLEN else "position_ids"
 
 
-def choose_layout(info: Any, attn: str, act_bytes: int, requested: str = "auto") -> Decision:
+def choose_layout(info: ModelInfo, attn: str, act_bytes: int, requested: str = "auto") -> Decision:
     """``packed`` where the model is a causal LM and the attention keeps packed sequences apart without scores
     over the whole row, else ``padded``. An explicit ``packed`` is honoured where it trains correctly (its
     cost said), refused with :class:`InvalidChoiceError` where it would not."""
@@ -228,7 +229,7 @@ class StepChoice:
 def plan_step(
     fit: FitProbe,
     *,
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     intent: str,
     layout: Decision,
@@ -381,7 +382,7 @@ def _checkpointing_decision(
     )
 
 
-def liger_problems(caps: Capabilities, info: Any) -> list[str]:
+def liger_problems(caps: Capabilities, info: ModelInfo) -> list[str]:
     """Why Liger's fused linear cross-entropy cannot run here (empty when it can)."""
     bad: list[str] = []
     if not caps.gpus:

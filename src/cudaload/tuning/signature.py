@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..model_info import ModelInfo
 
-def _fact(info: Any, name: str, default: Any) -> Any:
+
+def _fact(info: ModelInfo, name: str, default: Any) -> Any:
     """A model fact from ModelInfo or its summary; fields added later read with a default."""
     v = getattr(info, name, None)
     if v is None:
@@ -71,7 +73,7 @@ class AttentionSignature:
         )
 
 
-def signature(info: Any, dtype: str) -> AttentionSignature:
+def signature(info: ModelInfo, dtype: str) -> AttentionSignature:
     """The signature of a :class:`cudaload.model_info.ModelInfo` computed in ``dtype`` ("bfloat16"...).
 
     q/k and v head dims differ for MLA models (DeepSeek-V3: 192 and 128); ModelInfo carries them as

@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from ..capabilities import Capabilities
+from ..model_info import ModelInfo
 from ..policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from ..policies.training_facts import TrainingFacts
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
@@ -247,7 +248,7 @@ def _date_num(date: str) -> float:
 
 def lookup(
     caps: Capabilities,
-    info: Any,
+    info: ModelInfo,
     dtype: str,
     work: Work | tuple[int, int] | Mapping[str, Any] | None,
     *,

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..errors import ConfigurationError, LoadError
+from ..model_info import ModelInfo
 from .measure import COMPILED_BACKENDS, Measurement, WorkShape, error_line, measure_backends
 from .signature import Work, bucket, signature
 from .store import Entry, TimingCache, gpu_id, package_versions
@@ -375,7 +376,7 @@ def run_tune(args: argparse.Namespace) -> int:
 def measured_or_tune(
     model_path: str,
     caps: Capabilities,
-    info: Any,
+    info: ModelInfo,
     dtype: str,
     work: Work,
     *,

@@ -203,7 +203,7 @@ def finish(
 
 
 def load_report(
-    header: CheckpointHeader, info: Any, threads: int, buffer_bytes: int, dev: torch.device
+    header: CheckpointHeader, loading: Any, threads: int, buffer_bytes: int, dev: torch.device
 ) -> dict[str, Any]:
     """The part of ``model.cudaload_fastload`` every fast path reports: how it read and what was left over."""
     return {
@@ -212,7 +212,7 @@ def load_report(
         "device": str(dev),
         "files": [os.path.basename(f) for f in header.files],
         # transformers' own report, after its adjustments (what from_pretrained(output_loading_info=True) gives)
-        "missing_keys": sorted(info.missing_keys),
-        "unexpected_keys": sorted(info.unexpected_keys),
-        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in info.mismatched_keys),
+        "missing_keys": sorted(loading.missing_keys),
+        "unexpected_keys": sorted(loading.unexpected_keys),
+        "mismatched_keys": sorted((k, list(a), list(b)) for k, a, b in loading.mismatched_keys),
     }

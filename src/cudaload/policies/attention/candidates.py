@@ -6,12 +6,12 @@ of :mod:`.flash_rules`, then the installed version or the Hub preflight), sdpa a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ...capabilities import GPU, Capabilities
 from ...decision import Candidate
 from ...detection.support import flash_support
 from ...detection.versions import version_tuple as _version
+from ...model_info import ModelInfo
 from .. import sdpa_dispatch
 from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from .fa2_fa3_rules import _fa2_pad_note
@@ -46,7 +46,7 @@ def priority(gpu: GPU | None) -> tuple[str, ...]:
 
 
 def _package_candidate(
-    impl: str, info: Any, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
+    impl: str, info: ModelInfo, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
 ) -> Candidate:
     pkg = caps.package(FLASH_PACKAGE[impl])
     bad: list[str] = []
@@ -80,7 +80,7 @@ def _package_candidate(
 
 def _kernel_candidate(
     impl: str,
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     dtype: str,
     intent: str,
@@ -102,7 +102,7 @@ def _kernel_candidate(
     return Candidate(repo, bool(ok), (*why, *([pad] if pad else [])))
 
 
-def _sdpa(info: Any, caps: Capabilities) -> Candidate:
+def _sdpa(info: ModelInfo, caps: Capabilities) -> Candidate:
     bad: list[str] = []
     if not info.supports_sdpa:
         bad.append(f"{info.class_name or info.summary.type} does not support SDPA (_supports_sdpa is False)")
@@ -118,7 +118,7 @@ def _sdpa(info: Any, caps: Capabilities) -> Candidate:
     return Candidate("sdpa", True, (f"scaled_dot_product_attention: {where}, no extra package, no warm-up",))
 
 
-def _flex(info: Any, caps: Capabilities, intent: str) -> Candidate:
+def _flex(info: ModelInfo, caps: Capabilities, intent: str) -> Candidate:
     bad: list[str] = []
     if not info.supports_flex_attn:
         bad.append(f"{info.class_name or info.summary.type} does not support flex_attention")
@@ -143,7 +143,7 @@ def _flex(info: Any, caps: Capabilities, intent: str) -> Candidate:
     )
 
 
-def _eager(info: Any) -> Candidate:
+def _eager(info: ModelInfo) -> Candidate:
     why = "plain PyTorch attention: always works, O(seq_len^2) memory"
     if info.attn_softcapping:
         why += "; applies the model's soft-capping exactly"
@@ -151,7 +151,7 @@ def _eager(info: Any) -> Candidate:
 
 
 def _candidates(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     dtype: str,
     intent: str,

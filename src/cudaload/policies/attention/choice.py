@@ -26,6 +26,7 @@ from typing import Any
 from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
 from ...errors import InvalidChoiceError
+from ...model_info import ModelInfo
 from .. import sdpa_dispatch
 from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from ..training_facts import TrainingFacts, training_facts_for
@@ -71,7 +72,7 @@ def _ordered(cands: list[Candidate], chosen: str, caps: Capabilities) -> tuple[C
 
 
 def choose_attention(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     *,
     dtype: str,

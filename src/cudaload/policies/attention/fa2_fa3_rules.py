@@ -5,9 +5,8 @@ and line it comes from."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...detection.support import smem_per_block
+from ...model_info import ModelInfo
 from .names import _VLLM_FA3
 from .transformers_rules import _qk_dim
 
@@ -42,7 +41,7 @@ def _head_dim_fa3(impl: str, hd: int) -> str | None:
     return None
 
 
-def _fa2_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
+def _fa2_checks(info: ModelInfo, cc: tuple[int, int], training: bool) -> list[str]:
     """flash-attn 2.8.3 (csrc/flash_attn + flash_attn/flash_attn_interface.py), for the package and the
     kernels-community/flash-attn2 build (huggingface/kernels-community commit 40d4194f: its
     torch-ext/flash_attn2/flash_attn_interface.py pads as below, FlashAttnFunc:847 at :868-871,
@@ -80,7 +79,7 @@ def _fa2_checks(info: Any, cc: tuple[int, int], training: bool) -> list[str]:
     return bad
 
 
-def _fa2_pad_note(info: Any, training: bool) -> str | None:
+def _fa2_pad_note(info: ModelInfo, training: bool) -> str | None:
     """What flash-attn 2 padding a head dim to a multiple of 8 costs (_fa2_checks: the padded call works), for
     the reasons of a valid FA2 candidate; None when nothing is padded."""
     hd = _qk_dim(info)
@@ -102,7 +101,7 @@ def _fa2_pad_note(info: Any, training: bool) -> str | None:
     return why
 
 
-def _vllm_fa3_sinks(info: Any, cc: tuple[int, int], dtype: str, intent: str) -> list[str]:
+def _vllm_fa3_sinks(info: ModelInfo, cc: tuple[int, int], dtype: str, intent: str) -> list[str]:
     """kernels-community/vllm-flash-attn3 flash_api.cpp ``if(s_aux_.has_value())`` block (sm90 only, <= 64
     query heads, equal head dims, bf16) and its flash_attn_interface.FlashAttnFunc.backward, which returns no
     gradient for s_aux (the sinks would never train). vLLM 0.19.1 agrees: sinks only with its FA3

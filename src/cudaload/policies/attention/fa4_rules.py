@@ -4,9 +4,8 @@ its backward supports. Each rule cites the file and line it comes from."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...detection.support import smem_per_block
+from ...model_info import ModelInfo
 from .names import HUB_KERNEL
 from .transformers_rules import _qk_dim, _sliding
 
@@ -19,7 +18,7 @@ def _sm12x_fa4_smem(hd: int, hdv: int) -> int:
 
 
 def _fa4_checks(
-    info: Any, cc: tuple[int, int], training: bool, seq_len: int | None = None, hub: bool = False
+    info: ModelInfo, cc: tuple[int, int], training: bool, seq_len: int | None = None, hub: bool = False
 ) -> list[str]:
     """flash-attn-4 4.0.0b36 (flash_attn/cute) for the package; ``hub``: kernels-community/flash-attn4, which
     vendors an older beta (below) and differs in the head dims it takes on sm10x/sm11x.
@@ -96,7 +95,7 @@ def _fa4_checks(
         # transformers passes the window only when the keys outnumber it (modeling_flash_attention_utils.py
         # (5.17) :650-655), so a declared sequence within the window never reaches the local kernel
         window = info.summary.sliding_window
-        if _sliding(info) and (seq_len is None or seq_len > window):
+        if window is not None and _sliding(info) and (seq_len is None or seq_len > window):
             bad.append(
                 "flash-attn-4's sm100 backward for head dim 256 does not support a sliding window (local attention)"
             )

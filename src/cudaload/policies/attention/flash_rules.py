@@ -4,10 +4,9 @@ the kernel package's own checks (:mod:`.fa2_fa3_rules`, :mod:`.fa4_rules`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...capabilities import Capabilities
 from ...detection.support import flash_support, hub_kernel_support
+from ...model_info import ModelInfo
 from .fa2_fa3_rules import _fa2_checks, _head_dim_fa3, _vllm_fa3_sinks
 from .fa4_rules import _fa4_checks
 from .names import _KERNEL_TO_IMPL, _TRAINING, _VLLM_FA3, FLASH_PACKAGE
@@ -15,7 +14,7 @@ from .transformers_rules import _no_dropout, _no_sink_param, _qk_dim, _transform
 
 
 def _flash_checks(
-    name: str, impl: str, info: Any, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
+    name: str, impl: str, info: ModelInfo, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
 ) -> list[str]:
     """Reasons against ``name`` (package or Hub form of ``impl``) from the GPU, the model and transformers."""
     if not caps.gpus:

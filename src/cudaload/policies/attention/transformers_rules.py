@@ -5,22 +5,22 @@ own rules are in :mod:`.fa2_fa3_rules` and :mod:`.fa4_rules`."""
 
 from __future__ import annotations
 
-from typing import Any
+from ...model_info import ModelInfo
 
 
-def _qk_dim(info: Any) -> int:
+def _qk_dim(info: ModelInfo) -> int:
     return int(getattr(info, "qk_head_dim", 0) or info.summary.head_dim)
 
 
-def _v_dim(info: Any) -> int:
+def _v_dim(info: ModelInfo) -> int:
     return int(getattr(info, "v_head_dim", 0) or _qk_dim(info))
 
 
-def _sliding(info: Any) -> bool:
+def _sliding(info: ModelInfo) -> bool:
     return bool(info.summary.sliding_window) and int(getattr(info, "sliding_layers", 0) or 0) > 0
 
 
-def _transformers_checks(name: str, impl: str, info: Any, dtype: str) -> list[str]:
+def _transformers_checks(name: str, impl: str, info: ModelInfo, dtype: str) -> list[str]:
     """What transformers itself does with a flash request for this model, before any kernel runs."""
     bad: list[str] = []
     cls = info.class_name or info.summary.type
@@ -59,7 +59,7 @@ def _transformers_checks(name: str, impl: str, info: Any, dtype: str) -> list[st
     return bad
 
 
-def _no_sink_param(impl: str, info: Any) -> str | None:
+def _no_sink_param(impl: str, info: ModelInfo) -> str | None:
     if getattr(info, "sinks", False):
         # modeling_flash_attention_utils.py (5.17) :665-669 passes s_aux only to a kernel whose signature has
         # s_aux / learnable_sink; flash-attn 2 and hopper's flash_attn_interface have neither, so the sinks
@@ -68,7 +68,7 @@ def _no_sink_param(impl: str, info: Any) -> str | None:
     return None
 
 
-def _no_dropout(impl: str, info: Any, training: bool) -> str | None:
+def _no_dropout(impl: str, info: ModelInfo, training: bool) -> str | None:
     if training and (info.attention_dropout or 0) > 0:
         # no dropout_p in FA3 / FA4 / vllm-flash-attn3: transformers maps only supported arguments
         # (modeling_flash_attention_utils.py (5.17) :647-648) and merely warns (_flash_attn_can_dispatch)

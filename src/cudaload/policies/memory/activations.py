@@ -6,8 +6,8 @@ matrices of attention paths that materialise them. (Inference's working set is a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from ...model_info import ModelInfo
 from ...training_plan import StepShape
 from .constants import (
     ATTENTION_BACKWARD_ACTS,
@@ -19,7 +19,7 @@ from .constants import (
 )
 
 
-def sdpa_math(info: Any, act_bytes: int) -> bool:
+def sdpa_math(info: ModelInfo, act_bytes: int) -> bool:
     """Whether torch's sdpa runs its score-materialising math path for activations of ``act_bytes``."""
     s = info.summary
     return act_bytes >= 4 and 0 < s.num_kv_heads < s.num_heads
@@ -78,7 +78,7 @@ def adapter_input_bytes(act_bytes: int, step: StepShape, kbit: bool = False) -> 
 
 
 def training_activations(
-    info: Any,
+    info: ModelInfo,
     *,
     intent: str,
     step: StepShape,

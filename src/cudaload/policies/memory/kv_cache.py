@@ -3,12 +3,11 @@ layer at most its window; none for encoders and models that cannot generate."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...dtypes import dtype_bytes
+from ...model_info import ModelInfo
 
 
-def kv_cache_bytes(info: Any, dtype: str, seq_len: int, batch_size: int) -> int:
+def kv_cache_bytes(info: ModelInfo, dtype: str, seq_len: int, batch_size: int) -> int:
     s = info.summary
     if not info.can_generate or s.is_encoder:
         return 0

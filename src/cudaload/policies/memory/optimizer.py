@@ -3,9 +3,8 @@ the bytes of its states (on the GPU, or on the host for paged states)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...dtypes import dtype_bytes
+from ...model_info import ModelInfo
 from .constants import ADAM8BIT_BYTES_PER_PARAM
 
 
@@ -28,7 +27,7 @@ def master_weights(intent: str, optimizer: str | None, dtype: str) -> bool:
 
 
 def optimizer_state_bytes(
-    info: Any, optimizer: str | None, trainable: int, param_bytes: int
+    info: ModelInfo, optimizer: str | None, trainable: int, param_bytes: int
 ) -> tuple[int, int]:
     """(GPU bytes, host bytes) of the optimizer's states for ``trainable`` parameters of ``param_bytes`` each."""
     if optimizer in ("adamw_torch_fused", "adamw_torch", None):
@@ -48,7 +47,7 @@ def optimizer_state_bytes(
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
-def _largest_param(info: Any) -> int:
+def _largest_param(info: ModelInfo) -> int:
     s = info.summary
     inter = info.intermediate_size or 4 * s.hidden_size
     return int(max(s.vocab_size * s.hidden_size, inter * s.hidden_size, 1))

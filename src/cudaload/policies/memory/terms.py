@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from ...dtypes import dtype_bytes
+from ...model_info import ModelInfo
 from ...training_plan import StepShape
 from .activations import training_activations
 from .constants import (
@@ -49,7 +49,7 @@ class Breakdown:
 
 
 def breakdown(
-    info: Any,
+    info: ModelInfo,
     *,
     dtype: str,
     quantization: str | None,

@@ -3,15 +3,14 @@ allocator reports as its allocated and reserved peaks."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from ...model_info import ModelInfo
 from ...training_plan import StepShape
 from .constants import CUDA_CONTEXT_BYTES
 from .terms import Breakdown, breakdown
 
 
 def estimate(
-    info: Any,
+    info: ModelInfo,
     *,
     dtype: str,
     quantization: str | None,

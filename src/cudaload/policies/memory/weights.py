@@ -4,9 +4,9 @@ takes in the load dtype or under int8 / nf4; the LoRA adapters' parameter count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ...dtypes import dtype_bytes
+from ...model_info import ModelInfo
 from .constants import (
     INT8_BYTES_PER_PARAM,
     LORA_R,
@@ -28,7 +28,7 @@ class Split:
     head: int
 
 
-def param_split(info: Any) -> Split:
+def param_split(info: ModelInfo) -> Split:
     """Where each parameter lives. ``counts.per_layer`` is exact (one- and two-layer builds); every
     ``nn.Linear`` but the head is taken to sit in a decoder layer, so the rest of a layer -- norms, and the
     fused 3-D expert tensors of transformers 5 MoE models (MixtralExperts.gate_up_proj / down_proj,
@@ -43,7 +43,7 @@ def param_split(info: Any) -> Split:
 
 
 def weight_bytes(
-    info: Any,
+    info: ModelInfo,
     dtype: str,
     quantization: str | None,
     *,
@@ -78,6 +78,6 @@ def weight_bytes(
     return lin + layered_other + emb + head, emb, head
 
 
-def adapter_params(info: Any, r: int = LORA_R) -> int:
+def adapter_params(info: ModelInfo, r: int = LORA_R) -> int:
     """LoRA on every linear layer but the output head: r * (in + out) per wrapped module."""
     return int(r * info.counts.linear_in_out)

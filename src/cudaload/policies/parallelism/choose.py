@@ -7,6 +7,7 @@ from typing import Any
 from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
 from ...errors import ConfigurationError, DependencyError, DoesNotFitError, InvalidChoiceError
+from ...model_info import ModelInfo
 from ...plans import Parallelism
 from ...training_plan import StepShape
 from ..memory import CUDA_CONTEXT_BYTES, breakdown
@@ -27,7 +28,7 @@ from .topology import REQUESTS, ParallelFacts, _check_launch, _raise_heads, rank
 
 
 def choose_parallelism(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     *,
     intent: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...model_info import ModelInfo
 from ...plans import Plan
 from .per_gpu import FP8_CONFIG, gc_on
 from .topology import ParallelFacts
@@ -24,7 +25,7 @@ def launch_command(n: int, local: int, script: str = "your_script.py") -> str:
 
 def _settings(
     chosen: str,
-    info: Any,
+    info: ModelInfo,
     facts: ParallelFacts,
     n: int,
     *,

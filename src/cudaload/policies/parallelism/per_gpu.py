@@ -14,6 +14,7 @@ from typing import Any
 from ...capabilities import Capabilities, Distributed
 from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
+from ...model_info import ModelInfo
 from ...plans import Parallelism
 from ..memory import CUDA_CONTEXT_BYTES, Breakdown, GiB, MiB, default_optimizer
 from .topology import ParallelFacts, _divisors_of_both, rank_gpus_of
@@ -50,7 +51,7 @@ def _state(t: Mapping[str, int]) -> int:
     return sum(t.get(k, 0) for k in ("weights", "gradients", "optimizer", "master_weights", "adapters"))
 
 
-def _working_set(info: Any, bd: Breakdown, dtype: str, trainable: bool) -> int:
+def _working_set(info: ModelInfo, bd: Breakdown, dtype: str, trainable: bool) -> int:
     """Bytes FSDP2 / ZeRO-3 hold unsharded on each GPU at the peak.
 
     The root unit (embeddings, final norm, output head) stays gathered from forward to backward (FSDP2 sets
@@ -91,7 +92,7 @@ def _gib(n: int) -> str:
 
 
 def _training(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     bd: Breakdown,
     *,
@@ -186,7 +187,7 @@ def _training(
 
 
 def _inference(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     bd: Breakdown,
     facts: ParallelFacts,

@@ -9,6 +9,7 @@ from typing import Any
 from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
 from ...errors import DoesNotFitError
+from ...model_info import ModelInfo
 from ...plans import Parallelism
 from ...training_plan import StepShape
 from ..memory import GiB, breakdown
@@ -35,7 +36,7 @@ MULTI_PROCESS = tuple(s for s in STRATEGIES if s not in ("single", "layer_split"
 
 
 def decide(
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     fr: Any,
     nofit: DoesNotFitError | None,

@@ -8,10 +8,11 @@ from typing import Any
 
 from ...capabilities import Capabilities
 from ...dtypes import dtype_bytes
+from ...model_info import ModelInfo
 from .per_gpu import _gib
 
 
-def _staged_host_bytes(info: Any, terms: dict[str, int], intent: str, local: int) -> int:
+def _staged_host_bytes(info: ModelInfo, terms: dict[str, int], intent: str, local: int) -> int:
     """Host memory on one node when FSDP ranks load on their CPUs (weights_on_cpu): every local rank holds the
     checkpoint's weights in the dtype (load_model loads them on each rank's CPU), and accelerate's
     fsdp2_prepare_model upcasts each trainable parameter to fp32 one at a time, keeps the upcast state dict
@@ -34,7 +35,7 @@ SHARDED_STEPPED_ASIDE = "if the sharded load steps aside (a checkpoint the fast 
 
 
 def sharded_load_blockers(
-    info: Any, chosen: str, *, intent: str, dtype: str, quantization: str | None
+    info: ModelInfo, chosen: str, *, intent: str, dtype: str, quantization: str | None
 ) -> list[str]:
     """Why the FSDP ranks of this plan cannot each read only their own shards (cudaload.fastload.sharded);
     empty when they can. What only the files tell (weights needing transformers' converters, e.g. fused MoE
@@ -64,7 +65,7 @@ def _weights_on_cpu(
     config: dict[str, Any],
     reasons: list[str],
     notes: list[str],
-    info: Any,
+    info: ModelInfo,
     caps: Capabilities,
     t: dict[str, int],
     *,

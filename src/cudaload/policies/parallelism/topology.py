@@ -8,6 +8,7 @@ from typing import Any
 
 from ...capabilities import Capabilities
 from ...errors import ConfigurationError, DependencyError, DeviceSelectionError
+from ...model_info import ModelInfo
 from ..memory import GiB
 
 STRATEGIES = (
@@ -36,7 +37,7 @@ class ParallelFacts:
     experts_tp: bool = False  # the plan shards MoE experts (their 3-D weights are split too)
 
 
-def model_facts(info: Any) -> ParallelFacts:
+def model_facts(info: ModelInfo) -> ParallelFacts:
     """Read :class:`ParallelFacts` from the config class and the transformers model class (no weights)."""
     config = info.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config

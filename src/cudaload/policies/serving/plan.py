@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 from ...decision import Decision
 from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
+from ...model_info import ModelInfo
 from ...serving_plan import TF_DEFAULT_BLOCK_SIZE, ServingPlan
 from ..memory import CUDA_CONTEXT_BYTES, GiB
 from ..memory import estimate as memory_estimate
@@ -55,7 +55,7 @@ HEADROOM_MIN = 1 * GiB
 
 
 def plan_serving(
-    info: Any,
+    info: ModelInfo,
     *,
     dtype: str,
     attention_choice: str,
