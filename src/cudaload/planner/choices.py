@@ -1,0 +1,82 @@
+"""The dtype and the attention decisions of a plan, with what they read: the request's wishes, the measured
+timings of a declared generate() work (this GPU's tune cache, then the shipped priors), the sdpa and training
+facts, and for serving the implementation whose paged form serves."""
+
+from __future__ import annotations
+
+from .. import _env
+from ..capabilities import Capabilities
+from ..decision import Decision
+from ..model_info import ModelInfo
+from ..policies.attention import choose_attention
+from ..policies.dtype import choose_dtype
+from ..request import Request
+from ..tuning import Work, load_sdpa_facts, load_training_facts
+from ..tuning import lookup as lookup_timings
+from .machine import _first_use_here
+from .sections import _serving_attention
+from .work import WorkSize
+
+
+def base_intent(intent: str) -> str:
+    """Serving plans the model as inference, then adds transformers' continuous-batching settings."""
+    return "inference" if intent == "serving" else intent
+
+
+def dtype_for(req: Request, info: ModelInfo, caps: Capabilities) -> Decision:
+    s = info.summary
+    dt = choose_dtype(
+        caps,
+        checkpoint_dtype=s.checkpoint_dtype,
+        model_type=s.type,
+        intent=base_intent(req.intent),
+        requested=str(req.dtype),
+        fp16_overflow=info.fp16_overflow,
+    )
+    assert dt.choice is not None
+    return dt
+
+
+def attention_for(
+    req: Request, info: ModelInfo, caps: Capabilities, dtype: str, work: WorkSize
+) -> tuple[Decision, list[str] | None]:
+    """The attention decision, and for serving the usable implementations the serving section pages from."""
+    intent = base_intent(req.intent)
+    timings = req.timings
+    # one generate() call's work picks its kernel; a server's many requests are not one short sequence
+    declared = None if req.intent == "serving" else work.declared
+    if timings is None and declared is not None and intent == "inference" and req.attn == "auto":
+        # measured seconds for this work: this GPU's tune cache first, then the priors cudaload ships
+        w = Work.from_total(declared[0], declared[1], req.new_tokens, req.padded)
+        timings = lookup_timings(caps, info, dtype, w)
+    at = choose_attention(
+        info,
+        caps,
+        dtype=dtype,
+        intent=intent,
+        requested=req.attn,
+        trust=trusted(req),
+        revision=None,
+        work=declared,
+        timings=timings.seconds if timings is not None else None,
+        timings_source=timings.source if timings is not None else None,
+        first_use=_first_use_here(caps),
+        timings_repeated=timings.repeated if timings is not None else None,
+        sdpa_facts=load_sdpa_facts(),
+        training_facts=load_training_facts(),
+    )
+    assert at.choice is not None
+    usable: list[str] | None = None
+    if req.intent == "serving" and req.attn == "auto":
+        # the attention decision weighs one generate() batch; continuous batching pages many requests, where a
+        # flash form attends per request and sdpa/eager mask every key the batch reads: the model is loaded with
+        # the implementation whose paged form serves (transformers pages the model's own attention at the
+        # manager's start, 5.17 continuous_api.py:651-683)
+        usable = [at.choice, *(c.name for c in at.candidates if c.ok)]
+        at = _serving_attention(at, info, caps, usable)
+    return at, usable
+
+
+def trusted(req: Request) -> tuple[str, ...]:
+    """Hub kernel repos / publishers whose code may run: the request's and ``CUDALOAD_TRUST_KERNELS``."""
+    return (*req.trust_kernels, *_env.trusted_kernel_repos())

@@ -1,0 +1,183 @@
+"""How big the plan is and where it goes: the fit ladder (quantization, placement, the optimizer and checkpointing
+rungs), for training the step's layout and bound (cudaload.policies.training), and on several GPUs the
+parallelism decision, which may rescue a model no single process fits; then the memory estimate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..decision import Decision
+from ..errors import DoesNotFitError
+from ..model_info import ModelInfo
+from ..plans import MemoryEstimate, Parallelism, Placement
+from ..policies.dtype import dtype_bytes
+from ..policies.memory import gpu_terms
+from ..policies.parallelism import decide as decide_parallelism
+from ..policies.quantization import FitResult, fit
+from ..policies.training import (
+    DEFAULT_SEQUENCES,
+    StepChoice,
+    choose_kbit_upcast,
+    choose_layout,
+    choose_lora_dropout,
+    plan_step,
+    step_bounds,
+)
+from ..request import Request
+from ..training_plan import StepShape
+from .choices import base_intent
+from .sections import sdpa_family
+from .work import WorkSize
+
+TRAINING = ("training", "lora", "qlora")
+
+
+@dataclass(frozen=True)
+class Sized:
+    """The fit ladder's result (``fit``), the training section's choice, the parallelism, where the weights go,
+    the memory estimate, and the batch size planned (a packed step's sequences when none was declared)."""
+
+    fit: FitResult
+    training: StepChoice | None
+    parallelism: Parallelism | None
+    placement: Placement
+    memory: MemoryEstimate
+    batch_size: int
+
+    @property
+    def gpu_devices(self) -> list[str]:
+        return [d for d in self.fit.fit.per_device if d.startswith("cuda")]
+
+
+def size(req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Decision, work: WorkSize) -> Sized:
+    intent = base_intent(req.intent)
+    fit_kw: dict[str, Any] = dict(
+        dtype=dtype,
+        intent=intent,
+        seq_len=work.seq_len,
+        # serving: one longest request must fit beside the weights; the paged cache for the rest is the serving
+        # section's (transformers queues what does not fit at once)
+        batch_size=1 if req.intent == "serving" else work.batch_size,
+        # cudaload's sdpa variants run sdpa's kernels and masks: the memory model's sdpa
+        attn=sdpa_family(at.choice),
+        quantization=req.quantization,
+        device_map=req.device_map,
+        max_memory=req.max_memory,
+        allow_offload=req.allow_offload,
+        optimizer=req.optimizer,
+        gradient_checkpointing=req.gradient_checkpointing,
+    )
+    fr: FitResult | None = None
+    training: StepChoice | None = None
+    nofit: DoesNotFitError | None = None
+    try:
+        if intent in TRAINING:
+            training = _training(
+                info,
+                caps,
+                fit_kw,
+                intent=req.intent,
+                attn=str(fit_kw["attn"] or at.choice),
+                batch_declared=work.declared_batch is not None,
+                batch_layout=req.batch_layout or "auto",
+                tokens_per_step=req.tokens_per_step,
+                lora=req.lora,
+                loss=req.loss or "auto",
+                assumed=work.assumed,
+            )
+            fr = training.fit
+        else:
+            fr = fit(info, caps, **fit_kw)
+    except DoesNotFitError as e:
+        nofit = e
+    # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a
+    # model that no single process fits, or replace a quantization chosen only to fit one rank's GPU
+    pd = decide_parallelism(
+        info, caps, fr, nofit, strategy=req.parallelism, lower_latency=req.lower_latency, **fit_kw
+    )
+    if pd.fit is not None:
+        fr = pd.fit
+    assert fr is not None
+    placement = pd.placement or fr.fit.placement
+    assert placement is not None
+    memory = pd.memory or _memory(fr)
+    batch = fit_kw["batch_size"] if intent in TRAINING else work.batch_size
+    return Sized(fr, training, pd.parallelism, placement, memory, batch)
+
+
+def _memory(fr: FitResult) -> MemoryEstimate:
+    gpu_devs = [d for d in fr.fit.per_device if d.startswith("cuda")]
+    per_device = dict(fr.fit.per_device)
+    return MemoryEstimate(
+        terms=gpu_terms(fr.breakdown, len(gpu_devs)),
+        total=sum(per_device.values()),
+        per_device=per_device,
+        budget=dict(fr.fit.budget),
+        notes=fr.breakdown.notes,
+    )
+
+
+def _training(
+    info: ModelInfo,
+    caps: Capabilities,
+    fit_kw: dict[str, Any],
+    *,
+    intent: str,
+    attn: str,
+    batch_declared: bool,
+    batch_layout: str,
+    tokens_per_step: int | None,
+    lora: Mapping[str, Any] | None,
+    loss: str,
+    assumed: Sequence[str],
+) -> StepChoice:
+    """The training section: layout, then the step bound, loss and checkpointing through the fit ladder
+    (cudaload.policies.training.plan_step). Sets ``fit_kw``'s ``batch_size`` (the sequences a step holds) and
+    ``step`` (the shape memory is planned for), which the parallelism decision sizes its shards with."""
+    kbit = choose_kbit_upcast(intent, fit_kw["dtype"], "nf4" if intent == "qlora" else None)
+    act_bytes = 4 if kbit is not None and kbit.choice == "fp32" else dtype_bytes(fit_kw["dtype"])
+    layout = choose_layout(info, attn, act_bytes, batch_layout)
+    notes = list(assumed)
+    if not batch_declared and layout.choice == "packed":
+        fit_kw["batch_size"] = DEFAULT_SEQUENCES
+        notes.append(
+            f"at most {DEFAULT_SEQUENCES} sequences a step (Trainer's default per_device_train_batch_size; "
+            "declare batch_size=)"
+        )
+    probe_kw = {k: v for k, v in fit_kw.items() if k not in ("gradient_checkpointing", "step")}
+    packed = layout.choice == "packed"
+    # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below):
+    # a packed step at the training ladder's smallest bound, each rank running its own steps
+    b, seq = fit_kw["batch_size"], fit_kw["seq_len"]
+    least = min(step_bounds(b, seq, tokens_per_step)) if packed else b * seq
+    if packed and tokens_per_step is None and not batch_declared:
+        least = seq  # an assumed batch may shrink to one sequence (plan_step does the same)
+    fit_kw["step"] = StepShape(least, b, min(seq, least), packed=packed)
+
+    def probe(step: StepShape, gc: bool | None) -> Any:
+        return fit(info, caps, **probe_kw, gradient_checkpointing=gc, step=step)
+
+    choice = plan_step(
+        probe,
+        info=info,
+        caps=caps,
+        intent=intent,
+        layout=layout,
+        attn=attn,
+        batch_size=fit_kw["batch_size"],
+        seq_len=fit_kw["seq_len"],
+        tokens_per_step=tokens_per_step,
+        loss=loss,
+        gradient_checkpointing=fit_kw["gradient_checkpointing"],
+        lora_dropout=choose_lora_dropout(intent, lora),
+        kbit_upcast=kbit,
+        assumed=notes,
+        sequences_declared=batch_declared,
+    )
+    fit_kw["step"] = choice.step
+    return choice
+
+
