@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,36 @@ def test_snapshot_file(tmp_path: Path) -> None:
     assert hardware(str(rec)).source == f"file:{rec}"
     with pytest.raises(ConfigurationError):
         hardware(tmp_path / "missing.json")
+
+
+def test_a_model_config_is_not_a_machine(tmp_path: Path) -> None:
+    """A model's config.json passed as hardware was planned as a machine with no GPU; now it is refused."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ConfigurationError) as e:
+        hardware(cfg)
+    assert "config.json" in e.value.message and "cudaload env --json" in (e.value.fix or "")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigurationError, match="not a machine snapshot"):
+        hardware(tmp_path / "list.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigurationError, match="cannot be read"):
+        hardware(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        [{"index": 0, "name": "NVIDIA H200"}],  # no compute_capability: KeyError
+        5,  # TypeError
+        ["H200"],  # AttributeError
+    ],
+)
+def test_a_damaged_snapshot_is_a_configuration_error(tmp_path: Path, gpus: object) -> None:
+    path = tmp_path / "box.json"
+    data = json.loads(hardware("H200").to_json())
+    data["gpus"] = gpus
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigurationError, match="damaged") as e:
+        hardware(path)
+    assert "record it again" in (e.value.fix or "")

@@ -12,6 +12,7 @@ packages: assume them with ``Capabilities.with_packages`` or ``--assume-installe
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from dataclasses import dataclass, replace
@@ -152,7 +153,8 @@ def hardware(spec: str | os.PathLike[str]) -> Capabilities:
 
     Raises:
         ConfigurationError: an unknown profile name (the message lists close ones), a GPU count outside
-            1-64, or a snapshot file that does not exist.
+            1-64, or a snapshot file that does not exist, is not a ``cudaload env --json`` snapshot (a model's
+            config.json) or is damaged.
     """
     text = os.fspath(spec)
     path = Path(text)
@@ -162,7 +164,7 @@ def hardware(spec: str | os.PathLike[str]) -> Capabilities:
                 f"hardware snapshot {text!r} does not exist",
                 fix="record one with `cudaload env --json > box.json`, or see `cudaload profiles`",
             )
-        caps = Capabilities.from_json(path.read_text())
+        caps = _snapshot(path, text)
         return caps if caps.source.startswith("profile:") else replace(caps, source=f"file:{text}")
     m = _COMPOSE.match(text)
     if m:
@@ -171,6 +173,32 @@ def hardware(spec: str | os.PathLike[str]) -> Capabilities:
             raise ConfigurationError(f"{text!r}: GPU count must be 1-64", fix="e.g. 8xH100-80GB")
         return _profile(_resolve(m.group(2)), count)
     return _profile(_resolve(text), 1)
+
+
+def _snapshot(path: Path, text: str) -> Capabilities:
+    """A file from ``cudaload env --json``; any other JSON (a model's config.json) or a damaged one refused."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text
+        raise ConfigurationError(
+            f"hardware snapshot {text!r} cannot be read: {e}",
+            fix="record one with `cudaload env --json > box.json`",
+        ) from None
+    if not isinstance(data, dict) or "gpus" not in data or "source" not in data:
+        what = "a model's config.json" if isinstance(data, dict) and "model_type" in data else "JSON"
+        raise ConfigurationError(
+            f"hardware={text!r} is {what}, not a machine snapshot (it has no 'source' and 'gpus')",
+            fix="record the machine with `cudaload env --json > box.json` and pass hardware='box.json'",
+        )
+    try:
+        return Capabilities.from_dict(data)
+    except ConfigurationError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ConfigurationError(
+            f"hardware snapshot {text!r} is damaged ({type(e).__name__}: {e})",
+            fix="record it again with `cudaload env --json > box.json`",
+        ) from None
 
 
 def describe() -> str:
