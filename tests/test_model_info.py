@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cudaload.errors import CheckpointError, ModelNotFoundError
+from cudaload.errors import CheckpointError, ConfigurationError, ModelNotFoundError
 from cudaload.model_info import _count, _with_layers, model_info
 from cudaload.testing import full_config
 
@@ -56,7 +57,7 @@ def test_layer_extrapolation_equals_full_count(shape: str) -> None:
     full = _count(cls, cfg)
     info = model_info(cfg)
     c = info.counts
-    assert (c.linear, c.head, c.embedding, c.other, c.linear_modules, c.linear_in_out) == full
+    assert (c.linear, c.head, c.embedding, c.other, c.linear_modules, c.linear_in_out, c.qk_norms) == full
     assert _count(cls, _with_layers(cfg, 1))[0] < full[0]
 
 
@@ -90,6 +91,56 @@ def test_missing_and_corrupt(tmp_path: Path, tiny_model: Any) -> None:
     with pytest.raises(CheckpointError) as e2:
         model_info(trunc)
     assert "truncated" in str(e2.value)
+
+
+def test_a_weights_file_is_not_a_model(tmp_path: Path, tiny_model: Any) -> None:
+    """A .safetensors file passed as the model raised UnicodeDecodeError after reading it whole as text."""
+    src = Path(tiny_model("llama"))
+    with pytest.raises(ConfigurationError) as e:
+        model_info(src / "model.safetensors")
+    assert "weights file" in e.value.message and repr(str(src)) in (e.value.fix or "")
+    alone = tmp_path / "model.safetensors"
+    alone.write_bytes((src / "model.safetensors").read_bytes())
+    with pytest.raises(ConfigurationError, match="weights file") as e2:
+        model_info(alone)
+    assert "config.json" in (e2.value.fix or "")
+    binary = tmp_path / "weights.dat"  # bytes that are no text, under a name cudaload does not know
+    binary.write_bytes(b"\x80\xff\x00" * 8)
+    with pytest.raises(CheckpointError, match="cannot read") as e3:
+        model_info(binary)
+    assert e3.value.fix
+
+
+def test_an_unreadable_model_folder_says_chmod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder this user may not enter: Path.is_file raised PermissionError out of model_info. Root enters
+    every folder, so the refusal stat(2) gives another user is stood for here."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
+    is_file = Path.is_file
+
+    def refused(self: Path) -> bool:
+        if self.parent == folder:
+            raise PermissionError(13, "Permission denied", str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", refused)
+    with pytest.raises(ModelNotFoundError, match="cannot be read") as e:
+        model_info(folder)
+    assert f"chmod -R a+rX {str(folder)!r}" in (e.value.fix or "")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root enters folders whatever their mode")
+def test_an_unreadable_model_folder_says_chmod_for_real(tmp_path: Path) -> None:
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
+    folder.chmod(0)
+    try:
+        with pytest.raises(ModelNotFoundError, match="cannot be read"):
+            model_info(folder)
+    finally:
+        folder.chmod(0o700)
 
 
 def test_sharded_checkpoint(tiny_model: Any) -> None:

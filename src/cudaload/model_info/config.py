@@ -9,7 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, ModelNotFoundError
+from ..errors import CheckpointError, ConfigurationError, ModelNotFoundError
+
+#: names of weight files, which are no config (a ``*.safetensors.index.json`` is JSON, but not a config either)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".index.json")
 
 
 def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | None]:
@@ -25,19 +28,26 @@ def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | Non
             raise CheckpointError("config dict has no model_type", fix="pass a full config.json dict")
         return _config_for(mt, d), str(d.get("_name_or_path") or mt), None
     path = Path(os.fspath(model)).expanduser()
-    if path.is_file():
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+        has_config = is_dir and (path / "config.json").is_file()
+    except PermissionError as e:  # a folder on the way that this user may not enter
+        raise ModelNotFoundError(
+            f"model folder {str(path)!r} cannot be read by this user ({e.strerror or e})",
+            fix=f"make it readable (chmod -R a+rX {str(path)!r}), or run as the user who owns it",
+        ) from None
+    if is_file:
         return (
             _config_from_file(path),
             str(path.parent if path.name == "config.json" else path),
             (path.parent if path.name == "config.json" else None),
         )
-    if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
+    if is_dir:
+        if not has_config:
             raise ModelNotFoundError(
                 f"{path} has no config.json", fix="point at a model directory saved by save_pretrained"
             )
-        return _config_from_file(cfg_file), str(path), path
+        return _config_from_file(path / "config.json"), str(path), path
     name = os.fspath(model)
     if name.count("/") > 1 or name.startswith((".", "/", "~")) or not name:
         raise ModelNotFoundError(f"model path {name!r} does not exist", fix="check the path")
@@ -63,9 +73,21 @@ def _config_for(model_type: str, d: dict[str, Any]) -> Any:
 
 
 def _config_from_file(path: Path) -> Any:
+    name = path.name.lower()
+    if name.endswith(WEIGHT_SUFFIXES) and name != "config.json":  # refused before gigabytes are read as text
+        folder = path.parent
+        where = (
+            f"model={str(folder)!r}"
+            if (folder / "config.json").is_file()
+            else "the folder that holds the weights and their config.json"
+        )
+        raise ConfigurationError(
+            f"model={str(path)!r} is a weights file; cudaload reads a model folder (config.json beside the weights)",
+            fix=f"pass {where}",
+        )
     try:
         d = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # UnicodeDecodeError: bytes, not text
         raise CheckpointError(
             f"cannot read {path}: {e}", fix="check that the file is a complete config.json"
         ) from None
