@@ -336,3 +336,24 @@ def test_paged_states_must_fit_the_host() -> None:
     assert p.optimizer is not None and p.optimizer.choice == "adafactor"
     paged = p.optimizer.candidate("paged_adamw_8bit")
     assert paged is not None and "exceed the host" in " ".join(paged.reasons)
+
+
+@pytest.mark.parametrize("bad", ["1.2.3GB", ".", "1..5GiB", -1, -0.5, float("inf"), float("nan"), True, "20 parsecs"])
+def test_parse_size_refuses_what_is_no_size(bad: object) -> None:
+    """"1.2.3GB" raised a raw ValueError from float(), and negative sizes were taken as budgets."""
+    from cudaload.errors import ConfigurationError
+    from cudaload.policies.placement import budgets, parse_size
+
+    with pytest.raises(ConfigurationError) as e:
+        parse_size(bad)
+    assert "'20GiB'" in (e.value.fix or "")
+    with pytest.raises(ConfigurationError):
+        budgets(hardware("H200"), {0: bad})
+
+
+def test_parse_size_reads_sizes() -> None:
+    from cudaload.policies.placement import parse_size
+
+    assert parse_size("20GiB") == 20 << 30 and parse_size(" 1.5 GB ") == 1_500_000_000
+    assert parse_size(".5MiB") == 1 << 19 and parse_size("2.") == 2 and parse_size(0) == 0
+    assert parse_size(10**20) == 10**20 and parse_size(3.9) == 3

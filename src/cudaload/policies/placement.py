@@ -8,6 +8,7 @@ budget) or a Fit with ``ok`` False and the reasons.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ _UNITS = {
     "gib": 1 << 30,
     "tib": 1 << 40,
 }
+#: one number (digits with at most one point) and a unit: "1.2.3GB" is no size
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
 SPLIT_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
@@ -44,18 +47,22 @@ class Fit:
 
 
 def parse_size(value: Any) -> int:
+    """Bytes of a memory size: an int or float of 0 or more, or a string such as "20GiB" / "500MB"."""
     if isinstance(value, bool):
         raise ConfigurationError(f"bad memory size {value!r}", fix="use bytes or a string like '20GiB'")
     if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigurationError(
-            f"bad memory size {value!r}", fix="use bytes or a string like '20GiB' / '500MB'"
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if value >= 0:
+            return value
+    elif isinstance(value, float):
+        if value >= 0 and math.isfinite(value):
+            return int(value)
+    else:
+        m = _SIZE.fullmatch(str(value))
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigurationError(
+        f"bad memory size {value!r}", fix="use bytes (0 or more) or a string like '20GiB' / '500MB'"
+    )
 
 
 def _key(k: Any) -> str:
