@@ -131,3 +131,28 @@ def test_every_suggestion_fits_when_followed(
     else:
         return
     _check_all(shape, caps, kw)
+
+
+def test_a_model_that_does_not_fit_says_its_size_readably() -> None:
+    """A tiny model's refusal said "0.00 B params" (the fit ladder) and "0.0 B params" (parallelism)."""
+    from dataclasses import replace
+
+    from cudaload.testing import tiny_config
+    from cudaload.units import param_count
+
+    two = hardware("2xT4")
+    two = replace(two, gpus=tuple(replace(g, total_memory=1 << 20, free_memory=1 << 20) for g in two.gpus))
+    one = replace(two, gpus=two.gpus[:1])
+    for caps, intent in ((one, "inference"), (two, "training")):
+        with pytest.raises(DoesNotFitError) as e:
+            plan(tiny_config("llama"), hardware=caps, intent=intent, seq_len=64, batch_size=1)
+        assert " K params" in e.value.message and " B params" not in e.value.message, e.value.message
+    with pytest.raises(DoesNotFitError) as big:
+        _plan("Llama-3.1-70B", _caps("T4", 2, False), intent="training", seq_len=1024, batch_size=1)
+    assert "70.55 B params" in big.value.message, big.value.message
+    assert [param_count(n) for n in (8_190_735_360, 596_049_920, 94_600, 512)] == [
+        "8.19 B",
+        "596.0 M",
+        "94.6 K",
+        "512",
+    ]

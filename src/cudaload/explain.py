@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .decision import Decision
+from .units import param_count
 
 if TYPE_CHECKING:  # plans.py imports this module (Plan.explain); the type alone flows back, so no cycle
     from .plans import Plan
@@ -18,14 +19,6 @@ def _size(n: int) -> str:
     if abs(n) >= 1 << 20:
         return f"{n / (1 << 20):.1f} MiB"
     return f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{n} B"
-
-
-def _count(n: int) -> str:
-    """A parameter count a person reads: 8.19 B, 596.0 M, 94.6 K (a tiny model is not "0.00 B")."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "B" else f"{n / scale:.1f} {unit}"
-    return str(n)
 
 
 def _decision(title: str, d: Decision, none_label: str = "none") -> list[str]:
@@ -76,7 +69,7 @@ def explain(plan: Plan) -> str:
         or "CPU only"
     )
     out = [
-        f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {_count(m.params)} params, "
+        f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {param_count(m.params)} params, "
         f"{m.layers} layers, "
         f"head_dim {m.head_dim}, weights from {m.weights_source})",
         f"Machine: {machine} [{hw.get('source')}]"

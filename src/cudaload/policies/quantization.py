@@ -21,6 +21,7 @@ from ..detection.support import bitsandbytes_support
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..training_plan import StepShape
+from ..units import param_count
 from .attention.names import SHORT_DECODE_MAX_TOKENS
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
 from .placement import Fit, budgets, place
@@ -302,7 +303,7 @@ def fit(
             step=step,
         )
         raise DoesNotFitError(
-            f"{info.summary.name} ({info.summary.params / 1e9:.2f} B params, intent {intent}, "
+            f"{info.summary.name} ({param_count(info.summary.params)} params, intent {intent}, "
             f"seq_len {seq_len} x batch {batch_size}) does not fit this machine",
             reasons=[f"{c.name}: {'; '.join(c.reasons)}" for c in candidates],
             fix=render_suggestions(sugg),

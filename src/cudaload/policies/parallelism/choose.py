@@ -10,6 +10,7 @@ from ...errors import ConfigurationError, DependencyError, DoesNotFitError, Inva
 from ...model_info import ModelInfo
 from ...plans import Parallelism
 from ...training_plan import StepShape
+from ...units import param_count
 from ..memory import CUDA_CONTEXT_BYTES, breakdown
 from .launch import _settings, launch_command
 from .per_gpu import (
@@ -237,7 +238,7 @@ def choose_parallelism(
         need = evals["fsdp2"].terms["total"]
         gpus_needed = _gpus_needed(state, need - state // n, budget)
         raise DoesNotFitError(
-            f"{s.name} ({s.params / 1e9:.1f} B params, intent {intent}) does not fit {n} GPUs "
+            f"{s.name} ({param_count(s.params)} params, intent {intent}) does not fit {n} GPUs "
             f"of {_gib(budget)} even sharded",
             reasons=[f"{k}: {'; '.join(e.reasons)}" for k, e in evals.items()],
             fix="; or ".join(
