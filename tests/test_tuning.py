@@ -625,9 +625,39 @@ def test_tune_without_time_for_one_call_says_so(tiny_model: Callable[..., Path],
     from cudaload.tuning import tune
 
     with pytest.raises(LoadError) as e:
-        tune(str(tiny_model("qwen3")), budget_s=0.0, cache=TimingCache(tmp_path / "t.json"))
+        tune(str(tiny_model("qwen3")), budget_s=1e-9, cache=TimingCache(tmp_path / "t.json"))
     assert "budget" in str(e.value)
     assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("budget", [0, 0.0, -5, float("nan"), True, "60"])
+def test_tune_refuses_a_budget_of_no_time(tmp_path: Path, budget: Any) -> None:
+    """budget_s=0 loaded nothing and then failed with a LoadError; it is refused before the model is read."""
+    from cudaload.errors import ConfigurationError
+    from cudaload.tuning import tune
+
+    with pytest.raises(ConfigurationError, match="budget_s") as e:
+        tune(str(tmp_path / "no-such-model"), budget_s=budget, cache=TimingCache(tmp_path / "t.json"))
+    assert "above 0" in (e.value.fix or "")
+
+
+@pytest.mark.parametrize("argv", [["--seq-len", "0"], ["--seq-len", "32", "--new-tokens", "32"]])
+def test_tune_command_refuses_a_seq_len_with_no_prompt(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """`cudaload tune --seq-len 0` timed (and cached) a 1-token prompt: max(1, seq_len - new_tokens) hid it."""
+    import argparse
+
+    from cudaload.errors import ConfigurationError
+    from cudaload.tuning import add_tune_parser
+
+    tune_module = importlib.import_module("cudaload.tuning.tune")  # the package's `tune` is the function
+    called: list[dict[str, Any]] = []
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **kw: called.append(kw))
+    parser = argparse.ArgumentParser()
+    add_tune_parser(parser.add_subparsers())
+    args = parser.parse_args(["tune", "MODEL", *argv])
+    with pytest.raises(ConfigurationError, match="leaves no prompt") as e:
+        args.func(args)
+    assert "--seq-len 33" in (e.value.fix or "") and not called
 
 
 # -- the GPU benchmark's CPU smoke mode ---------------------------------------------------------------------------

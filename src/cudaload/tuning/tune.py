@@ -103,6 +103,18 @@ def _candidates(attention: Any, on_gpu: bool) -> tuple[list[str], dict[str, str]
     return names, skipped
 
 
+def _check_work(batch_size: int, seq_len: int, new_tokens: int, budget_s: float) -> None:
+    """tune()'s arguments, refused before torch is imported."""
+    for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("new_tokens", new_tokens)):
+        if not isinstance(v, int) or v < 1:
+            raise ConfigurationError(f"{name}={v!r} must be a positive integer", fix=f"pass {name}=1 or more")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, int | float) or not budget_s > 0:
+        raise ConfigurationError(
+            f"budget_s={budget_s!r} leaves no time to measure anything",
+            fix=f"pass budget_s= in seconds above 0 (default {DEFAULT_BUDGET_S:g})",
+        )
+
+
 def tune(
     model_path: str,
     *,
@@ -126,6 +138,7 @@ def tune(
     fits (loading a backend's copy is not interrupted). ``interleave``: hold every backend's copy at once and
     call them round-robin (True), one copy at a time (False), or decide by free GPU memory (None; the CPU
     holds them all). Works on the CPU too (float32)."""
+    _check_work(batch_size, seq_len, new_tokens, budget_s)
     import torch
     import transformers
 
@@ -140,9 +153,6 @@ def tune(
     say = log or (lambda m: logger.info("%s", m))
     t0 = time.perf_counter()
     deadline = t0 + budget_s
-    for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("new_tokens", new_tokens)):
-        if not isinstance(v, int) or v < 1:
-            raise ConfigurationError(f"{name}={v!r} must be a positive integer", fix=f"pass {name}=1 or more")
     caps = hardware if hardware is not None else detect()
     on_gpu = caps.has_gpu and torch.cuda.is_available()
     info = model_info(model_path)
@@ -357,11 +367,17 @@ def run_tune(args: argparse.Namespace) -> int:
     def progress(m: str) -> None:
         print(m, file=sys.stderr, flush=True)
 
+    # the CLI counts like plan(): prompt + new tokens; tune() takes the prompt
+    prompt = args.seq_len - args.new_tokens
+    if prompt < 1:
+        raise ConfigurationError(
+            f"--seq-len {args.seq_len} leaves no prompt: it counts the prompt and the {args.new_tokens} new tokens",
+            fix=f"pass --seq-len {args.new_tokens + 1} or more (a prompt of 1 token or more), or fewer --new-tokens",
+        )
     result = tune(
         args.model,
         batch_size=args.batch_size,
-        # the CLI counts like plan(): prompt + new tokens; tune() takes the prompt
-        seq_len=max(1, args.seq_len - args.new_tokens),
+        seq_len=prompt,
         new_tokens=args.new_tokens,
         padded=args.padded,
         budget_s=args.budget_s,
