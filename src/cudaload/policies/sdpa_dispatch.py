@@ -41,25 +41,17 @@ from ..detection.versions import version_tuple
 SDPA_DECODE = "cudaload_sdpa"
 SDPA_NO_CUDNN = "cudaload_sdpa_nocudnn"
 NAMES = (SDPA_DECODE, SDPA_NO_CUDNN)
-#: earlier meetings of a shape (same layer, same thread) before cuDNN takes it: a graph build costs 40-60 ms
-#: (issue 28's measurement) and saves up to ~25 ms a later step (H200 run 31, 8B 8x2048+32 left-padded: 1.65 s
-#: with cuDNN against 2.46 s without over 32 steps; a few ms elsewhere), so a shape is sent to cuDNN once it has
-#: shown it recurs, not on the chance that it might. The value 2 itself is a judgement, not tuned
+#: earlier meetings of a shape (same layer, same thread) before cuDNN takes it: its graph build (40-60 ms)
+#: pays only on shapes that recur; 2 is a judgement, not tuned (benchmarks/results/2026-12-02-h200/README.md)
 RECUR = 2
-#: torch releases whose CUDA builds carry cuDNN attention in SDPA's dispatch. Not read from a tagged source here
-#: (GitHub is out of reach; the function was read from a mirror of sdp_utils.cpp without a release tag, so no
-#: line is cited); measured only on torch 2.11 (H200 runs 31-33), where the GPU check confirmed it
+#: torch releases whose CUDA builds carry cuDNN attention in SDPA's dispatch: read from an untagged source (no
+#: line cited), confirmed on torch 2.11 only (benchmarks/results/2026-12-02-h200/README.md)
 _TORCH_MIN = (2, 5)
 #: the cuDNN release from which torch puts cuDNN first (sdp_utils.cpp ``check_prefer_cudnn_attention``:
 #: ``CUDNN_VERSION >= 90900``; newer releases ask more, and load_model's GPU check is the authority)
 _CUDNN_MIN = (9, 9)
-#: the variant must keep at least this share of plain sdpa's speed where lengths repeat (issue 28's bar), over
-#: the works measured: their median. Not their minimum: each work's figure is the median of 6-8 alternating
-#: pairs on a host whose single decode calls vary by +-30%, and whole runs differ by a few percent (H200 runs 33
-#: and 36: per-work 1.00, 1.04, 1.04 and 0.94, 0.98; run 33 had 16 of 24 pairs faster, run 36 10 of 12 slower;
-#: pooled, 18 of 36 faster, median 1.00), while the variant's own cost is ~3 us an attention call
-#: (benchmarks/investigations/sdpa_wrapper_cost.py). A judgement made after run 36: its 0.94 would have failed
-#: a per-work floor of 0.97.
+#: the median measured work keeps at least this share of plain sdpa's speed where lengths repeat (issue 28);
+#: the median, not each work: runs differ by a few percent (benchmarks/results/2026-12-02-h200/README.md)
 REPEATED_FLOOR = 0.97
 #: ... and no measured work below this: a loss beyond what that noise explains
 REPEATED_WORST = 0.90

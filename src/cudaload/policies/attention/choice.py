@@ -337,11 +337,8 @@ def _sdpa_variant(
     ]
 
 
-#: Why the short-decode rule gives way to cudaload_sdpa: the rule's measurement compared eager with plain sdpa on
-#: repeated lengths; against cudaload_sdpa on first-seen lengths (H200, torch 2.11, cuDNN 9.19, 1-2 samples,
-#: benchmarks/results/2026-12-02-h200 runs 32, 33 and 35) eager lost 2 of 2 on the 8B shape (and once more, in
-#: run 31, against the variant's earlier design) and won 1 of 1 on 0.6B by less than this host's noise. Only
-#: the 8B shape on the H200 was measured; the facts that make the variant the default are per compute capability.
+#: Why the short-decode rule gives way to cudaload_sdpa: its measurement was against plain sdpa on repeated
+#: lengths; against cudaload_sdpa on first-seen ones eager lost (benchmarks/results/2026-12-02-h200/README.md)
 _SHORT_DECODE_YIELDS = (
     f"not applied: against {SDPA_DECODE} on lengths met for the first time eager was slower on the H200's "
     "8B shape (1 x 512 + 32: 1.51 s vs 1.07 s; 1 x 256 + 256: 9.15 s vs 8.44 s) and within noise on 0.6B "

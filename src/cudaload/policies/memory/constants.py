@@ -44,14 +44,8 @@ LOSS_BYTES_PER_LOGIT = 12
 #: The caching allocator's reserved-but-unusable bytes at a training step's peak, per logit of the step (batch
 #: x seq_len x vocab). The loss's fp32 logit tensors are the step's largest allocations; once freed, their
 #: segments are split for the backward's smaller tensors and cannot be returned while any part is in use.
-#: Measured on the H200 on emulated 24/48/80 GiB cards (the allocator capped with
-#: set_per_process_memory_fraction, so it frees cached segments before it fails): at the longest seq_len that
-#: trained, reserved minus allocated was 2.3 / 2.4 / 1.5 bytes per logit for 8B QLoRA (run1-memtrain) and
-#: 2.8 / 1.0 / 1.5 for 0.6B full fine-tuning with fused AdamW (run7-memtrain2); the shortest that failed did so
-#: on a block the fragmented cache could not give. Fitted to those six boundaries with the other terms as they
-#: are: 2.25 plans them at 1.00 / 1.00 / 0.98 and 1.00 / 0.90 / 0.94 of the measured longest and never past it
-#: (3.0 planned the 0.6B 48 GiB card at 0.86; 2.0 planned its 24 GiB card 3% past the boundary, at a length
-#: that failed). See benchmarks/compare_memory_train.py.
+#: Fitted to the longest seq_len that trained on six emulated cards, never planning past one (benchmarks/
+#: compare_memory_train.py; benchmarks/results/2026-12-01-h200/README.md, "Full fine-tuning memory").
 ALLOCATOR_SLACK_PER_LOGIT = 2.25
 
 #: Eager attention materialises per layer and head a seq_len x seq_len score matrix. Inference: the scores,
