@@ -621,7 +621,7 @@ def test_a_runtime_fallback_from_the_serving_flash_choice_goes_to_a_pageable_one
     ok = [c.name for c in p.attention.candidates if c.ok]
     assert ok[0] == "flash_attention_4"
     # the one-batch choice on the H200: sdpa with cuDNN kept off new lengths; served as paged|sdpa after the
-    # fallback (execute._serving_after_fallback plans serving again for it)
+    # fallback (execute.replanned plans serving again for it)
     assert _next_attention(p, "flash_attention_4") == "cudaload_sdpa"
 
 
@@ -723,11 +723,10 @@ def test_the_installed_transformers_serves_with_the_name_the_plan_gives(
 def test_after_a_runtime_fallback_the_serving_section_is_planned_for_the_attention_loaded() -> None:
     """FA4 chosen for serving fails its probe and the model falls back to sdpa (execute._probe_and_fallback): the
     serving section planned for paged FA4 (no mask counted, graphs for an unmasked step) no longer describes the
-    model; it is planned again for paged sdpa, whose dense mask and repeated K/V the memory must hold."""
-    from dataclasses import replace
-
-    from cudaload.decision import Decision
-    from cudaload.execute import _serving_after_fallback
+    model; the load makes a new plan for sdpa (execute.replanned), whose paged sdpa's dense mask and repeated K/V
+    the memory must hold, and whose attention decision says why it was made."""
+    from cudaload.execute import replanned
+    from cudaload.request import Request
 
     cfg = full_config("Qwen3-0.6B")
     kw: dict[str, Any] = dict(
@@ -735,23 +734,18 @@ def test_after_a_runtime_fallback_the_serving_section_is_planned_for_the_attenti
     )
     p = cudaload.plan(cfg, **kw)
     assert p.serving is not None and p.serving.attention.choice == "paged|flash_attention_4"
-    fell = replace(
-        p,
-        attention=Decision(
-            "sdpa",
-            (*p.attention.reasons, "runtime fallback: flash_attention_4 -> sdpa: probe failed"),
-            p.attention.candidates,
-        ),
-    )
-    out = _serving_after_fallback(fell, cfg, kw)
-    assert out.attention == fell.attention  # the fallback is kept as it happened
+    assert p.attention_fallbacks and p.attention_fallbacks[0] != "flash_attention_4"
+    req = Request.build(cfg, **kw)
+    why = ["runtime fallback: flash_attention_4 -> sdpa: probe failed"]
+    out = replanned(req, req.hardware, p, "sdpa", why)
+    assert out.attention.choice == "sdpa" and out.attention.reasons[0] == why[0] and not out.attention.explicit
     assert out.serving is not None and out.serving.attention.choice == "paged|sdpa"
     assert out.serving.settings()["attn_implementation"] == "sdpa"
     direct = cudaload.plan(cfg, **{**kw, "attn": "sdpa"}).serving
     assert direct is not None and out.serving.num_blocks == direct.num_blocks
-    assert any("fallback" in n for n in out.serving.notes)
-    # no fallback, or one that keeps the paged form: the section stands
-    assert _serving_after_fallback(p, cfg, kw) is p
+    # the first plan's order goes on after the backend now loaded
+    order = [p.attention.choice, *p.attention_fallbacks]
+    assert list(out.attention_fallbacks) == order[order.index("sdpa") + 1 :]
 
 
 def test_the_plan_keeps_transformers_from_switching_the_served_attention() -> None:

@@ -285,16 +285,14 @@ def test_training_setup_packs_to_the_plan_and_refuses_what_is_not_a_plan() -> No
 def test_a_runtime_fallback_plans_the_training_section_again(tiny_model: Any) -> None:
     """A packed plan made for flash attention's varlen kernels (boundaries once per step, no bias) is planned
     again when the load falls back to sdpa: the boundaries become the position ids and the bound is sdpa's."""
-    from cudaload.execute.adapters import _training_after_fallback
+    from cudaload.execute import replanned
+    from cudaload.request import Request
 
     path = str(tiny_model("qwen3"))
-    caps = h200("flash-attn-4")
-    kw = {"hardware": caps, "intent": "lora", "seq_len": 256, "batch_size": 8}
+    kw = {"hardware": h200("flash-attn-4"), "intent": "lora", "seq_len": 256, "batch_size": 8}
     first = plan(path, **kw)
     assert first.training is not None and first.training.boundaries == "cu_seq_lens"
-    fell = dataclasses.replace(first, attention=dataclasses.replace(first.attention, choice="sdpa"))
-    again = _training_after_fallback(fell, path, kw)
+    req = Request.build(path, **kw)
+    again = replanned(req, req.hardware, first, "sdpa", ["runtime fallback: flash_attention_4 -> sdpa: x"])
     assert again.training is not None and again.training.boundaries == "position_ids"
-    assert again.attention == fell.attention  # the decision with its fallback stays
-    assert any("planned again for sdpa" in n for n in again.training.notes)
-    assert _training_after_fallback(first, path, kw).training is not None
+    assert again.attention.choice == "sdpa" and again.attention.reasons[0].startswith("runtime fallback")

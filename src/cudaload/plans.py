@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .decision import Decision
+from .errors import ConfigurationError
 from .serving_plan import ServingPlan
 from .training_plan import TrainingPlan
 
@@ -19,6 +20,21 @@ from .training_plan import TrainingPlan
 # JSON needs no policy, and explain() renders each section from its own data.
 
 PLAN_SCHEMA_VERSION = 1
+#: the sections every plan has (the rest are optional, added by later versions)
+_REQUIRED = (
+    "model",
+    "hardware",
+    "intent",
+    "seq_len",
+    "batch_size",
+    "dtype",
+    "attention",
+    "quantization",
+    "placement",
+    "memory",
+    "load_path",
+)
+_FROM_JSON_FIX = "pass the text of plan.to_json() (or of `cudaload plan --json`)"
 INTENTS = ("inference", "training", "lora", "qlora", "serving")
 _GiB = 1 << 30
 
@@ -247,6 +263,9 @@ class Plan:
     # training intents: the batch layout, tokens per step, loss and adapter settings (cudaload.training_plan,
     # decided by cudaload.policies.training)
     training: TrainingPlan | None = None
+    # the attention implementations load_model falls back to, in order, where the choice fails its one-step
+    # forward (none for an explicit choice, which is refused instead): decided with the attention, not at load
+    attention_fallbacks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -277,10 +296,35 @@ class Plan:
             ),
             "parallelism": self.parallelism.to_dict() if self.parallelism is not None else None,
             "training": self.training.to_dict() if self.training is not None else None,
+            "attention_fallbacks": list(self.attention_fallbacks),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """The plan ``to_dict()`` wrote. Raises :class:`ConfigurationError` for anything else (not a dict, a
+        section missing, a schema newer than this cudaload reads, a damaged section)."""
+        if not isinstance(d, dict):
+            raise ConfigurationError(
+                f"not a cudaload plan: a {type(d).__name__}", fix=_FROM_JSON_FIX
+            )
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise ConfigurationError(f"not a cudaload plan: no {', '.join(missing)}", fix=_FROM_JSON_FIX)
+        schema = d.get("schema", PLAN_SCHEMA_VERSION)
+        if not isinstance(schema, int) or schema > PLAN_SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"plan schema {schema!r} is newer than this cudaload reads ({PLAN_SCHEMA_VERSION})",
+                fix="upgrade cudaload to read it, or make the plan again with this version",
+            )
+        try:
+            return cls._from_dict(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ConfigurationError(
+                f"damaged cudaload plan: {type(e).__name__}: {e}", fix=_FROM_JSON_FIX
+            ) from None
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any]) -> Plan:
         q = dict(d["quantization"])
         qcfg = q.pop("config", None)
         q.pop("method", None)
@@ -308,6 +352,7 @@ class Plan:
             ),
             parallelism=Parallelism.from_dict(d["parallelism"]) if d.get("parallelism") else None,
             training=TrainingPlan.from_dict(d["training"]) if d.get("training") else None,
+            attention_fallbacks=tuple(d.get("attention_fallbacks") or ()),
         )
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -315,7 +360,12 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        return cls.from_dict(json.loads(text))
+        """The plan ``to_json()`` wrote; :class:`ConfigurationError` for any other text."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"not a cudaload plan: {e}", fix=_FROM_JSON_FIX) from None
+        return cls.from_dict(data)
 
     def with_verified(self, verified: dict[str, Any]) -> Plan:
         return replace(self, verified=verified)

@@ -7,13 +7,17 @@ failed load leaves GPU memory where it was.
 
 One module per step:
 
-- :mod:`.load` - ``load_model`` itself: the argument checks, detection, the ranks' agreement, planning, the
-  steps below in order, and what ``plan.verified`` records
+- :mod:`.load` - ``load_model`` itself: the request checked once, detection, the ranks' agreement, the steps
+  below in order, and what ``plan.verified`` records
+- :mod:`.start` - the threads started ahead of the load (prefetch, the GPU's CUDA context), stopped on a refusal
+- :mod:`.planning` - the plan the load follows (after transformers imports; again for ``tune=True``; compared
+  across torchrun ranks) and what must happen before the model is built
 - :mod:`.from_pretrained` - the auto class, the plan's ``from_pretrained`` keywords, the build lock
 - :mod:`.load_path` - the planned load path (fast, quantized fast, sharded FSDP2) and its step-aside to
   ``from_pretrained``
 - :mod:`.sharded` - an FSDP rank's load (weights on its CPU, or only its own shards)
-- :mod:`.attention_probe` - the one-step forward, the runtime attention fallback, the sdpa-variant check
+- :mod:`.attention_probe` - the one-step forward, the runtime attention fallback along the plan's
+  ``attention_fallbacks``, the sdpa-variant check, and the new plan a different backend needs
 - :mod:`.verification` - ``verify``: the loaded model against the plan
 - :mod:`.serving` - the serving section settled and attached after loading
 - :mod:`.tune_on_load` - ``tune=True``: the plan again with measured timings
@@ -28,7 +32,7 @@ Nothing here imports torch or transformers at import time.
 from __future__ import annotations
 
 from .adapters import _lora_config, _wrap_peft
-from .attention_probe import _confirm_sdpa_variant, _next_attention, _probe_and_fallback
+from .attention_probe import _confirm_sdpa_variant, _next_attention, _probe_and_fallback, replanned
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .from_pretrained import (
     _BUILD_LOCK,
@@ -39,11 +43,11 @@ from .from_pretrained import (
     _torch_dtype,
     resolve_auto_class,
 )
-from .load import _DEVICE_FINDINGS, load_model
+from .load import _DEVICE_FINDINGS, load_model, load_request
 from .load_path import _load_once
 from .phases import _Phases
 from .ranks import _agree_on_gpus, _rank_error, _tell_ranks_before_planning
-from .serving import _attach_serving, _serving_after_fallback
+from .serving import _attach_serving
 from .sharded import _STAGED_NOTE, _fsdp_sharded, _fsdp_weights_on_cpu, _load_fsdp2_for_plan, _load_sharded
 from .tune_on_load import _tuned_plan
 from .verification import _module_devices, verify
@@ -51,6 +55,8 @@ from .verification import _module_devices, verify
 __all__ = [
     "AUTO_CLASSES",
     "load_model",
+    "load_request",
+    "replanned",
     "resolve_auto_class",
     "verify",
 ]
@@ -79,7 +85,6 @@ __all__ += [
     "_probe_and_fallback",
     "_rank_error",
     "_release_memory",
-    "_serving_after_fallback",
     "_tell_ranks_before_planning",
     "_torch_dtype",
     "_translate",

@@ -3,8 +3,6 @@ gradient checkpointing switched on where the plan trains with it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ..errors import DependencyError
@@ -58,26 +56,3 @@ def enable_planned_checkpointing(model: Any, plan: Plan) -> None:
         enable = getattr(model, "gradient_checkpointing_enable", None)
         if enable is not None:
             enable(gradient_checkpointing_kwargs=dict(_CHECKPOINT_KWARGS))
-
-
-def _training_after_fallback(plan: Plan, model: Any, plan_kwargs: Mapping[str, Any]) -> Plan:
-    """After a runtime attention fallback the training section is planned again for the attention the model now
-    has: a packed step's boundaries, its bound and its memory were planned for the first one (sdpa keeps a
-    tokens x tokens bias per layer that flash attention does not; eager would not be packed at all). The
-    attention decision (with its fallback) stays as it is."""
-    from ..planner import plan as make_plan
-
-    current = plan.attention.choice
-    if plan.training is None or current is None:
-        return plan
-    again = make_plan(model, **{**plan_kwargs, "attn": current})
-    assert again.training is not None
-    note = f"planned again for {current}: the runtime attention fallback replaced the planned attention"
-    return replace(
-        plan,
-        training=replace(again.training, notes=(*again.training.notes, note)),
-        memory=again.memory,
-        gradient_checkpointing=again.gradient_checkpointing,
-        optimizer=again.optimizer,
-        batch_size=again.batch_size,
-    )

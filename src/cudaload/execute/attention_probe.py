@@ -1,5 +1,7 @@
-"""The attention backend tried on the loaded model: a one-step forward, the runtime fallback down the valid
-candidates, and the check that an sdpa variant's cuDNN dispatch holds on this GPU."""
+"""The attention backend tried on the loaded model: a one-step forward, the runtime fallback along the plan's
+``attention_fallbacks``, and the check that an sdpa variant's cuDNN dispatch holds on this GPU. Neither rewrites
+the plan: a load whose model runs another backend than planned makes a new plan for it (:func:`replanned`),
+which says why."""
 
 from __future__ import annotations
 
@@ -9,17 +11,22 @@ from typing import Any
 
 from .. import probes
 from ..capabilities import Capabilities
-from ..decision import Decision
 from ..errors import LoadError
 from ..plans import Plan
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
+from ..request import Request
 
 # the package's one logger, named as it was before the split (logging configuration refers to it)
 logger = logging.getLogger("cudaload.execute")
 
 
 def _next_attention(plan: Plan, failed: str) -> str | None:
-    names = [c.name for c in plan.attention.candidates if c.ok]
+    """The backend after ``failed`` in the plan's order: its choice, then ``attention_fallbacks`` (a plan saved
+    before that field existed: the valid candidates in their order)."""
+    order = [plan.attention.choice, *plan.attention_fallbacks] if plan.attention_fallbacks else [
+        c.name for c in plan.attention.candidates if c.ok
+    ]
+    names = [n for n in order if n]
     if failed in names:
         names = names[names.index(failed) + 1 :]
     return names[0] if names else None
@@ -27,8 +34,9 @@ def _next_attention(plan: Plan, failed: str) -> str | None:
 
 def _probe_and_fallback(
     model: Any, plan: Plan, caps: Capabilities, *, warmup: bool
-) -> tuple[Plan, list[dict[str, str]]]:
-    """Run a one-step forward on the chosen backend; step down the valid candidates when it fails."""
+) -> tuple[str | None, list[dict[str, str]]]:
+    """Run a one-step forward on the chosen backend; step down the plan's fallbacks when it fails. Returns the
+    backend the model now runs and the fallbacks taken."""
     fallbacks: list[dict[str, str]] = []
     current = plan.attention.choice
     while current is not None:
@@ -52,40 +60,33 @@ def _probe_and_fallback(
         fallbacks.append({"from": current, "to": nxt, "reason": reason})
         model.set_attn_implementation(nxt)
         current = nxt
-    if fallbacks:
-        att = plan.attention
-        plan = replace(
-            plan,
-            attention=Decision(
-                choice=current,
-                candidates=att.candidates,
-                explicit=att.explicit,
-                reasons=(
-                    *att.reasons,
-                    *(f"runtime fallback: {f['from']} -> {f['to']}: {f['reason']}" for f in fallbacks),
-                ),
-            ),
-        )
-    return plan, fallbacks
+    return current, fallbacks
 
 
-def _confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[Plan, dict[str, Any] | None]:
+def _confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[bool, dict[str, Any] | None]:
     """A variant chosen automatically is kept only where torch really sends decode steps to cuDNN on this GPU
     (the policy predicted it from the snapshot); elsewhere the model takes plain sdpa, which then runs the same
-    kernels without the per-call switch."""
+    kernels without the per-call switch. Returns whether the plan's attention stands, and what was seen."""
     att = plan.attention
     if att.choice not in SDPA_VARIANTS:
-        return plan, None
+        return True, None
     from ..sdpa_decode import confirm
 
     keep, seen, why = confirm(model)
     if keep or att.explicit:
-        return plan, {"backend": seen, "kept": True, "why": why}
+        return True, {"backend": seen, "kept": True, "why": why}
     model.set_attn_implementation("sdpa")
-    plan = replace(
-        plan,
-        attention=replace(
-            att, choice="sdpa", reasons=(*att.reasons, f"checked on the GPU: {why}; sdpa kept")
-        ),
-    )
-    return plan, {"backend": seen, "kept": False, "why": why}
+    return False, {"backend": seen, "kept": False, "why": why}
+
+
+def replanned(req: Request, caps: Capabilities, plan: Plan, attn: str, why: list[str]) -> Plan:
+    """The plan made again for the backend the model now runs (every section that depends on it -- serving's
+    paged attention, a packed training step's boundaries and bound, the memory -- planned for it). Its attention
+    decision says why the load left the first plan's choice, and keeps the first plan's remaining order."""
+    from ..planner import plan_request
+
+    again = plan_request(req, caps, attn=attn)
+    att = replace(again.attention, explicit=False, reasons=(*why, *again.attention.reasons))
+    rest = [n for n in (plan.attention.choice, *plan.attention_fallbacks) if n]
+    left = tuple(rest[rest.index(attn) + 1 :]) if attn in rest else ()
+    return replace(again, attention=att, attention_fallbacks=left)

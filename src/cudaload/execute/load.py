@@ -1,5 +1,7 @@
-"""``load_model()``: detect -> plan -> load -> probe the attention backend -> verify -> (PEFT-wrap) -> the model
-with ``model.cudaload_plan`` attached; each step is a module of this package."""
+"""``load_model()``: a request checked once, then detect -> plan -> load -> probe the attention backend ->
+verify -> (PEFT-wrap) -> the model with ``model.cudaload_plan`` attached; each step is a module of this package
+(``start``: the threads started ahead, ``planning``: the plan the load follows, ``load_path``, ``attention_probe``,
+``verification``, ``adapters``, ``serving``, ``failures``)."""
 
 from __future__ import annotations
 
@@ -7,24 +9,23 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..errors import ConfigurationError, CudaloadError, DeviceSelectionError, DoesNotFitError
-from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
-from ..prefetch import MODES as _PREFETCH_MODES
-from ..prefetch import REMOVED_MODES as _REMOVED_PREFETCH_MODES
+from ..errors import CudaloadError, DeviceSelectionError, DoesNotFitError
+from ..plans import Plan
+from ..request import Request
 from . import serving as _serving
-from .adapters import _training_after_fallback, _wrap_peft, enable_planned_checkpointing
-from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback
+from .adapters import _wrap_peft, enable_planned_checkpointing
+from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback, replanned
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
-from .from_pretrained import _DECIDED, resolve_auto_class
 from .load_path import _load_once
 from .phases import _Phases
-from .ranks import _agree_on_gpus, _rank_error, _tell_ranks_before_planning
-from .serving import _serving_after_fallback
+from .planning import Planned, plan_for_load
+from .ranks import _agree_on_gpus, _tell_ranks_before_planning, _tell_ranks_refused
 from .sharded import _fsdp_weights_on_cpu, _placed_shards
-from .tune_on_load import _tuned_plan
+from .start import Started
 from .verification import verify
 
 # the package's one logger, named as it was before the split (logging configuration refers to it)
@@ -158,83 +159,11 @@ def load_model(
 
     A failed call releases the GPU memory its attempt allocated before it raises.
     """
-    phases = _Phases()
-    clash = sorted(_DECIDED & from_pretrained_kwargs.keys())
-    if "torch_dtype" in from_pretrained_kwargs and dtype == "auto":
-        dtype = str(from_pretrained_kwargs.pop("torch_dtype")).replace("torch.", "")
-        clash.remove("torch_dtype")
-    if "attn_implementation" in from_pretrained_kwargs and attn == "auto":
-        attn = str(from_pretrained_kwargs.pop("attn_implementation"))
-        clash.remove("attn_implementation")
-    if clash:
-        raise ConfigurationError(
-            f"{', '.join(clash)} are decided by cudaload",
-            fix="use load_model's own options (dtype=, attn=, device_map=)",
-        )
-    from ..planner import hub_probe_for, resolve_hardware
-    from ..planner import plan as make_plan
-
-    # a profile name or a recorded machine's JSON, as plan() takes: resolved the same way (cheap), and refused
-    # when it is not this machine, before any file is read
-    caps = resolve_hardware(hardware) if hardware is not None else None
-    if caps is not None and caps.source.startswith("profile:"):
-        raise ConfigurationError(
-            f"load_model() loads on this machine, not on {caps.source}",
-            fix="use cudaload.plan(..., hardware=...) to plan for other hardware",
-        )
-    # after the argument checks (no reading for a call that is refused), before everything slow
-    pre = None
-    early: Any = None
-    if prefetch is not True and prefetch is not False and prefetch not in _PREFETCH_MODES:
-        removed = _REMOVED_PREFETCH_MODES.get(prefetch) if isinstance(prefetch, str) else None
-        raise ConfigurationError(
-            f"prefetch={prefetch!r} is not a prefetch mode" + (f": {removed}" if removed else ""),
-            fix=f"use prefetch=True (reads the files), False or one of {', '.join(repr(m) for m in _PREFETCH_MODES)}",
-        )
-    if prefetch:
-        from .. import prefetch as _prefetch
-
-        pre = _prefetch.start(
-            model,
-            mode=_prefetch.DEFAULT_MODE if prefetch is True else str(prefetch),
-            subfolder=str(from_pretrained_kwargs.get("subfolder") or ""),
-            variant=from_pretrained_kwargs.get("variant"),
-        )
-    # a refusal from here to the load (a broken GPU selection, a plan that does not fit, an import) must not
-    # leave the threads reading a checkpoint nobody will load
     try:
-        hub = None
-        if caps is None:
-            caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation, no network
-            # asked now, answered after transformers has imported: the round trip hides under the imports
-            hub = hub_probe_for(caps)
-        phases.mark("detect")
-        # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the
-        # visible GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here.
-        broken = [f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS]
-        if broken:
-            if pre is not None:
-                pre.stop()
-            bad_selection = DeviceSelectionError(
-                "the GPUs this process may use are misconfigured",
-                reasons=[f.message for f in broken],
-                fix="; ".join(dict.fromkeys(f.fix for f in broken)),
-            )
-            if caps.distributed.active:
-                _tell_ranks_before_planning(caps, bad_selection, model)
-            raise bad_selection
-        if prefetch and prefetch != "off":
-            # the CUDA context and cuBLAS on the GPU the load will use, made while transformers imports
-            from .. import gpu_start as _gpu_start
-
-            early = _gpu_start.start(caps, device_map)
-        # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
-        rendezvous, ranks_note = None, None
-        if caps.distributed.active:
-            caps, rendezvous, ranks_note = _agree_on_gpus(caps, model)
-            phases.mark("ranks")
-        plan_kwargs: dict[str, Any] = dict(
-            hardware=caps,
+        req = Request.build(
+            model,
+            entry="load_model",
+            hardware=hardware,
             intent=intent,
             seq_len=seq_len,
             batch_size=batch_size,
@@ -247,167 +176,205 @@ def load_model(
             kernels=kernels,
             trust_kernels=trust_kernels,
             model_class=model_class,
-            revision=from_pretrained_kwargs.get("revision"),
+            task=task,
             fast=fast,
+            warmup=warmup,
+            prefetch=prefetch,
             new_tokens=new_tokens,
             padded=padded,
-            from_pretrained_kwargs=from_pretrained_kwargs,
+            tune=tune,
+            tune_budget_s=tune_budget_s,
             batch_layout=batch_layout,
             tokens_per_step=tokens_per_step,
             lora=lora,
             loss=loss,
+            **from_pretrained_kwargs,
         )
-        try:  # from here to the plans' exchange, a rank that raises tells the others (they would wait for it)
-            # timed apart because users ask where the seconds go: transformers is a lazy module, so name what the
-            # plan and the load use (the config machinery and modeling_utils, which imports most of it)
-            from transformers import AutoConfig, PreTrainedModel  # noqa: F401
-
-            phases.mark("import_transformers")
-            if hub is not None:
-                from ..detection import with_hub_answer
-
-                plan_kwargs["hardware"] = caps = with_hub_answer(caps, hub)
-                phases.mark("hub_probe")
-            plan = make_plan(model, **plan_kwargs)
-            if tune:
-                plan = _tuned_plan(model, plan, caps, plan_kwargs, tune_budget_s)
-            auto_class = resolve_auto_class(model_class, task, plan)
-        except Exception as e:
-            if rendezvous is not None:  # the other ranks stop with this rank's reason instead of waiting
-                rendezvous.tell("plans", _rank_error(e))
-            raise
-        if rendezvous is not None:
-            from ..policies.ranks import check_same, decisions
-
-            published = rendezvous.exchange("plans", {"decisions": decisions(plan)})
-            if published is not None:
-                unchecked = check_same(published)
-                if unchecked:
-                    ranks_note = f"{ranks_note}; {unchecked}"
-            else:
-                ranks_note = (
-                    f"{ranks_note}; the ranks' plans were not compared (a rank did not publish in time)"
-                )
-        phases.mark("plan")
-        is_main = caps.distributed.rank in (None, 0)
-        logger.log(logging.INFO if is_main else logging.DEBUG, "cudaload plan:\n%s", plan.explain())
-
-        if plan.attention.choice in ("flash_attention_4", "kernels-community/flash-attn4"):
-            # FA4 JIT-compiles its kernels in every new process (~3 s on the H200) unless its persistent cache is
-            # on; cudaload turns it on under its own cache directory where the user has not set it (the variables
-            # are read once, when flash_attn.cute is first imported: so before the load imports it)
-            from ..tuning import enable_fa4_compile_cache
-
-            fa4_cache_note = enable_fa4_compile_cache().note
-        else:
-            fa4_cache_note = None
-        if any(c.ok and c.name in SDPA_VARIANTS for c in plan.attention.candidates):
-            # cudaload's sdpa variants are transformers attention functions: registered before the model is built
-            # (and for a runtime fallback to one of them)
-            from ..sdpa_decode import register as _register_sdpa_variants
-
-            _register_sdpa_variants()
-    except BaseException:
-        if pre is not None:
-            pre.stop()
-        if early is not None:
-            early.join()  # short: no thread of this call outlives its error
+    except CudaloadError as e:
+        _tell_ranks_refused(e, model)  # under torchrun the other ranks would wait for this one
         raise
-    early_start = early.join() if early is not None else None
+    return load_request(req)
+
+
+def load_request(req: Request) -> Any:
+    """Load what a checked request asks for (:func:`load_model` builds the request)."""
+    phases = _Phases()
+    started = Started(req)  # after the request's checks: no reading for a call that is refused
+    try:  # a refusal from here to the load must not leave threads reading a checkpoint nobody will load
+        caps, hub = _detect(req, started, phases)
+        rendezvous, ranks_note = None, None
+        if caps.distributed.active:
+            # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
+            caps, rendezvous, ranks_note = _agree_on_gpus(caps, req.model)
+            phases.mark("ranks")
+        planned = plan_for_load(req, caps, hub, rendezvous, ranks_note, phases)
+    except BaseException:
+        started.abandon()
+        raise
+    loaded, plan, verified = _load_checked(req, planned, started, phases)
+    try:
+        loaded, plan = _ready(req, loaded, plan, verified)
+    except DoesNotFitError:
+        # less is free after loading than serving needs: nothing is handed back, so nothing stays held. The
+        # traceback keeps this frame: the model is dropped from it before the memory is released
+        loaded = None
+        started.stop_reading()  # nothing will read those pages now
+        _release_memory()
+        raise
+    loaded.cudaload_plan = plan
+    logger.log(
+        logging.INFO if planned.is_main else logging.DEBUG,
+        "cudaload loaded %s in %.2fs via %s",
+        plan.model.name,
+        verified["load_seconds"],
+        verified["load_path"],
+    )
+    return loaded
+
+
+def _detect(req: Request, started: Started, phases: _Phases) -> tuple[Capabilities, Any]:
+    """This machine (or the recorded snapshot given), refused where its GPU selection is broken; the Hub probe
+    asked now and answered after transformers has imported, so the round trip hides under the imports."""
+    from ..planner import hub_probe_for, resolve_hardware
+
+    caps, hub = req.hardware, None
+    if caps is None:
+        caps = resolve_hardware(None)  # detect(): NVML, no CUDA initialisation, no network
+        hub = hub_probe_for(caps)
+    phases.mark("detect")
+    # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the visible
+    # GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here, unless the CPU
+    # is what was asked for
+    broken = [] if req.device_map == "cpu" else [
+        f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS
+    ]
+    if broken:
+        bad_selection = DeviceSelectionError(
+            "the GPUs this process may use are misconfigured",
+            reasons=[f.message for f in broken],
+            fix="; ".join(dict.fromkeys(f.fix for f in broken)),
+        )
+        if caps.distributed.active:
+            _tell_ranks_before_planning(caps, bad_selection, req.model)
+        raise bad_selection
+    started.start_gpu(req, caps)
+    return caps, hub
+
+
+@dataclass
+class _Loaded:
+    model: Any
+    path_taken: str
+    notes: list[str]
+    seconds: float
+
+
+def _load_checked(
+    req: Request, planned: Planned, started: Started, phases: _Phases
+) -> tuple[Any, Plan, dict[str, Any]]:
+    """Load, probe the attention, verify; a failure releases what the attempt allocated, then raises the
+    translated error. Returns the model, the plan it follows (made again where the load learnt otherwise) and
+    what was verified."""
+    early_start = started.gpu_summary()
     before = _gpu_memory_snapshot()
     failure: CudaloadError | None = None
-    loaded: Any = None
-    t0 = time.perf_counter()
+    plan = planned.plan
     try:
-        loaded, path_taken, notes = _load_once(plan, auto_class, from_pretrained_kwargs)
-        if plan.kernels.get("use_kernels"):
-            # exactly the planned mapping, by kernels' kernelize after loading (see hub_kernels.plan_kernels:
-            # from_pretrained's use_kernels also pulls transformers' default kernels from the Hub)
-            from ..hub_kernels import apply_kernels
-
-            apply_kernels(loaded, plan.kernels)
-        seconds = time.perf_counter() - t0
-        phases.mark("load")
-        if path_taken == "fast_sharded":
-            plan = _placed_shards(plan, loaded)
-        if _fsdp_weights_on_cpu(plan):
-            # the model is on the CPU until the Trainer shards it: a forward
-            # here would test nothing about the GPU backend, and a 70B CPU forward takes minutes
-            fallbacks: list[dict[str, str]] = []
-        else:
-            plan, fallbacks = _probe_and_fallback(loaded, plan, caps, warmup=warmup)
-            if fallbacks and plan.serving is not None:
-                plan = _serving_after_fallback(plan, model, plan_kwargs)
-            if fallbacks and plan.training is not None:
-                plan = _training_after_fallback(plan, model, plan_kwargs)
-        plan, sdpa_dispatch = _confirm_sdpa_variant(loaded, plan)
-        phases.mark("probe")
-        verified = verify(loaded, plan, allow_offload=allow_offload)
+        got = _load(req, planned, phases)
+        plan, checks = _checked_backend(req, planned, got.model, phases)
+        if got.path_taken == "fast_sharded":
+            plan = _placed_shards(plan, got.model)
+        verified = verify(got.model, plan, allow_offload=req.allow_offload)
         phases.mark("verify")
     except Exception as e:  # translated below, after the attempt's memory is released
         failure = _translate(e, f"loading {plan.model.name}")
         del e
     if failure is not None:
-        if pre is not None:
-            pre.stop()  # nothing will read those pages now
-        loaded = None
+        started.stop_reading()  # nothing will read those pages now
         _release_memory()
         after = _gpu_memory_snapshot()
         leaked = {i: after[i] - before.get(i, 0) for i in after if after[i] > before.get(i, 0)}
         if leaked:
             logger.error("GPU memory still held after a failed load: %s bytes", leaked)
         raise failure
-
     verified.update(
         {
-            "load_path": path_taken,
-            "load_seconds": round(seconds, 4),
-            "attention_fallbacks": fallbacks,
-            "notes": notes,
-            "auto_class": auto_class,
-            "phases": phases.as_dict(getattr(loaded, "cudaload_fastload", None)),
-            "fa4_compile_cache": fa4_cache_note,
-            "sdpa_decode_dispatch": sdpa_dispatch,
-            "prefetch": pre.summary() if pre is not None else None,
+            "load_path": got.path_taken,
+            "load_seconds": round(got.seconds, 4),
+            **checks,
+            "notes": got.notes,
+            "auto_class": planned.auto_class,
+            "phases": phases.as_dict(getattr(got.model, "cudaload_fastload", None)),
+            "fa4_compile_cache": planned.fa4_cache_note,
+            "prefetch": started.prefetch_summary(),
             "gpu_start": early_start,
-            "ranks": ranks_note,
+            "ranks": planned.ranks_note,
         }
     )
+    return got.model, plan, verified
+
+
+def _load(req: Request, planned: Planned, phases: _Phases) -> _Loaded:
+    plan = planned.plan
+    t0 = time.perf_counter()
+    model, path_taken, notes = _load_once(plan, planned.auto_class, req.from_pretrained_kwargs)
+    if plan.kernels.get("use_kernels"):
+        # exactly the planned mapping, by kernels' kernelize after loading (see hub_kernels.plan_kernels:
+        # from_pretrained's use_kernels also pulls transformers' default kernels from the Hub)
+        from ..hub_kernels import apply_kernels
+
+        apply_kernels(model, plan.kernels)
+    seconds = time.perf_counter() - t0
+    phases.mark("load")
+    return _Loaded(model, path_taken, notes, seconds)
+
+
+def _checked_backend(
+    req: Request, planned: Planned, model: Any, phases: _Phases
+) -> tuple[Plan, dict[str, Any]]:
+    """The attention backend tried on the model (its one-step forward, the fallbacks, the sdpa variant's cuDNN
+    dispatch); where the model ends up on another backend than planned, the plan made again for it."""
+    plan, caps = planned.plan, planned.caps
+    fallbacks: list[dict[str, str]] = []
+    replans: list[str] = []
+    # an FSDP rank's model is on the CPU until the Trainer shards it: a forward here would test nothing about the
+    # GPU backend, and a 70B CPU forward takes minutes
+    if not _fsdp_weights_on_cpu(plan):
+        current, fallbacks = _probe_and_fallback(model, plan, caps, warmup=req.warmup)
+        if fallbacks and current is not None:
+            why = [f"runtime fallback: {f['from']} -> {f['to']}: {f['reason']}" for f in fallbacks]
+            plan = replanned(req, caps, plan, current, why)
+            replans.append(f"planned again for {current}: {why[-1]}")
+    kept, dispatch = _confirm_sdpa_variant(model, plan)
+    if not kept and dispatch is not None:
+        why = [f"checked on the GPU: {dispatch['why']}; sdpa kept"]
+        plan = replanned(req, caps, plan, "sdpa", why)
+        replans.append(f"planned again for sdpa: {why[0]}")
+    phases.mark("probe")
+    return plan, {"attention_fallbacks": fallbacks, "sdpa_decode_dispatch": dispatch, "replanned": replans}
+
+
+def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tuple[Any, Plan]:
+    """Adapters wrapped, train or eval mode, checkpointing as planned, the serving section settled against the
+    memory free after loading; the plan with what was verified. Raises DoesNotFitError where serving finds too
+    little free (the caller releases the model)."""
     if plan.intent in ("lora", "qlora"):
-        if path_taken != "fast_sharded":  # the sharded loader wrapped it before sharding (peft_config)
-            loaded = _wrap_peft(loaded, plan)
-        trainable = sum(p.numel() for p in loaded.parameters() if p.requires_grad)
-        verified["trainable_parameters"] = trainable
+        if verified["load_path"] != "fast_sharded":  # the sharded loader wrapped it before sharding
+            model = _wrap_peft(model, plan)
+        verified["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if plan.intent in ("inference", "serving"):
-        loaded.eval()
+        model.eval()
     else:
-        loaded.train()
-        enable_planned_checkpointing(loaded, plan)
+        model.train()
+        enable_planned_checkpointing(model, plan)
     if plan.serving is not None:
-        refusal: DoesNotFitError | None = None
         try:
             # looked up on execute.serving at call time: a test replaces cudaload.execute.serving._attach_serving
-            plan = _serving._attach_serving(loaded, plan, verified)
+            plan = _serving._attach_serving(model, plan, verified)
         except DoesNotFitError as e:
-            # less is free after loading than serving needs: nothing is handed back, so nothing stays held. The
-            # traceback holds _attach_serving's frame and its `model` local (the whole model, its GPU memory) for
-            # as long as the caller keeps the error: dropped before the memory is released
+            # the traceback holds _attach_serving's frame and its `model` local (the whole model, its GPU
+            # memory) for as long as the caller keeps the error: dropped, and this frame's reference with it
             e.__traceback__ = None
-            refusal = e
-            del e
-        if refusal is not None:
-            if pre is not None:
-                pre.stop()  # nothing will read those pages now
-            loaded = None
-            _release_memory()
-            raise refusal
-    plan = plan.with_verified(verified)
-    loaded.cudaload_plan = plan
-    logger.log(
-        logging.INFO if is_main else logging.DEBUG,
-        "cudaload loaded %s in %.2fs via %s",
-        plan.model.name,
-        seconds,
-        path_taken,
-    )
-    return loaded
+            model = None
+            raise
+    return model, plan.with_verified(verified)

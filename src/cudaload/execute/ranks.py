@@ -34,6 +34,21 @@ def _tell_ranks_before_planning(caps: Capabilities, e: BaseException, model: str
         logger.debug("cudaload: could not tell the other ranks: %s", why)
 
 
+def _tell_ranks_refused(e: BaseException, model: Any) -> None:
+    """A torchrun rank whose request is refused (a bad argument or variable) publishes the error where the
+    other ranks wait for its GPU facts, so they stop with its reason instead of waiting for it."""
+    from .. import _env
+
+    with contextlib.suppress(Exception):  # the environment itself may be what was refused: nobody to tell then
+        launch = _env.launch()
+        if (launch.world_size or 1) > 1 and isinstance(model, (str, os.PathLike)):
+            from ..detection.ranks import open_rendezvous
+
+            rendezvous, _ = open_rendezvous(launch.rank or 0, launch.world_size or 1, model=model)
+            if rendezvous is not None:
+                rendezvous.tell("gpus", _rank_error(e))
+
+
 def _agree_on_gpus(caps: Capabilities, model: str | os.PathLike[str]) -> tuple[Capabilities, Any, str]:
     """Every torchrun rank's GPU, exchanged before anyone plans or loads (cudaload.detection.ranks), and this
     rank's Capabilities planned from all of them (cudaload.policies.ranks.agree). Returns the rendezvous for

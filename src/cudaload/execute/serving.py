@@ -1,34 +1,12 @@
-"""intent="serving": the serving section planned again after an attention fallback, and settled and attached
-to the loaded model (transformers' ContinuousBatchingConfig)."""
+"""intent="serving": the serving section settled against the memory free after loading and attached to the
+loaded model (transformers' ContinuousBatchingConfig)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from ..plans import Plan
-
-
-def _serving_after_fallback(plan: Plan, model: Any, plan_kwargs: Mapping[str, Any]) -> Plan:
-    """After a runtime attention fallback (:func:`_probe_and_fallback`) the serving section is planned again for
-    the attention the model now has, where it pages another one: a section planned for paged flash counts no
-    dense mask and turns graphs on for an unmasked step, neither true of paged sdpa/eager. The attention decision
-    (with its fallback) and the rest of the plan stay as they are."""
-    from ..planner import plan as make_plan
-
-    current = plan.attention.choice
-    if plan.serving is None or current is None:
-        return plan
-    if (plan.serving.attention.choice or "").removeprefix("paged|") == current:
-        return plan
-    again = make_plan(model, **{**plan_kwargs, "attn": current}).serving
-    assert again is not None
-    note = (
-        f"planned again for {current}: the runtime attention fallback replaced "
-        f"{plan.serving.attention.choice} (see the attention decision)"
-    )
-    return replace(plan, serving=replace(again, notes=(*again.notes, note)))
 
 
 def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:

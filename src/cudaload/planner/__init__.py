@@ -22,7 +22,7 @@ from ..model_info import ModelInfo, model_info
 from ..plans import Parallelism, Plan
 from ..request import Request
 from ..tuning import Timings
-from .choices import attention_for, base_intent, dtype_for, trusted
+from .choices import attention_for, base_intent, dtype_for, fallbacks_for, trusted
 from .load_path import load_path_for
 from .machine import _first_use_here, hardware_summary, hub_probe_for, machine_for, resolve_hardware
 from .sections import _kernels, _peft, _serving, sdpa_family, warnings_for
@@ -185,14 +185,20 @@ def plan(
     )
 
 
-def plan_request(req: Request) -> Plan:
-    """The plan for a checked request: the machine, the model, the work, then each decision in order."""
-    caps = machine_for(req)
+def plan_request(
+    req: Request, caps: Capabilities | None = None, *, attn: str | None = None, timings: Timings | None = None
+) -> Plan:
+    """The plan for a checked request: the machine, the model, the work, then each decision in order.
+
+    What a load learns replaces the request's in a new plan, made here like any other: ``caps`` (the machine as
+    the ranks agreed on it, with the Hub's answer), ``attn`` (the backend that passed its probe after a
+    fallback), ``timings`` (measured by ``tune=True``)."""
+    caps = caps if caps is not None else machine_for(req)
     info = model_info(req.model, model_class=req.model_class, revision=req.revision)
     work = work_for(req, info)
     dt = dtype_for(req, info, caps)
     assert dt.choice is not None
-    at, usable = attention_for(req, info, caps, dt.choice, work)
+    at, usable = attention_for(req, info, caps, dt.choice, work, attn=attn, timings=timings)
     sized = size(req, info, caps, dt.choice, at, work)
     lp, par = load_path_for(req, info, sized)
     p = _assemble(req, info, caps, work, (dt, at, lp), usable, sized, par)
@@ -234,7 +240,7 @@ def _assemble(
         load_path=lp,
         kernels=_kernels(info, caps, base_intent(req.intent), req.kernels, trusted(req), req.model_class),
         quantization_config=fr.quantization_config,
-        peft=_peft(info, req.lora, training.plan.lora_dropout if training else None)
+        peft=_peft(info, req.lora, training.lora_dropout if training else None)
         if req.intent in ("lora", "qlora")
         else None,
         warnings=warnings_for(info, caps, dt, at, sized.placement.offload, work.seq_len),
@@ -254,5 +260,6 @@ def _assemble(
         optimizer=fr.optimizer,
         gradient_checkpointing=fr.gradient_checkpointing,
         parallelism=par,
-        training=training.plan if training is not None else None,
+        training=training,
+        attention_fallbacks=fallbacks_for(at),
     )

@@ -4,6 +4,8 @@ facts, and for serving the implementation whose paged form serves."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _env
 from ..capabilities import Capabilities
 from ..decision import Decision
@@ -38,14 +40,24 @@ def dtype_for(req: Request, info: ModelInfo, caps: Capabilities) -> Decision:
 
 
 def attention_for(
-    req: Request, info: ModelInfo, caps: Capabilities, dtype: str, work: WorkSize
+    req: Request,
+    info: ModelInfo,
+    caps: Capabilities,
+    dtype: str,
+    work: WorkSize,
+    *,
+    attn: str | None = None,
+    timings: Any = None,
 ) -> tuple[Decision, list[str] | None]:
-    """The attention decision, and for serving the usable implementations the serving section pages from."""
+    """The attention decision, and for serving the usable implementations the serving section pages from.
+    ``attn`` / ``timings`` replace the request's (a load planning again after a fallback, or with measured
+    timings)."""
     intent = base_intent(req.intent)
-    timings = req.timings
+    requested = attn or req.attn
+    timings = timings if timings is not None else req.timings
     # one generate() call's work picks its kernel; a server's many requests are not one short sequence
     declared = None if req.intent == "serving" else work.declared
-    if timings is None and declared is not None and intent == "inference" and req.attn == "auto":
+    if timings is None and declared is not None and intent == "inference" and requested == "auto":
         # measured seconds for this work: this GPU's tune cache first, then the priors cudaload ships
         w = Work.from_total(declared[0], declared[1], req.new_tokens, req.padded)
         timings = lookup_timings(caps, info, dtype, w)
@@ -54,7 +66,7 @@ def attention_for(
         caps,
         dtype=dtype,
         intent=intent,
-        requested=req.attn,
+        requested=requested,
         trust=trusted(req),
         revision=None,
         work=declared,
@@ -67,7 +79,7 @@ def attention_for(
     )
     assert at.choice is not None
     usable: list[str] | None = None
-    if req.intent == "serving" and req.attn == "auto":
+    if req.intent == "serving" and requested == "auto":
         # the attention decision weighs one generate() batch; continuous batching pages many requests, where a
         # flash form attends per request and sdpa/eager mask every key the batch reads: the model is loaded with
         # the implementation whose paged form serves (transformers pages the model's own attention at the
@@ -75,6 +87,15 @@ def attention_for(
         usable = [at.choice, *(c.name for c in at.candidates if c.ok)]
         at = _serving_attention(at, info, caps, usable)
     return at, usable
+
+
+def fallbacks_for(at: Decision) -> tuple[str, ...]:
+    """Where load_model goes when the choice fails its one-step forward: the valid candidates after it, in the
+    order the attention policy ranked them (policies/attention/choice.py ``_ordered``: torch's own sdpa and
+    eager first, which need nothing else); none for an explicit choice, which is refused instead."""
+    if at.explicit:
+        return ()
+    return tuple(c.name for c in at.candidates if c.ok and c.name != at.choice)
 
 
 def trusted(req: Request) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ parallelism decision, which may rescue a model no single process fits; then the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +23,12 @@ from ..policies.training import (
     choose_kbit_upcast,
     choose_layout,
     choose_lora_dropout,
+    plan_for_ranks,
     plan_step,
     step_bounds,
 )
 from ..request import Request
-from ..training_plan import StepShape
+from ..training_plan import StepShape, TrainingPlan
 from .choices import base_intent
 from .sections import sdpa_family
 from .work import WorkSize
@@ -36,12 +37,22 @@ TRAINING = ("training", "lora", "qlora")
 
 
 @dataclass(frozen=True)
+class TrainingSizing:
+    """The training ladder's choice, or the error where no single process fits; ``for_ranks(step)`` is the
+    section for the step a parallelism decision sizes its ranks with instead."""
+
+    choice: StepChoice | None
+    for_ranks: Callable[[StepShape], TrainingPlan]
+    error: DoesNotFitError | None
+
+
+@dataclass(frozen=True)
 class Sized:
     """The fit ladder's result (``fit``), the training section's choice, the parallelism, where the weights go,
     the memory estimate, and the batch size planned (a packed step's sequences when none was declared)."""
 
     fit: FitResult
-    training: StepChoice | None
+    training: TrainingPlan | None
     parallelism: Parallelism | None
     placement: Placement
     memory: MemoryEstimate
@@ -52,7 +63,9 @@ class Sized:
         return [d for d in self.fit.fit.per_device if d.startswith("cuda")]
 
 
-def size(req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Decision, work: WorkSize) -> Sized:
+def size(
+    req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Decision, work: WorkSize
+) -> Sized:
     intent = base_intent(req.intent)
     fit_kw: dict[str, Any] = dict(
         dtype=dtype,
@@ -71,7 +84,7 @@ def size(req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Deci
         gradient_checkpointing=req.gradient_checkpointing,
     )
     fr: FitResult | None = None
-    training: StepChoice | None = None
+    training: TrainingSizing | None = None
     nofit: DoesNotFitError | None = None
     try:
         if intent in TRAINING:
@@ -88,7 +101,10 @@ def size(req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Deci
                 loss=req.loss or "auto",
                 assumed=work.assumed,
             )
-            fr = training.fit
+            if training.error is not None:
+                raise training.error
+            assert training.choice is not None
+            fr = training.choice.fit
         else:
             fr = fit(info, caps, **fit_kw)
     except DoesNotFitError as e:
@@ -105,7 +121,11 @@ def size(req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Deci
     assert placement is not None
     memory = pd.memory or _memory(fr)
     batch = fit_kw["batch_size"] if intent in TRAINING else work.batch_size
-    return Sized(fr, training, pd.parallelism, placement, memory, batch)
+    section = None
+    if training is not None:
+        # no single process fits: the ranks run the step the parallelism decision sized them with
+        section = training.choice.plan if training.choice is not None else training.for_ranks(fit_kw["step"])
+    return Sized(fr, section, pd.parallelism, placement, memory, batch)
 
 
 def _memory(fr: FitResult) -> MemoryEstimate:
@@ -133,7 +153,7 @@ def _training(
     lora: Mapping[str, Any] | None,
     loss: str,
     assumed: Sequence[str],
-) -> StepChoice:
+) -> TrainingSizing:
     """The training section: layout, then the step bound, loss and checkpointing through the fit ladder
     (cudaload.policies.training.plan_step). Sets ``fit_kw``'s ``batch_size`` (the sequences a step holds) and
     ``step`` (the shape memory is planned for), which the parallelism decision sizes its shards with."""
@@ -160,24 +180,32 @@ def _training(
     def probe(step: StepShape, gc: bool | None) -> Any:
         return fit(info, caps, **probe_kw, gradient_checkpointing=gc, step=step)
 
-    choice = plan_step(
-        probe,
-        info=info,
-        caps=caps,
-        intent=intent,
-        layout=layout,
-        attn=attn,
-        batch_size=fit_kw["batch_size"],
-        seq_len=fit_kw["seq_len"],
-        tokens_per_step=tokens_per_step,
-        loss=loss,
-        gradient_checkpointing=fit_kw["gradient_checkpointing"],
-        lora_dropout=choose_lora_dropout(intent, lora),
-        kbit_upcast=kbit,
-        assumed=notes,
-        sequences_declared=batch_declared,
-    )
+    dropout = choose_lora_dropout(intent, lora)
+
+    def for_ranks(step: StepShape) -> TrainingPlan:
+        return plan_for_ranks(
+            step, layout=layout, attn=attn, lora_dropout=dropout, kbit_upcast=kbit, assumed=notes
+        )
+
+    try:
+        choice = plan_step(
+            probe,
+            info=info,
+            caps=caps,
+            intent=intent,
+            layout=layout,
+            attn=attn,
+            batch_size=fit_kw["batch_size"],
+            seq_len=fit_kw["seq_len"],
+            tokens_per_step=tokens_per_step,
+            loss=loss,
+            gradient_checkpointing=fit_kw["gradient_checkpointing"],
+            lora_dropout=dropout,
+            kbit_upcast=kbit,
+            assumed=notes,
+            sequences_declared=batch_declared,
+        )
+    except DoesNotFitError as e:
+        return TrainingSizing(None, for_ranks, e)
     fit_kw["step"] = choice.step
-    return choice
-
-
+    return TrainingSizing(choice, for_ranks, None)

@@ -45,6 +45,7 @@ __all__ = [
     "liger_problems",
     "packing_blockers",
     "packing_costs",
+    "plan_for_ranks",
     "plan_step",
     "step_bounds",
     "training_facts_for",
@@ -127,7 +128,9 @@ def choose_layout(info: ModelInfo, attn: str, act_bytes: int, requested: str = "
         "packed steps as planned here trained 3.1-3.4x the tokens/s of the padded, checkpointed recipe (8B LoRA, "
         "flash_attention_4; 2.3-2.4x with sdpa; benchmarks/results/2026-12-03-h200)"
     )
-    padded_why = "each sequence padded to the batch's longest (attention mask); padding tokens are computed too"
+    padded_why = (
+        "each sequence padded to the batch's longest (attention mask); padding tokens are computed too"
+    )
     cands = (
         Candidate("packed", not bad and not costs, (packed_why, *bad, *costs)),
         Candidate("padded", True, (padded_why,)),
@@ -379,6 +382,38 @@ def _checkpointing_decision(
         "on",
         (why,),
         (Candidate("on", True, (why,)), Candidate("off", False, tuple(offs[-1:]) or ("does not fit",))),
+    )
+
+
+def plan_for_ranks(
+    step: StepShape,
+    *,
+    layout: Decision,
+    attn: str,
+    lora_dropout: Decision | None,
+    kbit_upcast: Decision | None,
+    assumed: Sequence[str] = (),
+) -> TrainingPlan:
+    """The training section where no single process fits and the parallelism decision sizes each rank: the step
+    it sized the ranks with (the training ladder's smallest bound), transformers' loss."""
+    why = (
+        f"no single process fits a step; each rank of the parallelism below runs steps of at most {step.tokens:,} "
+        "tokens, what its per-GPU memory was sized for"
+    )
+    std = "transformers' loss: the logits of every token over the vocabulary, cast to fp32"
+    return TrainingPlan(
+        layout=layout,
+        tokens_per_step=Decision(
+            _fmt_t(step.tokens), (why,), (Candidate(_fmt_t(step.tokens), True, (why,)),)
+        ),
+        loss=Decision("transformers", (std,), (Candidate("transformers", True, (std,)),)),
+        step=step,
+        boundaries=boundaries_for(attn) if step.packed else None,
+        group_by_length=not step.packed and step.sequences > 1,
+        lora_dropout=lora_dropout,
+        kbit_upcast=kbit_upcast,
+        assumed=tuple(assumed),
+        notes=_notes(step, step.packed, step.sequences),
     )
 
 
