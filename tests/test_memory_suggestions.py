@@ -156,3 +156,15 @@ def test_a_model_that_does_not_fit_says_its_size_readably() -> None:
         "94.6 K",
         "512",
     ]
+
+
+def test_the_fix_names_what_the_situation_needs_when_nothing_that_fits_can_be_suggested(tiny_model: Any) -> None:
+    """No suggestion fits: the fix is not "more GPU memory" where memory is not the issue (issue 34)."""
+    with pytest.raises(DoesNotFitError) as e:
+        plan(str(tiny_model("qwen3")), hardware=Capabilities(source="cpu"), intent="qlora")
+    assert "intent='lora'" in (e.value.fix or "") and "more GPU memory" not in (e.value.fix or "")
+    with pytest.raises(DoesNotFitError) as e:
+        plan(full_config("Qwen3-8B"), hardware="H200", max_memory={"cuda:0": "200MiB"}, allow_offload=True)
+    assert (e.value.fix or "").startswith("raise max_memory (cuda:0: 200MiB") and "allow_offload" not in (
+        e.value.fix or ""
+    )

@@ -306,7 +306,9 @@ def fit(
             f"{info.summary.name} ({param_count(info.summary.params)} params, intent {intent}, "
             f"seq_len {seq_len} x batch {batch_size}) does not fit this machine",
             reasons=[f"{c.name}: {'; '.join(c.reasons)}" for c in candidates],
-            fix=render_suggestions(sugg),
+            fix=render_suggestions(
+                sugg, caps, max_memory, methods=[m for m in methods if not (m != "none" and bnb)]
+            ),
             suggestions=sugg,
         )
     choice = None if ok_name == "none" else ok_name
@@ -578,6 +580,27 @@ def suggestions(
 MAX_SUGGESTED_GPUS = 64
 
 
-def render_suggestions(sugg: list[Suggestion]) -> str:
+def render_suggestions(
+    sugg: list[Suggestion],
+    caps: Capabilities | None = None,
+    max_memory: Mapping[Any, Any] | None = None,
+    *,
+    methods: list[str] | None = None,
+) -> str:
+    """The fix a DoesNotFitError gives: the suggestions that were checked to fit, else what the situation
+    needs (no usable method here, a max_memory cap that is the limit, no GPU) before "more GPU memory"."""
     tips = [t.text for t in sugg]
-    return "try: " + "; or ".join(tips) if tips else "use a machine with more GPU memory"
+    if tips:
+        return "try: " + "; or ".join(tips)
+    if methods is not None and not methods:
+        # nothing the intent allows can run here (QLoRA without a usable bitsandbytes): memory is not the issue
+        return (
+            "intent='qlora' needs bitsandbytes' 4-bit kernels on a CUDA GPU: use intent='lora' (a bf16 base) here, "
+            "or a machine with a GPU and bitsandbytes (pip install 'cudaload[quant]')"
+        )
+    capped = {str(k): v for k, v in (max_memory or {}).items() if str(k).strip() not in ("cpu", "disk")}
+    if capped:
+        return f"raise max_memory ({', '.join(f'{k}: {v}' for k, v in capped.items())} is what caps the GPU here)"
+    if caps is not None and not caps.gpus:
+        return "no GPU is visible here: plan for one with hardware='H100' (cudaload profiles), or load on a machine with a GPU"
+    return "use a machine with more GPU memory"
