@@ -43,6 +43,9 @@ FLAGS: dict[str, str] = {
     "gradient_checkpointing": "--gradient-checkpointing",
     "parallelism": "--parallelism",
     "lower_latency": "--lower-latency",
+    "batch_layout": "--batch-layout",
+    "tokens_per_step": "--tokens-per-step",
+    "loss": "--loss",
 }
 #: keywords whose True/False/None the CLI spells on/off/auto
 _TRISTATE = ("kernels", "fast", "gradient_checkpointing")
@@ -205,18 +208,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         gradient_checkpointing=_ON_OFF[args.gradient_checkpointing],
         parallelism=args.parallelism,
         lower_latency=args.lower_latency,
+        batch_layout=args.batch_layout,
+        tokens_per_step=args.tokens_per_step,
+        loss=args.loss,
     )
-    from .planner import plan
+    from .planner import plan_request
 
-    # the training options the CLI has no flags for stay out: their defaults are plan()'s
-    kwargs = {k: v for k, v in req.plan_kwargs().items() if k not in _NO_FLAG}
-    p = plan(req.model, **kwargs)
+    p = plan_request(req)  # the request checked above, planned as cudaload.plan() plans it
     print(p.to_json() if args.json else as_flags(p.explain()))
     return 0
-
-
-#: Request options `cudaload plan` has no flag for, left at plan()'s defaults
-_NO_FLAG = ("batch_layout", "tokens_per_step", "lora", "loss")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -434,6 +434,27 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         choices=["auto", "on", "off"],
         help="training: recompute activations in backward; auto turns it on only when they do not fit without",
+    )
+    pl.add_argument(
+        "--batch-layout",
+        default="auto",
+        choices=["auto", "packed", "padded"],
+        help="training: packed steps (sequences concatenated, no padding computed) where the attention keeps "
+        "them apart, else padded; auto picks",
+    )
+    pl.add_argument(
+        "--tokens-per-step",
+        type=_positive_int,
+        metavar="N",
+        help="training, packed: the most real tokens a step may hold (default: the largest that fits without "
+        "gradient checkpointing)",
+    )
+    pl.add_argument(
+        "--loss",
+        default="auto",
+        choices=["auto", "transformers", "liger"],
+        help="training: Liger's fused linear cross-entropy or transformers' loss; auto uses Liger only where "
+        "it alone avoids checkpointing",
     )
     pl.add_argument(
         "--parallelism",
