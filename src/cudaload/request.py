@@ -592,7 +592,7 @@ _PASSED_ON = frozenset(
 def _absorb_aliases(given: dict[str, Any], fp: dict[str, Any]) -> None:
     """load_model's reading of ``torch_dtype`` / ``attn_implementation`` while ``dtype`` / ``attn`` are auto,
     and its refusal of the other keywords cudaload decides (execute/load.py, load_model's first lines)."""
-    from .execute.from_pretrained import _DECIDED
+    from .auto_classes import DECIDED_KWARGS as _DECIDED
 
     clash = sorted(_DECIDED & fp.keys())
     if "torch_dtype" in fp and given.get("dtype", "auto") == "auto":
@@ -864,7 +864,7 @@ def _model_class(value: Any) -> str | None:
 def _task(value: Any) -> str | None:
     if value is None:
         return None
-    from .execute.from_pretrained import AUTO_CLASSES
+    from .auto_classes import AUTO_CLASSES
 
     return _choice("task", value, tuple(sorted(AUTO_CLASSES)))
 

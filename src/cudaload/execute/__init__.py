@@ -31,13 +31,13 @@ Nothing here imports torch or transformers at import time.
 
 from __future__ import annotations
 
+from ..auto_classes import AUTO_CLASSES
+from ..auto_classes import DECIDED_KWARGS as _DECIDED
 from .adapters import _lora_config, _wrap_peft
 from .attention_probe import _confirm_sdpa_variant, _next_attention, _probe_and_fallback, replanned
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .from_pretrained import (
     _BUILD_LOCK,
-    _DECIDED,
-    AUTO_CLASSES,
     _from_pretrained,
     _load_kwargs,
     _torch_dtype,

@@ -6,41 +6,13 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..auto_classes import AUTO_CLASSES
 from ..errors import ConfigurationError
 from ..plans import Plan
 
 if TYPE_CHECKING:
     import torch
 
-#: task / model_class shorthands -> transformers auto class
-AUTO_CLASSES = {
-    "causal-lm": "AutoModelForCausalLM",
-    "text-generation": "AutoModelForCausalLM",
-    "feature-extraction": "AutoModel",
-    "embedding": "AutoModel",
-    "base": "AutoModel",
-    "masked-lm": "AutoModelForMaskedLM",
-    "fill-mask": "AutoModelForMaskedLM",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "text-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "seq2seq": "AutoModelForSeq2SeqLM",
-    "text2text-generation": "AutoModelForSeq2SeqLM",
-    "image-text-to-text": "AutoModelForImageTextToText",
-    "vision-language": "AutoModelForImageTextToText",
-}
-
-# from_pretrained keywords that cudaload decides; passing them twice would make the plan a lie.
-_DECIDED = {
-    "dtype",
-    "torch_dtype",
-    "attn_implementation",
-    "device_map",
-    "max_memory",
-    "use_kernels",
-    "kernel_config",
-}
 
 # transformers' from_pretrained temporarily switches torch's process-wide default dtype while it builds the
 # model, so two loads racing in threads can build each other's modules in the wrong dtype. Building and
