@@ -25,33 +25,6 @@ FA4 = (
 PACKED_ATTN = ["sdpa", *(["flash_attention_4"] if FA4 else [])]
 
 
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Qwen3 with head_dim 128 (what flash kernels are built for), 2 layers, bf16 safetensors."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    from cudaload.testing import make_tokenizer
-
-    path = tmp_path_factory.mktemp("qwen3-train")
-    cfg = Qwen3Config(
-        vocab_size=512,
-        hidden_size=512,
-        intermediate_size=1024,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
-    make_tokenizer(512).save_pretrained(path)
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))

@@ -52,26 +52,10 @@ QUANTIZATIONS = ("auto", "none", "int8", "nf4")
 _QUANTIZATION_SPELLINGS = (*QUANTIZATIONS, "no", "off")
 #: dtype names policies.dtype.normalize_dtype accepts, shown when one is not
 _DTYPE_NAMES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
-#: checkpoint files that are not a model folder: passed as ``model``, they were read as a config.json
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".index.json")
 #: a Hub repo id: "name" or "org/name" (huggingface_hub's validate_repo_id allows these characters)
 _REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 _CLASS_NAME = re.compile(r"^[A-Za-z_]\w*$")
 _DEVICE = re.compile(r"^cuda(:\d+)?$")
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
-#: memory units as policies.placement.parse_size reads them
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
 #: a max_memory entry below this is bytes meant as MiB or GiB, most likely
 _TINY_BYTES = 1 << 20
 
@@ -442,9 +426,8 @@ class Request:
 
     # -- the keywords of each entry ----------------------------------------------------------------------------
 
-    def plan_kwargs(self) -> dict[str, Any]:
-        """``cudaload.plan(self.model, **kwargs)``'s keywords: every option of plan(), the training options
-        (``batch_layout``, ``tokens_per_step``, ``lora``, ``loss``) included."""
+    def _shared_kwargs(self) -> dict[str, Any]:
+        """The keywords plan() and load_model() both take, with the same meaning."""
         return {
             "hardware": self.hardware,
             "intent": self.intent,
@@ -456,25 +439,32 @@ class Request:
             "device_map": self.device_map,
             "max_memory": self.max_memory,
             "allow_offload": self.allow_offload,
-            "assume_installed": self.assume_installed,
-            "assume_missing": self.assume_missing,
             "kernels": self.kernels,
             "trust_kernels": self.trust_kernels,
             "model_class": self.model_class,
-            "revision": self.revision,
             "fast": self.fast,
             "new_tokens": self.new_tokens,
             "padded": self.padded,
+            "batch_layout": self.batch_layout,
+            "tokens_per_step": self.tokens_per_step,
+            "lora": None if self.lora is None else dict(self.lora),
+            "loss": self.loss,
+        }
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        """``cudaload.plan(self.model, **kwargs)``'s keywords: every option of plan(), the training options
+        (``batch_layout``, ``tokens_per_step``, ``lora``, ``loss``) included."""
+        return {
+            **self._shared_kwargs(),
+            "assume_installed": self.assume_installed,
+            "assume_missing": self.assume_missing,
+            "revision": self.revision,
             "timings": self.timings,
             "from_pretrained_kwargs": dict(self.from_pretrained_kwargs) or None,
             "optimizer": self.optimizer,
             "gradient_checkpointing": self.gradient_checkpointing,
             "parallelism": self.parallelism,
             "lower_latency": self.lower_latency,
-            "batch_layout": self.batch_layout,
-            "tokens_per_step": self.tokens_per_step,
-            "lora": None if self.lora is None else dict(self.lora),
-            "loss": self.loss,
         }
 
     def load_kwargs(self) -> dict[str, Any]:
@@ -487,31 +477,12 @@ class Request:
                 fix="use cudaload.plan() for those, or drop them",
             )
         return {
-            "hardware": self.hardware,
-            "intent": self.intent,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "attn": self.attn,
-            "dtype": self.dtype,
-            "quantization": self.quantization,
-            "device_map": self.device_map,
-            "max_memory": self.max_memory,
-            "allow_offload": self.allow_offload,
-            "kernels": self.kernels,
-            "trust_kernels": self.trust_kernels,
-            "model_class": self.model_class,
+            **self._shared_kwargs(),
             "task": self.task,
-            "fast": self.fast,
             "warmup": self.warmup,
             "prefetch": self.prefetch,
-            "new_tokens": self.new_tokens,
-            "padded": self.padded,
             "tune": self.tune,
             "tune_budget_s": self.tune_budget_s,
-            "batch_layout": self.batch_layout,
-            "tokens_per_step": self.tokens_per_step,
-            "lora": None if self.lora is None else dict(self.lora),
-            "loss": self.loss,
             **self.from_pretrained_kwargs,
         }
 
@@ -988,16 +959,16 @@ def _passed_on(value: Any) -> Mapping[str, Any]:
 
 
 def _size(key: Any, value: Any) -> int:
-    """Bytes of a max_memory value: an int, or "24GiB" / "500MB" as policies.placement.parse_size reads it."""
+    """Bytes of a max_memory value, as policies.placement.parse_size reads them (numpy ints taken as ints)."""
+    from .policies.placement import parse_size
+
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        if int(value) >= 0:
-            return int(value)
-    elif isinstance(value, float) and math.isfinite(value) and value >= 0:
-        return int(value)
-    elif isinstance(value, str):
-        m = _SIZE.fullmatch(value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        value = int(value)
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return parse_size(value)
+        except ConfigurationError:
+            pass
     raise ConfigurationError(
         f"max_memory[{key!r}]={value!r} is not a size",
         fix=f"give bytes or a size with a unit: max_memory={{{key!r}: '20GiB'}}",
@@ -1137,37 +1108,10 @@ def _hardware(value: Any, entry: str) -> Any:
 
 
 def _snapshot(spec: str | os.PathLike[str]) -> Any:
+    """A profile name or a ``cudaload env --json`` file, as ``cudaload.hardware`` reads and checks it."""
     from .profiles import hardware
 
-    text = os.fspath(spec)
-    if isinstance(spec, os.PathLike) or text.endswith(".json") or os.sep in text:
-        path = Path(text).expanduser()
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigurationError(
-                f"hardware snapshot {text!r} does not exist",
-                fix="record one with `cudaload env --json > box.json`, or see `cudaload profiles`",
-            ) from None
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ConfigurationError(
-                f"hardware snapshot {text!r} cannot be read: {e}",
-                fix="record one with `cudaload env --json > box.json`",
-            ) from None
-        if not isinstance(data, dict) or "gpus" not in data or "source" not in data:
-            what = "a model's config.json" if isinstance(data, dict) and "model_type" in data else "JSON"
-            raise ConfigurationError(
-                f"hardware={text!r} is {what}, not a machine snapshot (it has no 'source' and 'gpus')",
-                fix="record the machine with `cudaload env --json > box.json` and pass hardware='box.json'",
-            )
-        try:
-            return hardware(path)
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ConfigurationError(
-                f"hardware snapshot {text!r} is damaged ({type(e).__name__}: {e})",
-                fix="record it again with `cudaload env --json > box.json`",
-            ) from None
-    return hardware(text)
+    return hardware(spec)
 
 
 def _model(model: Any, entry: str, subfolder: str) -> Mapping[str, Any] | None:
@@ -1224,18 +1168,9 @@ def _unreadable(path: Path, e: OSError) -> ModelNotFoundError:
 
 
 def _model_file(path: Path, entry: str) -> Mapping[str, Any]:
-    name = path.name.lower()
-    if name.endswith(_WEIGHT_SUFFIXES) and name != "config.json":
-        folder = path.parent
-        where = (
-            f"model={str(folder)!r}"
-            if (folder / "config.json").is_file()
-            else "the folder that holds the weights and their config.json"
-        )
-        raise ConfigurationError(
-            f"model={str(path)!r} is a weights file; cudaload reads a model folder (config.json beside the weights)",
-            fix=f"pass {where}",
-        )
+    from .model_info.config import refuse_weights_file
+
+    refuse_weights_file(path)
     if entry != "plan":
         raise ConfigurationError(
             f"{entry}() needs the model folder, not a file ({path.name})",

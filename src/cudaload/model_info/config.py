@@ -72,9 +72,10 @@ def _config_for(model_type: str, d: dict[str, Any]) -> Any:
         ) from None
 
 
-def _config_from_file(path: Path) -> Any:
+def refuse_weights_file(path: Path) -> None:
+    """A weights file passed as the model is refused, before gigabytes of it are read as text."""
     name = path.name.lower()
-    if name.endswith(WEIGHT_SUFFIXES) and name != "config.json":  # refused before gigabytes are read as text
+    if name.endswith(WEIGHT_SUFFIXES) and name != "config.json":
         folder = path.parent
         where = (
             f"model={str(folder)!r}"
@@ -85,6 +86,10 @@ def _config_from_file(path: Path) -> Any:
             f"model={str(path)!r} is a weights file; cudaload reads a model folder (config.json beside the weights)",
             fix=f"pass {where}",
         )
+
+
+def _config_from_file(path: Path) -> Any:
+    refuse_weights_file(path)
     try:
         d = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # UnicodeDecodeError: bytes, not text
