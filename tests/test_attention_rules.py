@@ -586,10 +586,8 @@ def test_auto_never_raises(kind: str, profile: str | None) -> None:
 
 
 def test_explain_prints_the_costs_weighed() -> None:
-    from cudaload.explain import _decision
-
     d = decide(info("llama"), H200_FA4, timings={"sdpa": 9.0, "flash_attention_4": 4.0}, timings_source=PRIOR)
-    text = "\n".join(_decision("attention", d))
+    text = "\n".join(d.explain_lines("attention"))
     assert PRIOR in text and "first use not yet paid" in text and "flash_attention_4 +5.70 s" in text
 
 

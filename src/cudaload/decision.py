@@ -43,6 +43,24 @@ class Decision:
     def candidate(self, name: str) -> Candidate | None:
         return next((c for c in self.candidates if c.name == name), None)
 
+    def explain_lines(self, title: str, none_label: str = "none") -> list[str]:
+        """This decision as ``Plan.explain()`` prints it: ``title: choice``, the reasons, then every other
+        candidate with why (``none_label`` names the choice None and its candidate)."""
+        lines = [
+            f"{title}: {self.choice if self.choice is not None else none_label}"
+            + ("  (explicit)" if self.explicit else "")
+        ]
+        lines.extend(f"    because {r}" for r in self.reasons)
+        for c in self.candidates:
+            if c.name == self.choice or (self.choice is None and c.name == none_label and c.ok):
+                continue
+            mark = "ok " if c.ok else "no "
+            why = "; ".join(c.reasons) if c.reasons else "-"
+            if c.reasons and any(why in r for r in self.reasons):  # the choice's reason already says it
+                why = "see above"
+            lines.append(f"  - {mark}{c.name}: {why}")
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "choice": self.choice,

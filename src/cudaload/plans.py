@@ -15,9 +15,11 @@ from .decision import Decision
 from .errors import ConfigurationError
 from .serving_plan import ServingPlan
 from .training_plan import TrainingPlan
+from .units import byte_size, param_count
+from .verified_text import verified_lines
 
 # Plan data sits below every policy: this module imports none (the policies import it), so a plan read back from
-# JSON needs no policy, and explain() renders each section from its own data.
+# JSON needs no policy, and explain() renders each section from its own data (each section's explain_lines()).
 
 PLAN_SCHEMA_VERSION = 1
 #: the sections every plan has (the rest are optional, added by later versions)
@@ -102,6 +104,19 @@ class Placement:
             reasons=tuple(d.get("reasons", ())),
         )
 
+    def explain_lines(self) -> list[str]:
+        """The placement section of ``Plan.explain()``: the device map, the devices, why, the memory caps."""
+        lines = [
+            f"placement: device_map={self.device_map!r} on {', '.join(self.devices)}"
+            + ("  (offload)" if self.offload else "")
+        ]
+        lines.extend(f"    {r}" for r in self.reasons)
+        if self.max_memory:
+            lines.append(
+                "    max_memory: " + ", ".join(f"{k}={byte_size(v)}" for k, v in self.max_memory.items())
+            )
+        return lines
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
@@ -132,6 +147,20 @@ class MemoryEstimate:
             budget=dict(d.get("budget", {})),
             notes=tuple(d.get("notes", ())),
         )
+
+    def explain_lines(self) -> list[str]:
+        """The memory section of ``Plan.explain()``: each term that is not zero, the total, each device's share
+        of its budget, the notes."""
+        lines = ["memory (estimated before loading):"]
+        lines.extend(f"    {k:<24}{byte_size(v):>12}" for k, v in self.terms.items() if v)
+        lines.append(f"    {'total':<24}{byte_size(self.total):>12}")
+        for d, v in self.per_device.items():
+            b = self.budget.get(d)
+            lines.append(
+                f"    on {d:<21}{byte_size(v):>12}" + (f" of {byte_size(b)}" if b is not None else "")
+            )
+        lines.extend(f"    note: {n}" for n in self.notes)
+        return lines
 
 
 @dataclass(frozen=True)
@@ -371,14 +400,87 @@ class Plan:
         return replace(self, verified=verified)
 
     def explain(self) -> str:
-        from .explain import explain
-
-        text = explain(self)
+        """The plan as text a person reads: each choice and why, each rejected option and why, the memory terms,
+        the warnings, and what loading verified."""
+        out = self._header_lines()
+        out.append("")
+        out += self.dtype.explain_lines("dtype")
+        out += self.attention.explain_lines("attention")
+        out += self.quantization.explain_lines("quantization")
+        if self.quantization_config:
+            out.append(
+                f"    BitsAndBytesConfig({', '.join(f'{k}={v!r}' for k, v in self.quantization_config.items())})"
+            )
+        out += self.placement.explain_lines()
+        out += self.load_path.explain_lines("load path")
+        if self.optimizer is not None:
+            out += self.optimizer.explain_lines("optimizer")
+        if self.gradient_checkpointing is not None:
+            out += self.gradient_checkpointing.explain_lines("gradient checkpointing")
+        if self.training is not None:
+            out += self.training.explain_lines()
+        out += self.memory.explain_lines()
+        if self.peft:
+            out.append(f"LoRA: {', '.join(f'{k}={v!r}' for k, v in self.peft.items())}")
+        if self.kernels:
+            out += _kernels_lines(self.kernels)
+        if self.warnings:
+            out.append("warnings:")
+            out.extend(f"  ! {w}" for w in self.warnings)
+        if self.verified:
+            out += verified_lines(self.verified)
+        text = "\n".join(out)
         if self.serving is not None:
             text = text.rstrip("\n") + "\n" + "\n".join(self.serving.explain_lines()) + "\n"
         if self.parallelism is not None:
             text += "\n" + "\n".join(self.parallelism.explain_lines())
         return text
+
+    def _header_lines(self) -> list[str]:
+        """The model, the machine, the intent and work size, and the ranks that planned alike."""
+        m = self.model
+        hw = self.hardware
+        machine = (
+            ", ".join(
+                f"cuda:{g['index']} {g['name']} (sm{g['compute_capability'][0]}{g['compute_capability'][1]})"
+                for g in hw.get("gpus") or []
+            )
+            or "CPU only"
+        )
+        out = [
+            f"Plan for {m.name} ({m.type}, {m.architecture or '?'}, {param_count(m.params)} params, "
+            f"{m.layers} layers, head_dim {m.head_dim}, weights from {m.weights_source})",
+            f"Machine: {machine} [{hw.get('source')}]"
+            + "".join(f"; {k} {hw[k]}" for k in ("torch", "transformers") if hw.get(k)),
+            f"Intent: {self.intent}, seq_len {self.seq_len} x batch {self.batch_size}",
+        ]
+        ranks = (hw.get("distributed") or {}).get("ranks") or []
+        if ranks:
+            hosts = sorted({r["host"] for r in ranks})
+            frees = [r for r in ranks if r.get("free_memory") is not None]
+            gpu = ranks[0].get("name") or "no GPU"  # CPU ranks (gloo) agree too
+            line = f"Ranks: {len(ranks)} on {len(hosts)} host{'s' if len(hosts) > 1 else ''}, {gpu} each"
+            if frees:
+                low = min(frees, key=lambda r: (r["free_memory"], r["rank"]))
+                high = max(r["free_memory"] for r in frees)
+                line += (
+                    f"; planned alike on every rank from the most free memory any rank's GPU had "
+                    f"({byte_size(high)}), the least: rank {low['rank']} ({byte_size(low['free_memory'])})"
+                )
+            out.append(line)
+        return out
+
+
+def _kernels_lines(kp: dict[str, Any]) -> list[str]:
+    """The Hub kernels section of ``Plan.explain()``: on or off, why, and each layer's kernel with why it passed
+    or not."""
+    lines = [f"Hub kernels: {'on' if kp.get('enabled') or kp.get('use_kernels') else 'off'}"]
+    lines.extend(f"    {r}" for r in kp.get("reasons", []) or [])
+    for e in kp.get("entries", []) or []:
+        mark = "ok " if e.get("ok") else "no "
+        why = "; ".join(e.get("reasons") or []) or "-"
+        lines.append(f"  - {mark}{e.get('layer')} <- {e.get('repo')}:{e.get('layer_name')}: {why}")
+    return lines
 
 
 def _serving_from(d: dict[str, Any] | None) -> ServingPlan | None:

@@ -146,3 +146,25 @@ class TrainingPlan:
             assumed=tuple(d.get("assumed", ())),
             notes=tuple(d.get("notes", ())),
         )
+
+    def explain_lines(self) -> list[str]:
+        """The training section of ``Plan.explain()``: the batch layout and step size, the loss, the adapters'
+        settings, what was assumed."""
+        s = self.step
+        head = (
+            f"at most {s.sequences} sequences and {s.tokens:,} tokens a step, "
+            f"each sequence up to {s.longest:,} tokens"
+        )
+        if self.packed and self.boundaries:
+            head += f"; sequence boundaries by {self.boundaries}"
+        lines = self.layout.explain_lines("batch layout")
+        lines.insert(1, f"    {head}")
+        lines += self.tokens_per_step.explain_lines("tokens per step")
+        lines += self.loss.explain_lines("loss")
+        if self.lora_dropout is not None:
+            lines += self.lora_dropout.explain_lines("LoRA dropout")
+        if self.kbit_upcast is not None:
+            lines += self.kbit_upcast.explain_lines("k-bit preparation")
+        lines.extend(f"    assumed: {a}" for a in self.assumed)
+        lines.extend(f"    note: {n}" for n in self.notes)
+        return lines
