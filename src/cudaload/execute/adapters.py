@@ -51,7 +51,13 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
 
 def enable_planned_checkpointing(model: Any, plan: Plan) -> None:
     """Gradient checkpointing on the model where the plan trains with it, so a training loop of one's own
-    runs what was planned (Trainer switches it on again from training_arguments, which changes nothing)."""
+    runs what was planned (Trainer switches it on again from training_arguments, which changes nothing). Not
+    under torchrun's multi-process strategies: there the parallelism's settings say how (FSDP wraps its own
+    activation checkpointing, fsdp_config), and checkpointing a sharded module from outside breaks its
+    recompute."""
+    par = plan.parallelism
+    if par is not None and par.launched:
+        return
     if plan.intent in ("training", "lora", "qlora") and _checkpointing(plan):
         enable = getattr(model, "gradient_checkpointing_enable", None)
         if enable is not None:
