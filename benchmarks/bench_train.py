@@ -258,9 +258,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         out["timed_tokens"] = tok
         out["mean_step_tokens"] = tok / len(timed)
         out["mean_step_sequences"] = sum(seqs[i] for i in timed) / len(timed)
-    if n:
+    # the steps met: those timed, and the one that ran out of memory (collated, not finished)
+    met = n + 1 if out.get("oom") and len(slots) > n else n
+    if met:
         # the largest step: real tokens for a packed one, sequences x longest (padding included) for a padded one
-        k = max(range(n), key=lambda i: slots[i])
+        k = max(range(met), key=lambda i: slots[i])
         out["max_step"] = {"tokens": slots[k], "sequences": seqs[k], "longest": longest[k]}
         out["predicted_at_max_step"] = predict(out)
     out["process_s"] = time.perf_counter() - t_proc

@@ -128,15 +128,16 @@ def _loss_and_grads(model: Any, batch: dict[str, Any]) -> tuple[float, dict[str,
     model.zero_grad(set_to_none=True)
     out = model(**batch)
     out.loss.backward()
-    return float(out.loss), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return float(out.loss), {
+        n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_a_packed_step_trains_like_the_padded_batch(tiny: Path, attn: str) -> None:
     """Same sequences, two layouts: the same loss (mean over the same targets) and the same gradients."""
     model = _model(tiny, attn)
-    with torch.no_grad():  # dropout-free and deterministic: compare layouts, not randomness
-        assert model.config.attention_dropout == 0
+    assert model.config.attention_dropout == 0  # deterministic: the layouts are compared, not randomness
     seqs = [{"input_ids": s["input_ids"]} for s in _data(6, lo=4, hi=24, seed=3)]
     l_pad, g_pad = _loss_and_grads(model, PaddedCollator()(seqs))
     l_pack, g_pack = _loss_and_grads(model, PackedCollator()(seqs))
@@ -157,7 +158,16 @@ def test_no_packed_sequence_attends_to_its_neighbour(tiny: Path, attn: str) -> N
         both = model(**{k: v for k, v in packed.items() if k != "labels"}).logits[0]
         alone_b = model(input_ids=torch.tensor([b])).logits[0]
         alone_a = model(input_ids=torch.tensor([a])).logits[0]
-        leaky = model(input_ids=packed["input_ids"], position_ids=torch.arange(10)[None], use_cache=False).logits[0]
+        leaky = model(
+            input_ids=packed["input_ids"], position_ids=torch.arange(10)[None], use_cache=False
+        ).logits[0]
     torch.testing.assert_close(both[: len(a)], alone_a, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(both[len(a) :], alone_b, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(leaky[len(a) :], alone_b, rtol=1e-3, atol=1e-3)
+
+
+def test_the_packed_collator_skips_an_empty_sequence_and_the_packed_set_slices() -> None:
+    out = PackedCollator()([{"input_ids": [[5, 6], []]}])
+    assert out["input_ids"].tolist() == [[5, 6]] and out["labels"].tolist() == [[-100, 6]]
+    ds = pack(_data(20), tokens_per_step=64, sequences_per_step=2, longest=40, seed=0)
+    assert ds[1:3] == [ds[1], ds[2]]

@@ -79,12 +79,18 @@ def test_no_packed_sequence_attends_to_its_neighbour_on_gpu(small_model: Path, a
     boundaries = "cu_seq_lens" if attn.startswith("flash") else "position_ids"
     packed = PackedCollator(boundaries=boundaries)([a, b])
     packed.pop("labels")
+    n = len(a["input_ids"])
     with torch.no_grad():
         both = model(**_on_gpu(packed)).logits[0].float()
         alone = model(input_ids=torch.tensor([b["input_ids"]]).cuda()).logits[0].float()
-    n = len(a["input_ids"])
+        # the control: the same row with the boundaries hidden (one sequence) does see the neighbour
+        row = packed["input_ids"].cuda()
+        leaky = model(
+            input_ids=row, position_ids=torch.arange(row.shape[1], device="cuda")[None], use_cache=False
+        )
     err = (both[n:] - alone).abs().max() / alone.abs().max()
-    assert err < 2e-2, float(err)
+    leak = (leaky.logits[0].float()[n:] - alone).abs().max() / alone.abs().max()
+    assert err < 2e-2 < leak, (float(err), float(leak))
 
 
 def test_load_model_and_training_setup_train_packed(small_model: Path, tmp_path: Path) -> None:

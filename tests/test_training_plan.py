@@ -108,7 +108,8 @@ def test_declared_nothing_assumes_trainers_batch_and_says_so() -> None:
 def test_an_assumed_batch_may_shrink_to_one_sequence_a_declared_one_raises_with_fixes_that_fit() -> None:
     a100 = hardware("A100-40GB").with_packages(["peft"], [])
     p = plan(Q8, hardware=a100, intent="lora", seq_len=8192)
-    assert p.training is not None and p.training.step.tokens >= 8192
+    # 8 assumed sequences of 8,192 tokens down to a quarter of them do not fit a 40 GB card; one sequence does
+    assert p.training is not None and p.training.step.tokens == 8192 and p.training.step.sequences == 8
     with pytest.raises(DoesNotFitError) as e:
         plan(full_config("Llama-3.1-8B"), hardware=a100, intent="training", seq_len=4096, batch_size=4)
     assert e.value.suggestions
@@ -121,22 +122,33 @@ def test_an_assumed_batch_may_shrink_to_one_sequence_a_declared_one_raises_with_
 
 
 def test_liger_is_chosen_only_where_it_alone_avoids_checkpointing() -> None:
+    """A card whose budget lies between what the smallest bound needs with the fused loss and with transformers'
+    loss (no checkpointing): only the fused loss avoids checkpointing there, so it is chosen; with room, never."""
+    info = model_info(Q8)
+    kw: dict[str, Any] = dict(dtype="bfloat16", quantization=None, intent="lora", seq_len=2048, batch_size=2)
+    smallest = StepShape(2048, 2, 2048, packed=True)
+
+    def need(fused: bool) -> int:
+        t = estimate(
+            info, gradient_checkpointing=False, step=dataclasses.replace(smallest, fused_loss=fused), **kw
+        )
+        return t["total"]
+
+    budget = (need(False) + need(True)) // 2
     card = dataclasses.replace(
         h200("liger-kernel"),
-        gpus=tuple(dataclasses.replace(g, free_memory=46 << 30) for g in hardware("H200").gpus),
+        gpus=tuple(dataclasses.replace(g, free_memory=budget) for g in hardware("H200").gpus),
     )
     tight = plan(Q8, hardware=card, intent="lora", seq_len=2048, batch_size=2)
-    assert tight.training is not None
+    assert tight.training is not None and tight.training.loss.choice == "liger"
+    assert tight.gradient_checkpointing is not None and tight.gradient_checkpointing.choice == "off"
+    assert tight.training.step.fused_loss and tight.training.loss.reasons[0].startswith("only the fused loss")
+    args = cudaload.training_arguments(tight)
+    assert args["use_liger_kernel"] is True and args["liger_kernel_config"]["fused_linear_cross_entropy"]
+    assert not args["liger_kernel_config"]["rms_norm"]
     roomy = plan(Q8, hardware=h200("liger-kernel"), intent="lora", seq_len=2048, batch_size=8)
     assert roomy.training is not None and roomy.training.loss.choice == "transformers"
     assert "slower" in " ".join(roomy.training.loss.reasons)
-    # where the standard loss needs checkpointing at every bound and the fused one does not, the fused one
-    if tight.training.loss.choice == "liger":
-        assert tight.gradient_checkpointing is not None and tight.gradient_checkpointing.choice == "off"
-        assert tight.training.step.fused_loss
-        args = cudaload.training_arguments(tight)
-        assert args["use_liger_kernel"] is True and args["liger_kernel_config"]["fused_linear_cross_entropy"]
-        assert not args["liger_kernel_config"]["rms_norm"]
     with pytest.raises(InvalidChoiceError, match="liger"):
         plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, loss="liger")
     with pytest.raises(ConfigurationError, match="loss"):
@@ -181,7 +193,10 @@ def test_explicit_tokens_per_step_and_checkpointing_are_honoured() -> None:
     with pytest.raises(ConfigurationError, match="longest sequence must fit"):
         plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, tokens_per_step=1024)
     assert step_bounds(8, 2048, None)[0] == 16384 and step_bounds(8, 2048, 5000) == [5000]
-    assert min(step_bounds(3, 1000, None)) >= 1000
+    # the full step is tried as it is (not rounded to tiles), the smaller ones never below one sequence
+    assert step_bounds(3, 1000, None)[0] == 3000 and min(step_bounds(3, 1000, None)) >= 1000
+    with pytest.raises(ConfigurationError, match="cannot be reached"):
+        plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=2, tokens_per_step=8192)
 
 
 def test_lora_overrides_and_qlora_preparation() -> None:
@@ -204,7 +219,9 @@ def test_lora_overrides_and_qlora_preparation() -> None:
 def test_training_arguments_and_trl_follow_the_layout() -> None:
     packed = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
     a = cudaload.training_arguments(packed)
-    assert a["per_device_train_batch_size"] == 1 and "train_sampling_strategy" not in a
+    # the declared sequences a step; training_setup, whose data set holds whole steps, gives 1
+    assert a["per_device_train_batch_size"] == 8 and "train_sampling_strategy" not in a
+    assert cudaload.training_setup(packed).arguments["per_device_train_batch_size"] == 1
     padded = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, batch_layout="padded")
     b = cudaload.training_arguments(padded)
     assert b["per_device_train_batch_size"] == 8 and b["train_sampling_strategy"] == "group_by_length"
@@ -214,6 +231,7 @@ def test_training_arguments_and_trl_follow_the_layout() -> None:
         trl["packing"]
         and trl["packing_strategy"] == "bfd"
         and trl["max_length"] == packed.training.step.tokens
+        and trl["per_device_train_batch_size"] == 1
     )
     assert cudaload.sft_config_arguments(padded)["max_length"] == 2048
     with pytest.raises(ConfigurationError, match="takes a Plan"):
@@ -296,3 +314,44 @@ def test_a_runtime_fallback_plans_the_training_section_again(tiny_model: Any) ->
     again = replanned(req, req.hardware, first, "sdpa", ["runtime fallback: flash_attention_4 -> sdpa: x"])
     assert again.training is not None and again.training.boundaries == "position_ids"
     assert again.attention.choice == "sdpa" and again.attention.reasons[0].startswith("runtime fallback")
+
+
+def test_a_padded_plan_checks_lengths_and_a_classifier_keeps_its_own_collator() -> None:
+    padded = plan(Q8, hardware=h200(), intent="lora", seq_len=16, batch_size=4, batch_layout="padded")
+    long = [{"input_ids": list(range(3, 103))}]
+    with pytest.raises(ConfigurationError, match="seq_len=100"):
+        cudaload.training_setup(padded, long)
+    cut = cudaload.training_setup(padded, long, truncate=True).train_dataset
+    assert cut == [{"input_ids": list(range(3, 19))}]
+    cls = plan(
+        tiny_config("qwen3"),
+        hardware=h200(),
+        intent="training",
+        seq_len=64,
+        model_class="AutoModelForSequenceClassification",
+    )
+    assert cls.training is not None and not cls.training.causal_lm
+    rows = [{"input_ids": [5, 6, 7], "labels": 1}]
+    s = cudaload.training_setup(cls, rows)
+    assert s.data_collator is None and s.train_dataset is rows and "not a causal LM" in s.describe()
+
+
+def test_lora_rank_and_dropout_reach_the_memory_the_ranks_are_sized_with_too() -> None:
+    small = plan(Q8, hardware=h200(), intent="lora", seq_len=512, batch_size=4)
+    big = plan(Q8, hardware=h200(), intent="lora", seq_len=512, batch_size=4, lora={"r": 256})
+    assert big.memory.terms["adapters"] == 16 * small.memory.terms["adapters"]
+    assert big.training is not None and big.training.step.lora_r == 256
+    # where no single process fits, the ranks' step keeps the plan's dropout (and so its memory)
+    from cudaload.capabilities import Distributed
+
+    h = hardware("2xH200")
+    g = dataclasses.replace(h.gpus[0], free_memory=20 << 30)
+    ranks = dataclasses.replace(
+        h.with_packages(["peft"], []),
+        gpus=(g,),
+        distributed=Distributed(local_rank=0, rank=0, world_size=2, local_world_size=1),
+    )
+    p = plan(Q8, hardware=ranks, intent="lora", seq_len=2048, lora={"lora_dropout": 0.1})
+    assert p.parallelism is not None and p.parallelism.choice == "fsdp2"
+    assert p.training is not None and p.training.step.lora_dropout == 0.1
+    assert p.training.tokens_per_step.reasons[0].startswith("no single process fits")

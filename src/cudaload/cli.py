@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, CudaloadError, CudaloadWarning
+from .training_plan import LAYOUTS, LOSSES
 
 if TYPE_CHECKING:
     from .request import Request
@@ -438,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--batch-layout",
         default="auto",
-        choices=["auto", "packed", "padded"],
+        choices=["auto", *LAYOUTS],
         help="training: packed steps (sequences concatenated, no padding computed) where the attention keeps "
         "them apart, else padded; auto picks",
     )
@@ -452,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--loss",
         default="auto",
-        choices=["auto", "transformers", "liger"],
+        choices=["auto", *LOSSES],
         help="training: Liger's fused linear cross-entropy or transformers' loss; auto uses Liger only where "
         "it alone avoids checkpointing",
     )

@@ -15,7 +15,7 @@ from typing import Any
 from .detection.versions import version_tuple
 from .errors import ConfigurationError
 from .plans import Plan
-from .training_data import PackedCollator, PackedDataset, PaddedCollator, collator_for, pack
+from .training_data import PackedCollator, PackedDataset, PaddedCollator, as_rows, checked, collator_for, pack
 
 #: the only Liger kernel the plan turns on: the fused linear cross-entropy (``loss="liger"``); Liger's RoPE,
 #: RMSNorm and SwiGLU are off because they were not what the plan weighed (TrainingArguments.liger_kernel_config
@@ -64,16 +64,16 @@ def optimizer_arguments(plan: Plan) -> dict[str, Any]:
 
 
 def memory_arguments(plan: Plan) -> dict[str, Any]:
-    """Batch size and gradient checkpointing as planned (the memory estimate assumed exactly these). A packed
-    plan's data set holds whole steps (:func:`cudaload.training_data.pack`), so its batch size is 1."""
+    """Batch size and gradient checkpointing as planned (the memory estimate assumed exactly these). For a packed
+    plan the batch size is its sequences a step, as declared; :func:`training_setup` (whose data set holds whole
+    steps) and :func:`sft_config_arguments` (TRL's packing) set 1."""
     if plan.gradient_checkpointing is not None:
         gc = plan.gradient_checkpointing.choice == "on"
     else:  # plans made before checkpointing was planned
         gc = plan.intent in ("training", "qlora") or plan.seq_len >= 4096
     new = (version_tuple(plan.hardware.get("transformers")) or (0,)) >= ACTIVATION_CHECKPOINTING_SINCE
     name = "activation_checkpointing" if new else "gradient_checkpointing"
-    packed = plan.training is not None and plan.training.packed
-    args: dict[str, Any] = {"per_device_train_batch_size": 1 if packed else plan.batch_size, name: gc}
+    args: dict[str, Any] = {"per_device_train_batch_size": plan.batch_size, name: gc}
     if gc:
         # non-reentrant checkpointing: no inputs need requires_grad, and it is what the estimate measured
         args[f"{name}_kwargs"] = {"use_reentrant": False}
@@ -114,7 +114,8 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
 
     Returns:
         A dict of ``TrainingArguments`` keywords: ``bf16`` / ``fp16`` (and ``tf32`` on a GPU), ``optim``,
-        ``per_device_train_batch_size`` (1 for a packed plan: each data set item is a step),
+        ``per_device_train_batch_size`` (the plan's sequences a step; a packed plan's memory is for
+        :func:`training_setup`'s packed steps, where it is 1),
         ``gradient_checkpointing`` (``activation_checkpointing`` from transformers 5.23) with its kwargs,
         ``ddp_find_unused_parameters`` for adapters, ``train_sampling_strategy="group_by_length"`` for padded
         batches, ``use_liger_kernel`` / ``liger_kernel_config`` where the plan chose Liger's fused loss, and the
@@ -158,7 +159,9 @@ class TrainingSetup:
 
     plan: Plan
     arguments: dict[str, Any]
-    data_collator: PackedCollator | PaddedCollator
+    data_collator: (
+        PackedCollator | PaddedCollator | None
+    )  # None: Trainer's own (a model that is no causal LM)
     train_dataset: Any
 
     def describe(self) -> str:
@@ -167,6 +170,8 @@ class TrainingSetup:
         if t is None:
             return "no training section in this plan"
         head = f"{t.layout.choice} steps of at most {t.step.sequences} sequences and {t.step.tokens:,} tokens"
+        if not t.causal_lm:
+            return head + " (not a causal LM: the data set as given, Trainer's own collator)"
         ds = self.train_dataset
         return head + (f": {ds.summary.describe()}" if isinstance(ds, PackedDataset) else "")
 
@@ -185,8 +190,9 @@ def training_setup(
         model_or_plan: a model from :func:`cudaload.load_model` (its ``cudaload_plan``) or a :class:`Plan`.
         train_dataset: tokenized examples (dicts with ``input_ids``, optionally ``labels`` and
             ``attention_mask``: a ``datasets.Dataset``, a list...). A packed plan groups them into steps of at
-            most the plan's sequences and tokens (:func:`cudaload.training_data.pack`); a padded plan keeps
-            them as given. None: only the arguments and the collator.
+            most the plan's sequences and tokens (:func:`cudaload.training_data.pack`); a padded plan checks
+            their lengths (a list of the rows); a model that is no causal LM gets them as given. None: only the
+            arguments and the collator.
         truncate: cut sequences longer than the plan's ``seq_len`` to it (default: refuse them, naming the
             longest, since the plan's memory holds up to that length).
         shuffle, seed: the packed steps are made in a random order fixed by ``seed`` (Trainer shuffles the
@@ -206,9 +212,13 @@ def training_setup(
             fix="load with cudaload.load_model(path, intent='lora') and pass the model",
         )
     args = training_arguments(plan)
-    ds: Any = train_dataset
     t = plan.training
-    if train_dataset is not None and t is not None and t.packed:
+    ds: Any = train_dataset
+    if t is not None and t.causal_lm and t.packed:
+        args["per_device_train_batch_size"] = 1  # each item of the packed data set is a whole step
+    if t is None or not t.causal_lm or train_dataset is None:
+        pass  # not a causal LM (its own labels): the data set as given, Trainer's collator
+    elif t.packed:
         ds = pack(
             train_dataset,
             tokens_per_step=t.step.tokens,
@@ -218,6 +228,9 @@ def training_setup(
             shuffle=shuffle,
             seed=seed,
         )
+    else:
+        # padded steps are planned for sequences up to seq_len too: checked (or cut) the same way
+        ds = as_rows(checked(train_dataset, t.step.longest, truncate)[0])
     return TrainingSetup(plan=plan, arguments=args, data_collator=collator_for(plan), train_dataset=ds)
 
 
@@ -237,7 +250,13 @@ def sft_config_arguments(plan: Plan) -> dict[str, Any]:
     args = training_arguments(plan)
     t = plan.training
     if t is not None and t.packed:
-        args.update(packing=True, packing_strategy="bfd", padding_free=True, max_length=t.step.tokens)
+        args.update(
+            packing=True,
+            packing_strategy="bfd",
+            padding_free=True,
+            max_length=t.step.tokens,
+            per_device_train_batch_size=1,  # one packed row of the bound a step
+        )
     else:
         args.update(packing=False, max_length=plan.seq_len)
     return args

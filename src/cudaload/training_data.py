@@ -63,7 +63,11 @@ def example(row: Mapping[str, Any], index: int = 0) -> Example:
     if not isinstance(row, Mapping) or "input_ids" not in row:
         raise ConfigurationError(
             f"example {index} has no 'input_ids'"
-            + (f" (keys: {', '.join(map(str, row))})" if isinstance(row, Mapping) else f" ({type(row).__name__})"),
+            + (
+                f" (keys: {', '.join(map(str, row))})"
+                if isinstance(row, Mapping)
+                else f" ({type(row).__name__})"
+            ),
             fix="tokenize the data set first (each example a dict with 'input_ids', optionally 'labels')",
         )
     ids = _ids(row["input_ids"], "input_ids", index)
@@ -132,7 +136,9 @@ class PackedDataset(Sequence[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self._steps)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
         step = self._steps[i]
         item: dict[str, Any] = {"input_ids": [e.input_ids for e in step]}
         if self._labels:
@@ -141,6 +147,46 @@ class PackedDataset(Sequence[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return (self[i] for i in range(len(self)))
+
+
+def checked(
+    dataset: Iterable[Mapping[str, Any]], longest: int, truncate: bool = False
+) -> tuple[list[Example], int, int]:
+    """The data set's examples, each checked (:func:`example`); a sequence longer than ``longest`` refused, or
+    cut to it with ``truncate``; empty ones skipped. Returns (examples, how many were cut, how many skipped)."""
+    examples: list[Example] = []
+    too_long: list[tuple[int, int]] = []
+    truncated = empty = 0
+    for i, row in enumerate(dataset):
+        e = example(row, i)
+        if not e.input_ids:
+            empty += 1
+            continue
+        if len(e) > longest:
+            if not truncate:
+                too_long.append((i, len(e)))
+                continue
+            e = Example(e.input_ids[:longest], e.labels[:longest] if e.labels is not None else None)
+            truncated += 1
+        examples.append(e)
+    if too_long:
+        worst = max(n for _, n in too_long)
+        raise ConfigurationError(
+            f"{len(too_long)} sequences are longer than the plan's seq_len {longest} (the longest: {worst} tokens, "
+            f"example {too_long[0][0]} is the first)",
+            fix=f"load with seq_len={worst} (the longest sequence), or pass truncate=True to cut them to {longest}",
+        )
+    if not examples:
+        raise ConfigurationError("the data set has no non-empty example", fix="pass a tokenized data set")
+    return examples, truncated, empty
+
+
+def as_rows(examples: Sequence[Example]) -> list[dict[str, Any]]:
+    """Examples back as data set rows (``labels`` only where an example has its own)."""
+    return [
+        {"input_ids": e.input_ids} if e.labels is None else {"input_ids": e.input_ids, "labels": e.labels}
+        for e in examples
+    ]
 
 
 def pack(
@@ -175,30 +221,7 @@ def pack(
             f"a sequence of up to {longest} tokens does not fit a step of {tokens_per_step} tokens",
             fix=f"plan with tokens_per_step >= {longest}, or a shorter seq_len",
         )
-    examples: list[Example] = []
-    too_long: list[tuple[int, int]] = []
-    truncated = empty = 0
-    for i, row in enumerate(dataset):
-        e = example(row, i)
-        if not e.input_ids:
-            empty += 1
-            continue
-        if len(e) > longest:
-            if not truncate:
-                too_long.append((i, len(e)))
-                continue
-            e = Example(e.input_ids[:longest], e.labels[:longest] if e.labels is not None else None)
-            truncated += 1
-        examples.append(e)
-    if too_long:
-        worst = max(n for _, n in too_long)
-        raise ConfigurationError(
-            f"{len(too_long)} sequences are longer than the plan's seq_len {longest} (the longest: {worst} tokens, "
-            f"example {too_long[0][0]} is the first)",
-            fix=f"load with seq_len={worst} (the longest sequence), or pass truncate=True to cut them to {longest}",
-        )
-    if not examples:
-        raise ConfigurationError("the data set has no non-empty example", fix="pass a tokenized data set")
+    examples, truncated, empty = checked(dataset, longest, truncate)
     order = list(range(len(examples)))
     if shuffle:
         random.Random(seed).shuffle(order)
@@ -253,7 +276,6 @@ class PackedCollator:
     sdpa, flex_attention and eager."""
 
     boundaries: str = "position_ids"
-    return_tensors: str = "pt"
     separator_id: int = IGNORE_INDEX
 
     def __post_init__(self) -> None:
@@ -265,7 +287,9 @@ class PackedCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         import torch
 
-        seqs = _examples(features)
+        seqs = [e for e in _examples(features) if e.input_ids]  # an empty sequence has no first token
+        if not seqs:
+            raise ConfigurationError("a batch with no token", fix="drop empty examples from the data set")
         ids: list[int] = []
         labels: list[int] = []
         pos: list[int] = []
@@ -302,7 +326,6 @@ class PaddedCollator:
 
     pad_token_id: int = 0
     pad_to_multiple_of: int = 8
-    return_tensors: str = "pt"
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         import torch
@@ -322,9 +345,12 @@ class PaddedCollator:
         return {"input_ids": ids, "labels": labels, "attention_mask": mask, "use_cache": False}
 
 
-def collator_for(plan: Plan) -> PackedCollator | PaddedCollator:
-    """The collator the plan's batch layout needs."""
+def collator_for(plan: Plan) -> PackedCollator | PaddedCollator | None:
+    """The collator the plan's batch layout needs; None for a model that does not train as a causal LM
+    (classification or seq2seq labels: Trainer's own collator pads them)."""
     t = plan.training
+    if t is not None and not t.causal_lm:
+        return None
     if t is not None and t.packed:
         return PackedCollator(boundaries=t.boundaries or "position_ids")
     return PaddedCollator()

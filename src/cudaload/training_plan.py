@@ -45,6 +45,8 @@ class StepShape:
     lora_dropout: float = 0.0
     kbit_upcast: bool = False
     autocast: bool = True
+    #: LoRA's rank (the adapters' parameters and optimizer states scale with it); cudaload's default, 16
+    lora_r: int = 16
 
     @classmethod
     def padded(cls, batch_size: int, seq_len: int, **kw: Any) -> StepShape:
@@ -61,6 +63,7 @@ class StepShape:
             "lora_dropout": self.lora_dropout,
             "kbit_upcast": self.kbit_upcast,
             "autocast": self.autocast,
+            "lora_r": self.lora_r,
         }
 
     @classmethod
@@ -74,6 +77,7 @@ class StepShape:
             lora_dropout=float(d.get("lora_dropout", 0.0)),
             kbit_upcast=bool(d.get("kbit_upcast", False)),
             autocast=bool(d.get("autocast", True)),
+            lora_r=int(d.get("lora_r", 16)),
         )
 
 
@@ -99,15 +103,13 @@ class TrainingPlan:
     kbit_upcast: Decision | None = None
     assumed: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the model trains as a causal LM (token labels, shifted by the model): cudaload's collators apply; a
+    #: classifier or seq2seq model keeps its own labels and transformers' collators
+    causal_lm: bool = True
 
     @property
     def packed(self) -> bool:
         return self.layout.choice == "packed"
-
-    @property
-    def max_tokens(self) -> int:
-        """The most tokens one step computes (packed: real tokens; padded: batch x longest)."""
-        return self.step.tokens
 
     def expects(self) -> dict[str, int]:
         """What the plan expects of the data: the longest sequence, the most sequences and tokens a step."""
@@ -129,6 +131,7 @@ class TrainingPlan:
             "kbit_upcast": self.kbit_upcast.to_dict() if self.kbit_upcast else None,
             "assumed": list(self.assumed),
             "notes": list(self.notes),
+            "causal_lm": self.causal_lm,
             "expects": self.expects(),
         }
 
@@ -145,6 +148,7 @@ class TrainingPlan:
             kbit_upcast=Decision.from_dict(d["kbit_upcast"]) if d.get("kbit_upcast") else None,
             assumed=tuple(d.get("assumed", ())),
             notes=tuple(d.get("notes", ())),
+            causal_lm=bool(d.get("causal_lm", True)),
         )
 
     def explain_lines(self) -> list[str]:
@@ -159,12 +163,12 @@ class TrainingPlan:
             head += f"; sequence boundaries by {self.boundaries}"
         lines = self.layout.explain_lines("batch layout")
         lines.insert(1, f"    {head}")
+        # said with the layout they are about, not after the last decision of the section
+        lines[2:2] = [*(f"    assumed: {a}" for a in self.assumed), *(f"    note: {n}" for n in self.notes)]
         lines += self.tokens_per_step.explain_lines("tokens per step")
         lines += self.loss.explain_lines("loss")
         if self.lora_dropout is not None:
             lines += self.lora_dropout.explain_lines("LoRA dropout")
         if self.kbit_upcast is not None:
             lines += self.kbit_upcast.explain_lines("k-bit preparation")
-        lines.extend(f"    assumed: {a}" for a in self.assumed)
-        lines.extend(f"    note: {n}" for n in self.notes)
         return lines

@@ -81,11 +81,16 @@ def _confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[bool, dict[str, Any] 
 
 def replanned(req: Request, caps: Capabilities, plan: Plan, attn: str, why: list[str]) -> Plan:
     """The plan made again for the backend the model now runs (every section that depends on it -- serving's
-    paged attention, a packed training step's boundaries and bound, the memory -- planned for it). Its attention
-    decision says why the load left the first plan's choice, and keeps the first plan's remaining order."""
+    paged attention, a packed training step's boundaries and bound, the memory -- planned for it), with the
+    loaded quantization and placement pinned; where those no longer fit, its DoesNotFitError says so. Its
+    attention decision says why the load left the first plan's choice, and keeps the first plan's remaining
+    order."""
     from ..planner import plan_request
 
-    again = plan_request(req, caps, attn=attn)
+    # what is already loaded stays as it is: the quantization and where the weights went are pinned, and only
+    # what depends on the backend is planned again
+    pinned = replace(req, quantization=plan.quantization.choice or "none", device_map=plan.placement.device_map)
+    again = plan_request(pinned, caps, attn=attn)
     att = replace(again.attention, explicit=False, reasons=(*why, *again.attention.reasons))
     rest = [n for n in (plan.attention.choice, *plan.attention_fallbacks) if n]
     left = tuple(rest[rest.index(attn) + 1 :]) if attn in rest else ()

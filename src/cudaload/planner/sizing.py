@@ -5,7 +5,7 @@ parallelism decision, which may rescue a model no single process fits; then the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..capabilities import Capabilities
@@ -14,12 +14,14 @@ from ..errors import DoesNotFitError
 from ..model_info import ModelInfo
 from ..plans import MemoryEstimate, Parallelism, Placement
 from ..policies.dtype import dtype_bytes
-from ..policies.memory import gpu_terms
+from ..policies.memory import LORA_R, gpu_terms
 from ..policies.parallelism import decide as decide_parallelism
 from ..policies.quantization import FitResult, fit
 from ..policies.training import (
     DEFAULT_SEQUENCES,
+    TYPICAL_FILL,
     StepChoice,
+    base_step,
     choose_kbit_upcast,
     choose_layout,
     choose_lora_dropout,
@@ -125,6 +127,8 @@ def size(
     if training is not None:
         # no single process fits: the ranks run the step the parallelism decision sized them with
         section = training.choice.plan if training.choice is not None else training.for_ranks(fit_kw["step"])
+        causal = info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
+        section = replace(section, causal_lm=causal)
     return Sized(fr, section, pd.parallelism, placement, memory, batch)
 
 
@@ -161,26 +165,40 @@ def _training(
     act_bytes = 4 if kbit is not None and kbit.choice == "fp32" else dtype_bytes(fit_kw["dtype"])
     layout = choose_layout(info, attn, act_bytes, batch_layout)
     notes = list(assumed)
-    if not batch_declared and layout.choice == "packed":
-        fit_kw["batch_size"] = DEFAULT_SEQUENCES
+    if not batch_declared:
+        # Trainer's default; with a declared tokens_per_step, enough sequences a step to fill it
+        seq = fit_kw["seq_len"]
+        filled = -(-tokens_per_step // max(1, int(seq * TYPICAL_FILL))) if tokens_per_step else 0
+        fit_kw["batch_size"] = max(DEFAULT_SEQUENCES, filled)
         notes.append(
-            f"at most {DEFAULT_SEQUENCES} sequences a step (Trainer's default per_device_train_batch_size; "
-            "declare batch_size=)"
+            f"at most {fit_kw['batch_size']} sequences a step ("
+            + (
+                "enough to fill tokens_per_step"
+                if filled > DEFAULT_SEQUENCES
+                else "Trainer's default per_device_train_batch_size"
+            )
+            + "; declare batch_size=)"
         )
     probe_kw = {k: v for k, v in fit_kw.items() if k not in ("gradient_checkpointing", "step")}
-    packed = layout.choice == "packed"
+    dropout = choose_lora_dropout(intent, lora)
+    r = int((lora or {}).get("r", LORA_R))
+    base = base_step(layout, fit_kw["batch_size"], fit_kw["seq_len"], dropout, kbit, lora_r=r)
     # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below):
     # a packed step at the training ladder's smallest bound, each rank running its own steps
-    b, seq = fit_kw["batch_size"], fit_kw["seq_len"]
-    least = min(step_bounds(b, seq, tokens_per_step)) if packed else b * seq
-    if packed and tokens_per_step is None and not batch_declared:
-        least = seq  # an assumed batch may shrink to one sequence (plan_step does the same)
-    fit_kw["step"] = StepShape(least, b, min(seq, least), packed=packed)
+    least = base.tokens
+    if tokens_per_step is None and not batch_declared:
+        least = base.longest  # an assumed batch may shrink to one sequence (plan_step does the same)
+    elif base.packed:
+        least = min(step_bounds(base.sequences, base.longest, tokens_per_step))
+    fit_kw["step"] = replace(
+        base,
+        tokens=least,
+        longest=min(base.longest, least),
+        sequences=base.sequences if base.packed else max(1, least // base.longest),
+    )
 
     def probe(step: StepShape, gc: bool | None) -> Any:
         return fit(info, caps, **probe_kw, gradient_checkpointing=gc, step=step)
-
-    dropout = choose_lora_dropout(intent, lora)
 
     def for_ranks(step: StepShape) -> TrainingPlan:
         return plan_for_ranks(
@@ -192,11 +210,9 @@ def _training(
             probe,
             info=info,
             caps=caps,
-            intent=intent,
             layout=layout,
             attn=attn,
-            batch_size=fit_kw["batch_size"],
-            seq_len=fit_kw["seq_len"],
+            base=base,
             tokens_per_step=tokens_per_step,
             loss=loss,
             gradient_checkpointing=fit_kw["gradient_checkpointing"],
@@ -208,4 +224,6 @@ def _training(
     except DoesNotFitError as e:
         return TrainingSizing(None, for_ranks, e)
     fit_kw["step"] = choice.step
+    if not choice.step.packed:
+        fit_kw["batch_size"] = choice.step.sequences  # an assumed padded batch may have shrunk
     return TrainingSizing(choice, for_ranks, None)

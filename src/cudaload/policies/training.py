@@ -30,7 +30,7 @@ from ..decision import Candidate, Decision
 from ..errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..training_plan import LAYOUTS, LOSSES, StepShape, TrainingPlan
-from .attention.names import FLASH_PACKAGE, HUB_KERNEL
+from .attention.names import VARLEN
 from .memory import LORA_DROPOUT, sdpa_math
 from .training_facts import TrainingFacts, training_facts_for
 
@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_SEQUENCES",
     "StepChoice",
     "TrainingFacts",
+    "base_step",
     "boundaries_for",
     "choose_kbit_upcast",
     "choose_layout",
@@ -62,12 +63,7 @@ TYPICAL_FILL = 0.25
 #: step bounds are multiples of this (a whole number of 256-token tiles)
 ALIGN = 256
 #: the bounds tried, as fractions of ``batch_size x seq_len``, largest first
-_FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25)
-
-#: attention implementations whose kernels take the sequence boundaries (``cu_seq_lens``) and run varlen
-#: forward and backward: transformers' flash path (modeling_flash_attention_utils._flash_attention_forward,
-#: 5.17 lines 759-817) reads them from the batch and skips its per-layer search of the position ids
-VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
+_FRACTIONS = (1.0, 0.75, 0.5, 0.375, TYPICAL_FILL)
 
 
 def packing_blockers(info: ModelInfo) -> list[str]:
@@ -160,17 +156,17 @@ def choose_lora_dropout(intent: str, lora: Mapping[str, Any] | None) -> Decision
         "made or kept for backward"
     )
     if given is not None:
-        v = float(given)
+        v = str(float(given))  # as given: the choice is read back with float()
         return Decision(
-            f"{v:g}",
+            v,
             ("requested explicitly (lora={'lora_dropout': ...})",),
-            (Candidate(f"{v:g}", True, ("requested",)), Candidate("0", True, (zero_why,))),
+            (Candidate(v, True, ("requested",)), Candidate(str(LORA_DROPOUT), True, (zero_why,))),
             explicit=True,
         )
     return Decision(
-        f"{LORA_DROPOUT:g}",
+        str(LORA_DROPOUT),
         (zero_why, "pass lora={'lora_dropout': 0.05} for a regularising dropout (slower, more memory)"),
-        (Candidate(f"{LORA_DROPOUT:g}", True, (zero_why,)),),
+        (Candidate(str(LORA_DROPOUT), True, (zero_why,)),),
     )
 
 
@@ -207,8 +203,8 @@ def step_bounds(batch_size: int, seq_len: int, requested: int | None) -> list[in
     if requested is not None:
         return [requested]
     full = batch_size * seq_len
-    out: list[int] = []
-    for f in _FRACTIONS:
+    out: list[int] = [full]
+    for f in _FRACTIONS[1:]:
         # rounded down to whole tiles, never below one longest sequence nor above the full step
         t = min(max(seq_len, int(full * f) // ALIGN * ALIGN), full)
         if t not in out:
@@ -229,16 +225,35 @@ class StepChoice:
     plan: TrainingPlan
 
 
+def base_step(
+    layout: Decision,
+    batch_size: int,
+    seq_len: int,
+    lora_dropout: Decision | None,
+    kbit_upcast: Decision | None,
+    lora_r: int = 16,
+) -> StepShape:
+    """The step of ``batch_size`` sequences of ``seq_len`` tokens as the decisions shape it (layout, dropout,
+    QLoRA's cast, LoRA's rank); the ladder varies its tokens and loss."""
+    return StepShape(
+        tokens=batch_size * seq_len,
+        sequences=batch_size,
+        longest=seq_len,
+        packed=layout.choice == "packed",
+        lora_dropout=float(lora_dropout.choice) if lora_dropout is not None and lora_dropout.choice else 0.0,
+        kbit_upcast=kbit_upcast is not None and kbit_upcast.choice == "fp32",
+        lora_r=lora_r,
+    )
+
+
 def plan_step(
     fit: FitProbe,
     *,
     info: ModelInfo,
     caps: Capabilities,
-    intent: str,
     layout: Decision,
     attn: str,
-    batch_size: int,
-    seq_len: int,
+    base: StepShape,
     tokens_per_step: int | None,
     loss: str,
     gradient_checkpointing: bool | None,
@@ -251,108 +266,139 @@ def plan_step(
 
     Tried in order, each probed by ``fit``: the largest bound with checkpointing as the fit ladder decides; if
     that needs checkpointing, smaller bounds without it (the same optimizer), then Liger's fused loss without
-    it; else the largest bound with checkpointing. An explicit ``tokens_per_step``, ``loss`` or
+    it; else the bounds with checkpointing. An explicit ``tokens_per_step``, ``loss`` or
     ``gradient_checkpointing`` narrows the ladder to it. Where ``batch_size`` was assumed
     (``sequences_declared=False``), the ladder goes down to one longest sequence a step."""
-    req_loss = (loss or "auto").strip().lower()
-    if req_loss not in ("auto", *LOSSES):
-        raise ConfigurationError(f"unknown loss {loss!r}", fix=f"use 'auto' or one of {', '.join(LOSSES)}")
-    liger_bad = liger_problems(caps, info)
-    if req_loss == "liger" and liger_bad:
-        raise InvalidChoiceError(
-            "loss='liger' cannot be used here",
-            reasons=liger_bad,
-            fix="pip install liger-kernel (needs a CUDA GPU and triton), or use loss='auto'",
-        )
-    packed = layout.choice == "packed"
-    if tokens_per_step is not None and tokens_per_step < seq_len and packed:
-        raise ConfigurationError(
-            f"tokens_per_step={tokens_per_step} is shorter than seq_len={seq_len}: the longest sequence must fit "
-            "in one step",
-            fix=f"pass tokens_per_step >= {seq_len}, or a shorter seq_len",
-        )
-    dropout = float(lora_dropout.choice) if lora_dropout is not None and lora_dropout.choice else 0.0
-    upcast = kbit_upcast is not None and kbit_upcast.choice == "fp32"
-    base = StepShape(
-        tokens=batch_size * seq_len,
-        sequences=batch_size,
-        longest=seq_len,
-        packed=packed,
-        lora_dropout=dropout,
-        kbit_upcast=upcast,
+    req_loss, liger_bad = _loss_request(loss, caps, info)
+    bounds = _bounds(base, tokens_per_step, sequences_declared)
+    if req_loss == "transformers" or liger_bad:
+        losses = [False]
+    else:
+        losses = [True] if req_loss == "liger" else [False, True]
+    t, fused, result, tried = _walk(
+        fit, base, bounds, losses, gradient_checkpointing, last_is_the_callers=not sequences_declared
     )
-    bounds = step_bounds(batch_size, seq_len, tokens_per_step) if packed else [batch_size * seq_len]
-    if packed and tokens_per_step is None and not sequences_declared and bounds[-1] > seq_len:
-        # the sequences a step holds were assumed, not declared: fewer of them is still the caller's plan
-        bounds.append(seq_len)
-    losses = (
-        [False]
-        if req_loss == "transformers" or liger_bad
-        else ([True] if req_loss == "liger" else [False, True])
-    )
-
-    def shape(t: int, fused: bool) -> StepShape:
-        return replace(base, tokens=t, longest=min(seq_len, t), fused_loss=fused)
-
-    tried: list[tuple[int, bool, bool | None, str]] = []  # (bound, fused, checkpointing, outcome)
-
-    def ladder() -> Any:
-        """Yield (bound, fused, checkpointing request) in the order they are tried."""
-        if gradient_checkpointing is not True:
-            for fused in losses:
-                for t in bounds:
-                    yield t, fused, False
-        if gradient_checkpointing is not False:
-            for fused in losses:
-                for t in bounds:
-                    yield t, fused, True
-
-    # the fit ladder's optimizer for the largest bound (with checkpointing if it needs it): smaller bounds are
-    # tried without checkpointing only with that optimizer, so a full fine-tune does not trade fp32 AdamW for
-    # an 8-bit one to skip checkpointing (the fit ladder's own order: optimizer first, then checkpointing)
-    # (its error, with the fit ladder's suggestions for the caller's whole step, is the one raised if nothing fits)
-    r0_err: DoesNotFitError | None = None
-    try:
-        r0 = fit(shape(bounds[0], losses[0]), gradient_checkpointing)
-    except DoesNotFitError as e:
-        r0, r0_err = None, e
-    opt0 = r0.optimizer.choice if r0 is not None and r0.optimizer is not None else None
-    chosen: tuple[int, bool, Any] | None = None
-    for t, fused, gc in ladder():
-        try:
-            r = fit(shape(t, fused), gc)
-        except DoesNotFitError as e:
-            tried.append((t, fused, gc, _short(e)))
-            continue
-        if gc is False and opt0 is not None and r.optimizer is not None and r.optimizer.choice != opt0:
-            tried.append((t, fused, gc, f"fits only with {r.optimizer.choice} in place of {opt0}"))
-            continue
-        tried.append((t, fused, gc, "fits"))
-        chosen = (t, fused, r)
-        break
-    if chosen is None:
-        assert r0_err is not None
-        raise r0_err
-    t, fused, result = chosen
-    step = shape(t, fused)
+    step = _shape(base, t, fused)
     gc_on = result.gradient_checkpointing is not None and result.gradient_checkpointing.choice == "on"
     if gradient_checkpointing is None and result.gradient_checkpointing is not None:
         result = replace(result, gradient_checkpointing=_checkpointing_decision(gc_on, t, tried, bounds))
     tp = TrainingPlan(
         layout=layout,
-        tokens_per_step=_tokens_decision(
-            bounds, tried, t, fused, packed, tokens_per_step, batch_size, seq_len
-        ),
+        tokens_per_step=_tokens_decision(bounds, tried, t, fused, base, tokens_per_step),
         loss=_loss_decision(req_loss, fused, liger_bad, tried, gc_on),
         step=step,
-        boundaries=boundaries_for(attn) if packed else None,
-        group_by_length=not packed and batch_size > 1,
+        boundaries=boundaries_for(attn) if base.packed else None,
         lora_dropout=lora_dropout,
         kbit_upcast=kbit_upcast,
         assumed=tuple(assumed),
-        notes=_notes(step, packed, batch_size),
+        notes=_notes(step, base.packed, base.sequences),
+        group_by_length=not base.packed and step.sequences > 1,
     )
     return StepChoice(step, result, tp)
+
+
+def _loss_request(loss: str, caps: Capabilities, info: ModelInfo) -> tuple[str, list[str]]:
+    """The loss asked for, and why Liger cannot run here; an explicit Liger that cannot is refused."""
+    req = (loss or "auto").strip().lower()
+    if req not in ("auto", *LOSSES):
+        raise ConfigurationError(f"unknown loss {loss!r}", fix=f"use 'auto' or one of {', '.join(LOSSES)}")
+    bad = liger_problems(caps, info)
+    if req == "liger" and bad:
+        raise InvalidChoiceError(
+            "loss='liger' cannot be used here",
+            reasons=bad,
+            fix="pip install liger-kernel (needs a CUDA GPU and triton), or use loss='auto'",
+        )
+    return req, bad
+
+
+def _bounds(base: StepShape, tokens_per_step: int | None, sequences_declared: bool) -> list[int]:
+    """The bounds to try: a packed step's (:func:`step_bounds`; an assumed batch down to one sequence), a
+    padded step's one size. An explicit bound the step cannot hold or reach is refused."""
+    seq, full = base.longest, base.tokens
+    if not base.packed:
+        # a padded step is batch x seq_len; an assumed batch may hold fewer sequences (halving down to one)
+        if sequences_declared:
+            return [full]
+        out, b = [], base.sequences
+        while b >= 1:
+            out.append(b * seq)
+            b //= 2
+        return out
+    if tokens_per_step is not None and tokens_per_step < seq:
+        raise ConfigurationError(
+            f"tokens_per_step={tokens_per_step} is shorter than seq_len={seq}: the longest sequence must fit "
+            "in one step",
+            fix=f"pass tokens_per_step >= {seq}, or a shorter seq_len",
+        )
+    if tokens_per_step is not None and tokens_per_step > full:
+        raise ConfigurationError(
+            f"tokens_per_step={tokens_per_step} cannot be reached: a step holds at most batch_size={base.sequences} "
+            f"sequences of at most seq_len={seq} tokens ({full:,})",
+            fix=f"pass tokens_per_step <= {full}, or a larger batch_size (sequences a step)",
+        )
+    bounds = step_bounds(base.sequences, seq, tokens_per_step)
+    if tokens_per_step is None and not sequences_declared and bounds[-1] > seq:
+        # the sequences a step holds were assumed, not declared: fewer of them is still the caller's plan
+        bounds.append(seq)
+    return bounds
+
+
+def _shape(base: StepShape, tokens: int, fused: bool) -> StepShape:
+    if not base.packed:  # a padded step of fewer sequences
+        return replace(base, tokens=tokens, sequences=max(1, tokens // base.longest), fused_loss=fused)
+    return replace(base, tokens=tokens, longest=min(base.longest, tokens), fused_loss=fused)
+
+
+def _walk(
+    fit: FitProbe,
+    base: StepShape,
+    bounds: list[int],
+    losses: list[bool],
+    gradient_checkpointing: bool | None,
+    last_is_the_callers: bool = False,
+) -> tuple[int, bool, Any, list[tuple[int, bool, bool | None, str]]]:
+    """The first (bound, fused loss, checkpointing) that fits, in the ladder's order: without checkpointing
+    every loss and bound, then with it. Returns it with the fit result and every attempt's outcome. When nothing
+    fits, raises the largest bound's own error (its suggestions are for the caller's whole step), or where the
+    step's sequences were assumed (``last_is_the_callers``) the smallest bound's, the step the caller would
+    get."""
+    tried: list[tuple[int, bool, bool | None, str]] = []  # (bound, fused, checkpointing, outcome)
+    # the fit ladder's optimizer for the largest bound (with checkpointing if it needs it): smaller bounds are
+    # tried without checkpointing only with that optimizer, so a full fine-tune does not trade fp32 AdamW for
+    # an 8-bit one to skip checkpointing (the fit ladder's own order: optimizer first, then checkpointing)
+    r0_err: DoesNotFitError | None = None
+    try:
+        r0 = fit(_shape(base, bounds[0], losses[0]), gradient_checkpointing)
+    except DoesNotFitError as e:
+        r0, r0_err = None, e
+    opt0 = r0.optimizer.choice if r0 is not None and r0.optimizer is not None else None
+    rungs = [gc for gc in (False, True) if gradient_checkpointing in (None, gc)]
+    for gc in rungs:
+        for fused in losses:
+            for t in bounds:
+                try:
+                    r = fit(_shape(base, t, fused), gc)
+                except DoesNotFitError as e:
+                    tried.append((t, fused, gc, _short(e)))
+                    continue
+                if (
+                    gc is False
+                    and opt0 is not None
+                    and r.optimizer is not None
+                    and r.optimizer.choice != opt0
+                ):
+                    tried.append((t, fused, gc, f"fits only with {r.optimizer.choice} in place of {opt0}"))
+                    continue
+                tried.append((t, fused, gc, "fits"))
+                return t, fused, r, tried
+    if r0_err is not None and not last_is_the_callers:
+        raise r0_err
+    # the smallest step the ladder went down to: its error's suggestions are for the step the caller would get
+    fit(_shape(base, bounds[-1], losses[-1]), gradient_checkpointing)
+    raise DoesNotFitError(
+        "no step bound fits", reasons=[o for *_, o in tried], fix="declare a shorter seq_len"
+    )
 
 
 def _short(e: DoesNotFitError) -> str:
@@ -452,18 +498,21 @@ def _tokens_decision(
     tried: Sequence[tuple[int, bool, bool | None, str]],
     chosen: int,
     fused: bool,
-    packed: bool,
+    base: StepShape,
     requested: int | None,
-    batch_size: int,
-    seq_len: int,
 ) -> Decision:
     cands: list[Candidate] = []
     for b in bounds:
         rows = [x for x in tried if x[0] == b]
-        why = [_attempt(f, gc, o) for _, f, gc, o in rows] or ["not needed: a larger bound fits"]
-        cands.append(Candidate(_fmt_t(b), b == chosen, tuple(why)))
-    if not packed:
-        pad = f"padded: every step computes {batch_size} x {seq_len} tokens, padding included"
+        if rows:
+            cands.append(Candidate(_fmt_t(b), b == chosen, tuple(_attempt(f, gc, o) for _, f, gc, o in rows)))
+        else:  # below the chosen one: it would fit too (less of everything), but holds fewer tokens
+            cands.append(Candidate(_fmt_t(b), True, (f"fits, but a step of {chosen:,} tokens does too",)))
+    batch_size, seq_len = base.sequences, base.longest
+    if not base.packed:
+        pad = f"padded: every step computes {chosen // seq_len} x {seq_len} tokens, padding included"
+        if requested is not None:
+            pad += f"; tokens_per_step={requested} applies to packed steps only"
         return Decision(_fmt_t(chosen), (pad,), tuple(cands))
     if requested is not None:
         return Decision(_fmt_t(chosen), ("requested explicitly",), tuple(cands), explicit=True)
@@ -471,7 +520,7 @@ def _tokens_decision(
         f"at most {batch_size} sequences and {chosen:,} real tokens a step; memory is planned for the bound, so "
         "no step of long sequences runs out of it"
     ]
-    full = batch_size * seq_len
+    full = base.tokens
     if chosen < full:
         why_full = next((_attempt(f, gc, o) for t, f, gc, o in reversed(tried) if t == full), "larger")
         reasons.append(
@@ -491,9 +540,10 @@ def _loss_decision(
 ) -> Decision:
     std_why = "transformers' loss: the logits of every token over the vocabulary, cast to fp32"
     slower = (
-        "Liger's fused linear cross-entropy never holds all the logits, but trained slower on the H200 where "
-        "memory was not short (8B LoRA, packed, flash_attention_4: 5,786 vs 8,808 tokens/s; "
-        "/work/shared/device/README.md, 2026-12-03)"
+        "Liger's fused linear cross-entropy never holds all the logits; Liger with all its kernels trained slower "
+        "on the H200 where memory was not short (8B LoRA, packed, flash_attention_4: 5,786 vs 8,808 tokens/s; "
+        "/work/shared/device/README.md, 2026-12-03), and the fused loss alone is not measured, so it is used only "
+        "where it alone avoids checkpointing"
     )
     liger_c = Candidate("liger", not liger_bad, (slower, *liger_bad))
     std_c = Candidate("transformers", True, (std_why,))

@@ -32,10 +32,7 @@ from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from ..training_facts import TrainingFacts, training_facts_for
 from .candidates import _candidates
 from .first_use import FIRST_USE
-from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, FLASH_PACKAGE, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS
-
-#: the flash implementations (package and Hub-kernel forms): varlen forward and backward
-VARLEN_NAMES = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
+from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS, VARLEN
 
 
 def _fmt(s: float) -> str:
@@ -259,17 +256,20 @@ def _varlen_rule_order(caps: Capabilities) -> tuple[str, ...]:
 def _training_order(
     caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[TrainingFacts]
 ) -> tuple[tuple[str, ...], Any]:
-    """Training's preference: the backends measured on this GPU's architecture, fastest first, then the varlen
-    flash kernels (:func:`_varlen_rule_order`), then sdpa, flex_attention and eager. Returns the order and a
-    function giving the chosen backend's reasons."""
+    """Training's preference: the varlen flash kernels (those measured on this GPU's architecture fastest first,
+    then :func:`_varlen_rule_order`), then sdpa, flex_attention and eager. Returns the order and a function giving
+    the chosen backend's reasons."""
     f = training_facts_for(caps, facts)
     measured = (
         sorted((n for n in f.tokens_per_s if n in by and by[n].ok), key=lambda n: -f.tokens_per_s[n])
         if f is not None
         else []
     )
-    rule = (*_varlen_rule_order(caps), "sdpa", "flex_attention", "eager")
-    order = tuple(dict.fromkeys((*measured, *rule, *by)))
+    # a measurement reorders what it measured against each other, not the classes: a valid varlen kernel, even
+    # unmeasured here, goes before sdpa (which packs with a tokens x tokens mask), as every measured one did
+    varlen = [*(n for n in measured if n in VARLEN), *_varlen_rule_order(caps)]
+    rest = [*(n for n in measured if n not in VARLEN), "sdpa", "flex_attention", "eager"]
+    order = tuple(dict.fromkeys((*varlen, *rest, *by)))
 
     def why(chosen: str) -> list[str]:
         out = []
@@ -288,7 +288,7 @@ def _training_order(
             ]
             if unmeasured:
                 out.append("also valid, not measured for training here: " + ", ".join(unmeasured))
-        elif chosen in VARLEN_NAMES:
+        elif chosen in VARLEN:
             out.append(
                 "training: a flash kernel with varlen forward and backward: packed sequences kept apart by their "
                 "boundaries, no mask and no padding computed; its first-use seconds are amortised over the run"

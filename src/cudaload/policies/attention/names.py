@@ -25,6 +25,10 @@ _VLLM_FA3 = HUB_KERNEL["flash_attention_3"]
 _FA2_SOFTCAP_MIN = (2, 6, 0)
 _FA2_MIN = (2, 3, 3)  # transformers refuses older flash-attn (is_flash_attn_2_available)
 _TRAINING = ("training", "lora", "qlora")
+#: the flash implementations (package and Hub-kernel forms): each takes a packed step's boundaries
+#: (``cu_seq_lens``) and runs a varlen forward and backward (transformers' flash path,
+#: modeling_flash_attention_utils._flash_attention_forward, 5.17 lines 759-817)
+VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
 
 #: Declared work of one sequence up to this many tokens (prompt + new) is decode-bound: each new token costs
 #: one attention call per layer and the host-side cost of the call decides. Measured on the H200, Qwen3-8B

@@ -69,8 +69,7 @@ def adapter_input_bytes(act_bytes: int, step: StepShape, kbit: bool = False) -> 
     with peft's fp32 cast) the cast is a no-op: without dropout the adapters keep the same tensors as the
     layer. PEFT's bitsandbytes layers (``kbit``) cast only outside autocast (peft 0.21 tuners/lora/bnb.py:543-546,
     ``requires_conversion = not torch.is_autocast_enabled()``): under autocast they share the inputs too
-    (measured on the H200: 8B QLoRA kept 8.6 GB less than LoRA at 7,673 packed tokens, 1.13 MB a token;
-    benchmarks/results/2026-12-03-h200/README.md)."""
+    (benchmarks/results/2026-12-03-h200/README.md, "Memory")."""
     if act_bytes >= 4 or (kbit and step.autocast):
         return (5.0 if act_bytes >= 4 else 3.0, False) if step.lora_dropout > 0 else (0.0, True)
     kept = 2.0 if step.autocast else 4.0
@@ -116,11 +115,8 @@ def training_activations(
         # frozen base: autograd saves an operand only for the gradient of another operand that requires grad,
         # so a frozen nn.Linear keeps no input and a frozen RMSNorm weight keeps no output. Each RMSNorm keeps
         # its fp32 input; the MLP keeps gate, up and act(gate) (SiLU's and the product's inputs) but not the
-        # product, which only the frozen down_proj reads. Without checkpointing the H200 measured 332.5 KB per
-        # token and layer for 8B LoRA (bf16) and 433.0 KB for QLoRA (fp32), both with dropout 0.05 and no
-        # autocast (benchmarks/results/2026-12-01-h200/run1-memtrain/results.json, least squares over 5 and 3
-        # points, the loss at LOSS_BYTES_PER_LOGIT): 321.5 and 426.0 KB here; with the norms' outputs and the
-        # product counted (full fine-tuning, below) it was 362.5 and 507.9 KB.
+        # product, which only the frozen down_proj reads. Calibrated on the H200's peaks
+        # (benchmarks/results/2026-12-01-h200/run1-memtrain, and 2026-12-03-h200/README.md "Memory").
         layer = 2 * 4 * h + a * (3 * q + 3 * kv) + 3 * a * inter
         per_elem, shared = adapter_input_bytes(a, step, kbit=intent == "qlora")
         if shared:
@@ -133,10 +129,8 @@ def training_activations(
     else:
         layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
     if info.counts.qk_norms and a < 4:
-        # a q/k RMSNorm (Qwen3, Gemma3, OLMo2...) keeps its fp32 input, 4 bytes a query and key value where the
-        # terms above count the projection's output in the activations' dtype. Measured on the H200 (8B LoRA,
-        # FA4, packed): 9.79 MB a token against 9.42 planned without this term, the 10.2 KB a token and layer it
-        # adds (benchmarks/results/2026-12-03-h200/README.md)
+        # a q/k RMSNorm (Qwen3, Gemma3, OLMo2...) keeps its fp32 input where the terms above count the
+        # projection's output in the activations' dtype (benchmarks/results/2026-12-03-h200/README.md, "Memory")
         layer += (4 - a) * (q + kv)
     packed_sdpa = step.packed and attn == "sdpa" and not sdpa_math(info, a)
     if packed_sdpa and kv < q:

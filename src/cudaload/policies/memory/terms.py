@@ -14,7 +14,6 @@ from .activations import training_activations
 from .constants import (
     ADAFACTOR_STEP_FP32_COPIES,
     ALLOCATOR_SLACK_PER_LOGIT,
-    LORA_R,
     TIED_GRAD_EXTRA_BYTES,
     GiB,
 )
@@ -168,12 +167,12 @@ def breakdown(
                 f"{(opt + host) / max(n, 1):.2f} B optimizer states per parameter"
             )
     elif intent in ("lora", "qlora"):
-        ap = adapter_params(info)
+        ap = adapter_params(info, r=step.lora_r)
         adapters = ap * 4  # PEFT keeps adapter weights in fp32 (autocast_adapter_dtype)
         grads = ap * 4
         opt, host = optimizer_state_bytes(info, optimizer, ap, 4)
         notes.append(
-            f"{intent}: r={LORA_R} adapters on {info.counts.linear_modules} linear modules "
+            f"{intent}: r={step.lora_r} adapters on {info.counts.linear_modules} linear modules "
             f"({ap:,} trainable parameters, fp32), base frozen; optimizer {optimizer}"
         )
     if training:
@@ -210,8 +209,8 @@ def breakdown(
     terms["master_weights"] = mw
     terms["adapters"] = adapters
     # the caching allocator's reserved-but-unusable bytes at a training step's peak (ALLOCATOR_SLACK_PER_LOGIT)
-    # (kept per logit with Liger's fused loss too, which holds no vocabulary-wide tensor: on the H200 an 8B LoRA
-    # step of ~4k tokens with it still left 1.9 GiB reserved but unusable on a 46 GiB card, 1.4 GiB planned)
+    # kept per logit with Liger's fused loss too, though it holds no vocabulary-wide tensor: measured so on the
+    # H200 (benchmarks/results/2026-12-03-h200/README.md, the run that ran out of memory)
     terms["allocator_slack"] = (
         int(step.tokens * s.vocab_size * ALLOCATOR_SLACK_PER_LOGIT) if training and info.can_generate else 0
     )
