@@ -15,7 +15,7 @@ from cudaload.model_info import model_info
 from cudaload.planner import plan
 from cudaload.plans import Plan
 from cudaload.policies.attention import choose_attention
-from cudaload.policies.attention.choice import VARLEN_NAMES
+from cudaload.policies.attention.names import VARLEN
 from cudaload.profiles import hardware
 from cudaload.testing import FULL_SHAPES, full_config
 
@@ -118,7 +118,7 @@ def test_auto_attention_never_raises(
     # H200), else sdpa where valid
     sdpa = d.candidate("sdpa")
     assert sdpa is not None
-    flash = [c.name for c in d.candidates if c.ok and c.name in VARLEN_NAMES]
+    flash = [c.name for c in d.candidates if c.ok and c.name in VARLEN]
     if intent != "inference":
         assert d.choice in flash if flash else (d.choice == "sdpa" or not sdpa.ok)
     # inference without timings: nothing beats a valid sdpa (no first-use cost; measured fastest on the H200)
