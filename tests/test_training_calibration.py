@@ -49,7 +49,8 @@ def test_every_peak_is_predicted_within_10_percent_and_never_5_percent_low(
 def test_the_configuration_that_ran_out_of_memory_is_not_planned_again() -> None:
     """run39 t5: 8B LoRA on an emulated 46 GiB card, steps of 4,096 tokens, Liger's loss, no checkpointing; it
     failed with 44.05 GiB allocated and 1.90 GiB reserved but unusable. Today's model needs more than the card
-    for it, and the plan for that card is another one."""
+    for it, and the plan for that card is another one: at most the same step without PEFT's fp32 input copies
+    (the adapter_cast decision, which came after that run), 4.5 GiB less."""
 
     import cudaload
     from cudaload.model_info import model_info
@@ -59,7 +60,7 @@ def test_the_configuration_that_ran_out_of_memory_is_not_planned_again() -> None
     from cudaload.training_plan import StepShape
 
     info = model_info(full_config("Qwen3-8B"))
-    step = StepShape(4096, 8, 2048, packed=True, fused_loss=True)
+    step = StepShape(4096, 8, 2048, packed=True, fused_loss=True)  # PEFT's cast, as it ran
     t = estimate(
         info,
         dtype="bfloat16",
@@ -84,5 +85,5 @@ def test_the_configuration_that_ran_out_of_memory_is_not_planned_again() -> None
     )
     assert p.training is not None and p.gradient_checkpointing is not None
     chosen = (p.training.step.tokens, p.training.step.fused_loss, p.gradient_checkpointing.choice)
-    assert chosen != (4096, True, "off")
+    assert chosen != (4096, True, "off") or p.training.step.cast_outside_autocast
     assert p.memory.per_device["cuda:0"] <= p.memory.budget["cuda:0"]

@@ -35,7 +35,9 @@ class StepShape:
     when > 0). ``kbit_upcast``: QLoRA's fp32 cast of every non-4-bit parameter (peft's
     ``prepare_model_for_kbit_training``), which makes the residual stream and activations fp32. ``autocast``:
     the forward runs under bf16/fp16 autocast, as ``Trainer(bf16=True)`` runs it (accelerate wraps the model's
-    forward: accelerate/accelerator.py ``prepare_model``, ``get_mixed_precision_context_manager``)."""
+    forward: accelerate/accelerator.py ``prepare_model``, ``get_mixed_precision_context_manager``).
+    ``cast_outside_autocast``: the LoRA layers skip PEFT's copy of their input to fp32 under autocast (the plan's
+    ``adapter_cast`` decision): the adapters keep the tensors the layer keeps anyway."""
 
     tokens: int
     sequences: int
@@ -47,6 +49,7 @@ class StepShape:
     autocast: bool = True
     #: LoRA's rank (the adapters' parameters and optimizer states scale with it); cudaload's default, 16
     lora_r: int = 16
+    cast_outside_autocast: bool = False
 
     @classmethod
     def padded(cls, batch_size: int, seq_len: int, **kw: Any) -> StepShape:
@@ -64,6 +67,7 @@ class StepShape:
             "kbit_upcast": self.kbit_upcast,
             "autocast": self.autocast,
             "lora_r": self.lora_r,
+            "cast_outside_autocast": self.cast_outside_autocast,
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class StepShape:
             kbit_upcast=bool(d.get("kbit_upcast", False)),
             autocast=bool(d.get("autocast", True)),
             lora_r=int(d.get("lora_r", 16)),
+            cast_outside_autocast=bool(d.get("cast_outside_autocast", False)),
         )
 
 
@@ -87,7 +92,7 @@ class TrainingPlan:
 
     ``layout``: ``packed`` (each step's sequences concatenated into one row, no padding computed) or
     ``padded``; ``tokens_per_step``: the decision on the most real tokens one step may hold (its choice a
-    number as text); ``loss``: ``transformers`` or ``liger``; ``lora_dropout`` and ``kbit_upcast`` for
+    number as text); ``loss``: ``transformers`` or ``liger``; ``lora_dropout``, ``kbit_upcast`` and ``adapter_cast`` for
     adapters (None where they do not apply). ``step`` is the shape memory was planned for; ``boundaries``
     how a packed step marks its sequences (:data:`BOUNDARIES`); ``group_by_length``: padded batches of similar
     lengths (less padding); ``assumed``: what the plan took for granted about the data because it was not
@@ -101,6 +106,8 @@ class TrainingPlan:
     group_by_length: bool = False
     lora_dropout: Decision | None = None
     kbit_upcast: Decision | None = None
+    #: PEFT's fp32 copy of each adapted input: ``outside-autocast`` (skipped under autocast) or ``peft``
+    adapter_cast: Decision | None = None
     assumed: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: the model trains as a causal LM (token labels, shifted by the model): cudaload's collators apply; a
@@ -129,6 +136,7 @@ class TrainingPlan:
             "group_by_length": self.group_by_length,
             "lora_dropout": self.lora_dropout.to_dict() if self.lora_dropout else None,
             "kbit_upcast": self.kbit_upcast.to_dict() if self.kbit_upcast else None,
+            "adapter_cast": self.adapter_cast.to_dict() if self.adapter_cast else None,
             "assumed": list(self.assumed),
             "notes": list(self.notes),
             "causal_lm": self.causal_lm,
@@ -146,6 +154,7 @@ class TrainingPlan:
             group_by_length=bool(d.get("group_by_length", False)),
             lora_dropout=Decision.from_dict(d["lora_dropout"]) if d.get("lora_dropout") else None,
             kbit_upcast=Decision.from_dict(d["kbit_upcast"]) if d.get("kbit_upcast") else None,
+            adapter_cast=Decision.from_dict(d["adapter_cast"]) if d.get("adapter_cast") else None,
             assumed=tuple(d.get("assumed", ())),
             notes=tuple(d.get("notes", ())),
             causal_lm=bool(d.get("causal_lm", True)),
@@ -171,4 +180,6 @@ class TrainingPlan:
             lines += self.lora_dropout.explain_lines("LoRA dropout")
         if self.kbit_upcast is not None:
             lines += self.kbit_upcast.explain_lines("k-bit preparation")
+        if self.adapter_cast is not None:
+            lines += self.adapter_cast.explain_lines("adapter input cast")
         return lines

@@ -1,5 +1,5 @@
-"""The plan's LoRA adapters: the LoraConfig and the peft wrap (k-bit preparation for quantized bases), and
-gradient checkpointing switched on where the plan trains with it."""
+"""The plan's LoRA adapters: the LoraConfig and the peft wrap (k-bit preparation for quantized bases), the
+adapters' input cast as planned, and gradient checkpointing switched on where the plan trains with it."""
 
 from __future__ import annotations
 
@@ -47,6 +47,37 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
             )
         # bf16: the base stays as loaded; get_peft_model freezes it (peft tuners_utils _mark_only_adapters_as_trainable)
     return get_peft_model(model, config)
+
+
+def _cast_outside_autocast(module: Any, args: tuple[Any, ...]) -> None:
+    """A LoRA layer's forward pre-hook: PEFT's cast of the input to the adapters' dtype only outside autocast,
+    the rule of PEFT's own bitsandbytes layers (peft 0.21 tuners/lora/bnb.py:543-546). Under autocast the cast
+    copy would be cast straight back for the matmul."""
+    import torch
+
+    x = args[0] if args else None
+    device = x.device.type if isinstance(x, torch.Tensor) else "cuda"
+    module.cast_input_dtype_enabled = not torch.is_autocast_enabled(device)
+
+
+def apply_adapter_cast(model: Any, plan: Plan) -> int:
+    """The plan's ``adapter_cast`` on every LoRA layer of ``model``: ``outside-autocast`` registers
+    :func:`_cast_outside_autocast` on each (the result is the same to the bit: see
+    cudaload.policies.training.choose_adapter_cast). Returns how many layers were set."""
+    t = plan.training
+    if t is None or t.adapter_cast is None or t.adapter_cast.choice != "outside-autocast":
+        return 0
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # no peft: nothing was wrapped
+        return 0
+    n = 0
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and hasattr(module, "cast_input_dtype_enabled"):
+            # every concrete LoraLayer is an nn.Module as well (peft's Linear(nn.Module, LoraLayer))
+            module.register_forward_pre_hook(_cast_outside_autocast)  # type: ignore[attr-defined]
+            n += 1
+    return n
 
 
 def enable_planned_checkpointing(model: Any, plan: Plan) -> None:

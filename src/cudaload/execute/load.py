@@ -17,7 +17,7 @@ from ..errors import CudaloadError, DeviceSelectionError, DoesNotFitError
 from ..plans import Plan
 from ..request import Request
 from . import serving as _serving
-from .adapters import _wrap_peft, enable_planned_checkpointing
+from .adapters import _wrap_peft, apply_adapter_cast, enable_planned_checkpointing
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback, replanned
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .load_path import _load_once
@@ -362,6 +362,7 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
         if verified["load_path"] != "fast_sharded":  # the sharded loader wrapped it before sharding
             model = _wrap_peft(model, plan)
         verified["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        verified["adapter_cast_layers"] = apply_adapter_cast(model, plan)
     if plan.intent in ("inference", "serving"):
         model.eval()
     else:

@@ -22,6 +22,7 @@ from ..policies.training import (
     TYPICAL_FILL,
     StepChoice,
     base_step,
+    choose_adapter_cast,
     choose_kbit_upcast,
     choose_layout,
     choose_lora_dropout,
@@ -127,7 +128,9 @@ def size(
     if training is not None:
         # no single process fits: the ranks run the step the parallelism decision sized them with
         section = training.choice.plan if training.choice is not None else training.for_ranks(fit_kw["step"])
-        causal = info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
+        causal = (
+            info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
+        )
         section = replace(section, causal_lm=causal)
     return Sized(fr, section, pd.parallelism, placement, memory, batch)
 
@@ -182,7 +185,10 @@ def _training(
     probe_kw = {k: v for k, v in fit_kw.items() if k not in ("gradient_checkpointing", "step")}
     dropout = choose_lora_dropout(intent, lora)
     r = int((lora or {}).get("r", LORA_R))
-    base = base_step(layout, fit_kw["batch_size"], fit_kw["seq_len"], dropout, kbit, lora_r=r)
+    cast = choose_adapter_cast(intent, fit_kw["dtype"], kbit)
+    base = base_step(
+        layout, fit_kw["batch_size"], fit_kw["seq_len"], dropout, kbit, lora_r=r, adapter_cast=cast
+    )
     # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below):
     # a packed step at the training ladder's smallest bound, each rank running its own steps
     least = base.tokens
@@ -202,7 +208,13 @@ def _training(
 
     def for_ranks(step: StepShape) -> TrainingPlan:
         return plan_for_ranks(
-            step, layout=layout, attn=attn, lora_dropout=dropout, kbit_upcast=kbit, assumed=notes
+            step,
+            layout=layout,
+            attn=attn,
+            lora_dropout=dropout,
+            kbit_upcast=kbit,
+            assumed=notes,
+            adapter_cast=cast,
         )
 
     try:
@@ -220,6 +232,7 @@ def _training(
             kbit_upcast=kbit,
             assumed=notes,
             sequences_declared=batch_declared,
+            adapter_cast=cast,
         )
     except DoesNotFitError as e:
         return TrainingSizing(None, for_ranks, e)

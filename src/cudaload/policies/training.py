@@ -40,6 +40,7 @@ __all__ = [
     "TrainingFacts",
     "base_step",
     "boundaries_for",
+    "choose_adapter_cast",
     "choose_kbit_upcast",
     "choose_layout",
     "choose_lora_dropout",
@@ -197,6 +198,39 @@ def choose_kbit_upcast(intent: str, dtype: str, quantization: str | None) -> Dec
     )
 
 
+def choose_adapter_cast(intent: str, dtype: str, kbit_upcast: Decision | None) -> Decision | None:
+    """Whether PEFT's LoRA layers copy each adapted input to the adapters' fp32 under autocast. None where there
+    are no adapters, or none in a lower precision than fp32.
+
+    PEFT casts every adapted layer's input to the adapter's dtype (fp32, ``autocast_adapter_dtype``) before the
+    adapter (peft 0.21 tuners/lora/layer.py:1100). Under bf16/fp16 autocast (Trainer's ``bf16=True``) autocast
+    casts that copy straight back for the matmul, so the copy computes nothing: the result is the same to the
+    bit and costs two passes over each input and a kept copy per adapter. PEFT's own bitsandbytes layers skip
+    it under autocast (peft 0.21 tuners/lora/bnb.py:543-546, ``requires_conversion = not
+    torch.is_autocast_enabled()``); cudaload applies that rule to the plain LoRA layers it wraps, through
+    their ``cast_input_dtype_enabled`` switch (the one ``peft.helpers.disable_input_dtype_casting`` sets)."""
+    if intent not in ("lora", "qlora") or dtype not in ("bfloat16", "float16"):
+        return None
+    peft_why = (
+        "PEFT's default: each adapted layer's input copied to fp32 before its adapter, then cast back to "
+        f"{dtype} by autocast for the matmul (peft 0.21 tuners/lora/layer.py:1100)"
+    )
+    skip_why = (
+        "under autocast the adapters read the layer's own input: the same result to the bit (autocast casts "
+        "the fp32 copy straight back), without two passes over every adapted input and a kept copy per adapter; "
+        "outside autocast PEFT's cast stays (the rule of PEFT's own bitsandbytes layers, peft 0.21 "
+        "tuners/lora/bnb.py:543-546)"
+    )
+    if intent == "qlora" and kbit_upcast is not None and kbit_upcast.choice == "fp32":
+        why = "the stream is fp32 (k-bit preparation): the cast is a no-op"
+        return Decision("peft", (why,), (Candidate("peft", True, (why,)),))
+    return Decision(
+        "outside-autocast",
+        (skip_why,),
+        (Candidate("outside-autocast", True, (skip_why,)), Candidate("peft", True, (peft_why, "slower"))),
+    )
+
+
 def step_bounds(batch_size: int, seq_len: int, requested: int | None) -> list[int]:
     """The tokens-per-step bounds to try, largest first: ``batch_size x seq_len`` down to what typical data puts
     in ``batch_size`` sequences (:data:`TYPICAL_FILL`), never below one longest sequence."""
@@ -232,6 +266,7 @@ def base_step(
     lora_dropout: Decision | None,
     kbit_upcast: Decision | None,
     lora_r: int = 16,
+    adapter_cast: Decision | None = None,
 ) -> StepShape:
     """The step of ``batch_size`` sequences of ``seq_len`` tokens as the decisions shape it (layout, dropout,
     QLoRA's cast, LoRA's rank); the ladder varies its tokens and loss."""
@@ -243,6 +278,7 @@ def base_step(
         lora_dropout=float(lora_dropout.choice) if lora_dropout is not None and lora_dropout.choice else 0.0,
         kbit_upcast=kbit_upcast is not None and kbit_upcast.choice == "fp32",
         lora_r=lora_r,
+        cast_outside_autocast=adapter_cast is not None and adapter_cast.choice == "outside-autocast",
     )
 
 
@@ -261,6 +297,7 @@ def plan_step(
     kbit_upcast: Decision | None,
     assumed: Sequence[str] = (),
     sequences_declared: bool = True,
+    adapter_cast: Decision | None = None,
 ) -> StepChoice:
     """The step bound, the loss and (through ``fit``) checkpointing and the optimizer, cheapest first.
 
@@ -290,6 +327,7 @@ def plan_step(
         boundaries=boundaries_for(attn) if base.packed else None,
         lora_dropout=lora_dropout,
         kbit_upcast=kbit_upcast,
+        adapter_cast=adapter_cast,
         assumed=tuple(assumed),
         notes=_notes(step, base.packed, base.sequences),
         group_by_length=not base.packed and step.sequences > 1,
@@ -439,6 +477,7 @@ def plan_for_ranks(
     lora_dropout: Decision | None,
     kbit_upcast: Decision | None,
     assumed: Sequence[str] = (),
+    adapter_cast: Decision | None = None,
 ) -> TrainingPlan:
     """The training section where no single process fits and the parallelism decision sizes each rank: the step
     it sized the ranks with (the training ladder's smallest bound), transformers' loss."""
@@ -458,6 +497,7 @@ def plan_for_ranks(
         group_by_length=not step.packed and step.sequences > 1,
         lora_dropout=lora_dropout,
         kbit_upcast=kbit_upcast,
+        adapter_cast=adapter_cast,
         assumed=tuple(assumed),
         notes=_notes(step, step.packed, step.sequences),
     )

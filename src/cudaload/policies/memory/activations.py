@@ -69,8 +69,9 @@ def adapter_input_bytes(act_bytes: int, step: StepShape, kbit: bool = False) -> 
     with peft's fp32 cast) the cast is a no-op: without dropout the adapters keep the same tensors as the
     layer. PEFT's bitsandbytes layers (``kbit``) cast only outside autocast (peft 0.21 tuners/lora/bnb.py:543-546,
     ``requires_conversion = not torch.is_autocast_enabled()``): under autocast they share the inputs too
-    (benchmarks/results/2026-12-03-h200/README.md, "Memory")."""
-    if act_bytes >= 4 or (kbit and step.autocast):
+    (benchmarks/results/2026-12-03-h200/README.md, "Memory"), as do the plain LoRA layers cudaload wraps
+    (``step.cast_outside_autocast``: the same rule, :func:`cudaload.policies.training.choose_adapter_cast`)."""
+    if act_bytes >= 4 or ((kbit or step.cast_outside_autocast) and step.autocast):
         return (5.0 if act_bytes >= 4 else 3.0, False) if step.lora_dropout > 0 else (0.0, True)
     kept = 2.0 if step.autocast else 4.0
     return kept + (1.0 if step.lora_dropout > 0 else 0.0), False
