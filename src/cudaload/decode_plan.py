@@ -1,0 +1,137 @@
+"""The decode section of a Plan: how ``generate()`` runs its decode steps, pure data (issue 35).
+
+It sits beside :mod:`cudaload.plans` and below every policy, as :mod:`cudaload.serving_plan` and
+:mod:`cudaload.training_plan` do: :mod:`cudaload.policies.decode` decides the values, ``Plan`` holds and
+(de)serialises them, and :mod:`cudaload.execute.decode` applies them to a loaded model (its generation config,
+the compile caches).
+
+``mode``: ``dynamic`` (transformers' default DynamicCache, nothing compiled) or ``compiled`` (a StaticCache of
+``max_cache_len`` slots and the decode step compiled by transformers' own ``generate()`` path, CUDA graphs
+through torch.compile's ``reduce-overhead`` mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .decision import Decision
+
+#: the decode modes cudaload plans
+DECODE_MODES = ("dynamic", "compiled")
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """The generation work a caller declared (or the plan assumed): ``new_tokens``: new tokens the process will
+    generate in all, over every call; ``batch``: sequences per ``generate()`` call; ``calls``: how many calls
+    (None: not said); ``longest``: the longest prompt + new tokens of one sequence (the static cache's length)."""
+
+    new_tokens: int | None = None
+    batch: int = 1
+    calls: int | None = None
+    longest: int | None = None
+
+    @property
+    def declared(self) -> bool:
+        return self.new_tokens is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "batch": self.batch,
+            "calls": self.calls,
+            "longest": self.longest,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DecodeWork:
+        return cls(
+            new_tokens=None if d.get("new_tokens") is None else int(d["new_tokens"]),
+            batch=int(d.get("batch", 1)),
+            calls=None if d.get("calls") is None else int(d["calls"]),
+            longest=None if d.get("longest") is None else int(d["longest"]),
+        )
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """How generate() decodes, and why.
+
+    ``mode``: the decision (:data:`DECODE_MODES`), with every candidate and the costs each would pay;
+    ``work``: what it was decided for; ``max_cache_len``: the static cache's slots (a bucket: calls whose prompt +
+    new tokens fit in it reuse the compiled graph; None for dynamic); ``cache_buckets``: the buckets in order
+    (a longer call moves to the next one: one more compile); ``batch_sizes``: the batch sizes compiled ahead
+    (another batch size compiles once more); ``compile``: transformers' ``CompileConfig`` keywords;
+    ``expected``: the costs the decision weighed, in seconds and ms (``ms_per_token_dynamic``,
+    ``ms_per_token_compiled``, ``compile_s_cold``, ``compile_s_warm``, ``job_s_dynamic``, ``job_s_compiled``,
+    ``breakeven_tokens``); ``cache_key``: the key of the persistent compile cache (torch, GPU, model shape,
+    bucket) or None; ``assumed``: what was taken for granted."""
+
+    mode: Decision
+    work: DecodeWork = field(default_factory=DecodeWork)
+    max_cache_len: int | None = None
+    cache_buckets: tuple[int, ...] = ()
+    batch_sizes: tuple[int, ...] = ()
+    compile: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, float] = field(default_factory=dict)
+    cache_key: str | None = None
+    assumed: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def compiled(self) -> bool:
+        return self.mode.choice == "compiled"
+
+    def generation_settings(self) -> dict[str, Any]:
+        """The generation-config fields the plan sets (empty for dynamic): ``cache_implementation``,
+        ``max_cache_len`` and ``compile_config`` (a dict of ``CompileConfig`` keywords)."""
+        if not self.compiled:
+            return {}
+        out: dict[str, Any] = {"cache_implementation": "static", "compile_config": dict(self.compile)}
+        if self.max_cache_len is not None:
+            out["max_cache_len"] = self.max_cache_len
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.to_dict(),
+            "work": self.work.to_dict(),
+            "max_cache_len": self.max_cache_len,
+            "cache_buckets": list(self.cache_buckets),
+            "batch_sizes": list(self.batch_sizes),
+            "compile": dict(self.compile),
+            "expected": dict(self.expected),
+            "cache_key": self.cache_key,
+            "assumed": list(self.assumed),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DecodePlan:
+        return cls(
+            mode=Decision.from_dict(d["mode"]),
+            work=DecodeWork.from_dict(d.get("work") or {}),
+            max_cache_len=None if d.get("max_cache_len") is None else int(d["max_cache_len"]),
+            cache_buckets=tuple(int(x) for x in d.get("cache_buckets", ())),
+            batch_sizes=tuple(int(x) for x in d.get("batch_sizes", ())),
+            compile=dict(d.get("compile") or {}),
+            expected={k: float(v) for k, v in (d.get("expected") or {}).items()},
+            cache_key=d.get("cache_key"),
+            assumed=tuple(d.get("assumed", ())),
+            notes=tuple(d.get("notes", ())),
+        )
+
+    def explain_lines(self) -> list[str]:
+        """The decode section of ``Plan.explain()``."""
+        lines = self.mode.explain_lines("decode")
+        if self.compiled:
+            lines.insert(
+                1,
+                f"    static cache of {self.max_cache_len:,} slots (buckets {', '.join(f'{b:,}' for b in self.cache_buckets)}); "
+                f"batch sizes {', '.join(str(b) for b in self.batch_sizes) or '-'}",
+            )
+        lines[1:1] = [f"    assumed: {a}" for a in self.assumed]
+        lines += [f"    note: {n}" for n in self.notes]
+        return lines
