@@ -171,6 +171,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
             kw["max_memory"] = {"cuda:0": int(card * GiB) + CUDA_CONTEXT_BYTES}
         model = cudaload.load_model(spec["path"], intent=spec["mode"], seq_len=seq, batch_size=BATCH, **kw)
+        if spec["method"] == "cudaload-peftcast":
+            # the A/B of the plan's adapter_cast decision: PEFT's own cast of every adapted input put back
+            from peft.tuners.lora import LoraLayer
+
+            for m in model.modules():
+                if isinstance(m, LoraLayer):
+                    m._forward_pre_hooks.clear()
+                    m.cast_input_dtype_enabled = True
         setup = cudaload.training_setup(model, data)
         targs.update(setup.arguments)
         collate, dataset = setup.data_collator, setup.train_dataset
@@ -185,6 +193,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "optimizer": p.optimizer.choice if p.optimizer else None,
             "lora_dropout": (p.peft or {}).get("lora_dropout"),
             "kbit": p.training.kbit_upcast.choice if p.training and p.training.kbit_upcast else None,
+            "adapter_cast": "peft"
+            if spec["method"] == "cudaload-peftcast"
+            else (p.training.adapter_cast.choice if p.training and p.training.adapter_cast else None),
             "memory_total": p.memory.total,
             "memory_terms": dict(p.memory.terms),
             "pack": setup.describe(),
@@ -284,7 +295,7 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
         return None
     info = model_info(full_config(SHAPES[spec["shape"]]) if not spec.get("smoke") else spec["path"])
     p = run.get("plan")
-    if spec["method"] == "cudaload" and p:
+    if spec["method"].startswith("cudaload") and p:
         longest = DISTS[spec["dist"]][3] if not spec.get("smoke") else 64
         packed = p["layout"] == "packed"
         shape = StepShape(
@@ -295,6 +306,7 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
             fused_loss=p["loss"] == "liger",
             lora_dropout=float(p.get("lora_dropout") or 0.0),
             kbit_upcast=p.get("kbit") == "fp32",
+            cast_outside_autocast=p.get("adapter_cast") == "outside-autocast",
         )
         kw = {
             "quantization": "nf4" if spec["mode"] == "qlora" else None,
@@ -384,7 +396,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         by.setdefault((s["shape"], s["mode"], dist), {})[s["method"]] = r
     rows = []
     for (shape, mode, dist), m in by.items():
-        pl, cl = m.get("plain", {}), m.get("cudaload", {})
+        pl, cl, pc = m.get("plain", {}), m.get("cudaload", {}), m.get("cudaload-peftcast", {})
         a, b = pl.get("tokens_per_s"), cl.get("tokens_per_s")
         pred = (cl.get("predicted_at_max_step") or {}).get("allocated")
         peak = cl.get("peak_allocated")
@@ -396,6 +408,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "plain_tokens_per_s": a,
                 "cudaload_tokens_per_s": b,
                 "ratio": b / a if a and b else None,
+                "cudaload_peftcast_tokens_per_s": pc.get("tokens_per_s"),
                 "plain_peak": pl.get("peak_allocated"),
                 "cudaload_peak": peak,
                 "cudaload_bound": (cl.get("plan") or {}).get("memory_total"),

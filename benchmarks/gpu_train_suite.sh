@@ -2,6 +2,8 @@
 # Issue 33's H200 runs, one device call each (the call's limit is 600 s):
 #   benchmarks/gpu_train_suite.sh 1   GPU training tests, 8B LoRA and QLoRA on instruct-like lengths, 8B LoRA on documents
 #   benchmarks/gpu_train_suite.sh 2   0.6B on chat and document lengths, 8B on chat lengths, 8B LoRA on a 46 GiB card
+#   benchmarks/gpu_train_suite.sh 3   the adapter_cast A/B (8B LoRA instruct: plain, cudaload, cudaload with PEFT's
+#                                     cast put back; twice, the order reversed), the 46 GiB card again, 0.6B QLoRA
 # Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,16 @@ case ${1:-1} in
       --budget-s 190 2>&1 | log > "$out/bench4.log"
     timeout 110 python benchmarks/bench_train.py --out "$out/t5" --shapes 8b --modes lora --dists instruct \
       --methods cudaload --card-gib 46 --budget-s 100 2>&1 | log > "$out/bench5.log"
+    ;;
+  3)
+    timeout 215 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists instruct \
+      --methods plain,cudaload,cudaload-peftcast --budget-s 205 2>&1 | log > "$out/bench1.log"
+    timeout 190 python benchmarks/bench_train.py --out "$out/t2" --shapes 8b --modes lora --dists instruct \
+      --methods cudaload-peftcast,cudaload,plain --budget-s 180 2>&1 | log > "$out/bench2.log"
+    timeout 70 python benchmarks/bench_train.py --out "$out/t3" --shapes 8b --modes lora --dists instruct \
+      --methods cudaload --card-gib 46 --budget-s 65 2>&1 | log > "$out/bench3.log"
+    timeout 90 python benchmarks/bench_train.py --out "$out/t4" --shapes 0.6b --modes qlora --dists chat \
+      --budget-s 85 2>&1 | log > "$out/bench4.log"
     ;;
 esac
 rm -f "$out"/*/results.md
