@@ -18,6 +18,7 @@ from .store import CACHE_VERSION, Entry, TimingCache, gpu_id, package_versions
 from .timings import (
     MAX_DISTANCE,
     Timings,
+    load_decode_facts,
     load_priors,
     load_sdpa_facts,
     load_training_facts,
@@ -43,6 +44,7 @@ __all__ = [
     "bucket",
     "enable_fa4_compile_cache",
     "gpu_id",
+    "load_decode_facts",
     "load_priors",
     "load_sdpa_facts",
     "load_training_facts",

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..model_info import ModelInfo
+from ..policies.decode_facts import DecodeFacts
 from ..policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from ..policies.training_facts import TrainingFacts
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
@@ -127,6 +128,19 @@ def load_training_facts(path: str | os.PathLike[str] | None = None) -> list[Trai
             out.append(TrainingFacts.from_dict(d))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             logger.warning("ignoring training record #%d: %s", i, e)
+    return out
+
+
+def load_decode_facts(path: str | os.PathLike[str] | None = None) -> list[DecodeFacts]:
+    """Decode measured per GPU (the priors file's ``decode`` records), for :mod:`cudaload.policies.decode`.
+    Unreadable records are ignored with a warning."""
+    data = _document(path) if path is not None else _shipped_document()
+    out = []
+    for i, d in enumerate((data or {}).get("decode") or []):
+        try:
+            out.append(DecodeFacts.from_dict(d))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            logger.warning("ignoring decode record #%d: %s", i, e)
     return out
 
 
