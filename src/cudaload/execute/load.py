@@ -56,6 +56,8 @@ def load_model(
     warmup: bool = False,
     prefetch: bool | str = True,
     new_tokens: int | None = None,
+    generate_calls: int | None = None,
+    decode: str = "auto",
     padded: bool = False,
     tune: bool = False,
     tune_budget_s: float | None = None,
@@ -118,6 +120,10 @@ def load_model(
         new_tokens: of ``seq_len``, how many tokens generate() adds. With ``batch_size`` and ``seq_len`` it
             declares the work, which lets the attention choice use measured timings: this GPU's tune cache,
             else cudaload's shipped priors.
+        generate_calls: how many generate() calls of ``new_tokens`` new tokens the process makes (default one):
+            with ``new_tokens`` it declares the decode work the ``decode`` decision weighs.
+        decode: ``"auto"`` (``"compiled"``, a static cache and generate()'s compiled decode step, only where the
+            declared work pays for its compile; ``"dynamic"`` otherwise), ``"dynamic"`` or ``"compiled"``.
         padded: the declared batch's prompts differ in length (left-padded).
         tune: measure the timings here first when the cache has none for the declared work (every usable
             backend through generate(), as ``cudaload tune`` does); needs ``batch_size`` and ``seq_len``.
@@ -181,6 +187,8 @@ def load_model(
             warmup=warmup,
             prefetch=prefetch,
             new_tokens=new_tokens,
+            generate_calls=generate_calls,
+            decode=decode,
             padded=padded,
             tune=tune,
             tune_budget_s=tune_budget_s,
