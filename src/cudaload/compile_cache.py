@@ -66,7 +66,10 @@ def load(key: str | None, env: Mapping[str, str] | None = None) -> bytes | None:
     path = path_for(key, env)
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (
+        FileNotFoundError,
+        NotADirectoryError,
+    ):  # nothing saved (yet): no warning; save() says if it cannot
         return None
     except OSError as e:
         _warn("read", path, e)

@@ -1,0 +1,391 @@
+"""The decode section executed (issue 35): the compile cache's files, the generation config a compiled plan sets,
+the compiled path's greedy tokens against the dynamic path's, no recompile inside a bucket, and the compile
+artifacts carried from one process to a fresh one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cudaload import compile_cache
+from cudaload.decision import Decision
+from cudaload.decode_plan import DecodePlan
+from cudaload.errors import ConfigurationError, CudaloadWarning
+
+# -- compile_cache: pure -----------------------------------------------------------------------------------------
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {"CUDALOAD_CACHE": str(tmp_path / "cache")}
+
+
+def test_save_then_load_round_trips_and_creates_the_folder(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    assert compile_cache.load("k/1", env) is None
+    assert not compile_cache.present("k/1", env)
+    path = compile_cache.save("k/1", b"\x00artifact", env)
+    assert path == compile_cache.path_for("k/1", env) and path.name == "k_1.bin"
+    assert compile_cache.load("k/1", env) == b"\x00artifact"
+    assert compile_cache.present("k/1", env)
+    compile_cache.save("k/1", b"newer", env)  # replaced whole
+    assert compile_cache.load("k/1", env) == b"newer"
+    assert os.listdir(path.parent) == ["k_1.bin"]  # no temporary file left
+
+
+def test_load_without_a_key_or_of_an_empty_file_is_none(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    assert compile_cache.load(None, env) is None and compile_cache.load("", env) is None
+    p = compile_cache.path_for("k", env)
+    p.parent.mkdir(parents=True)
+    p.write_bytes(b"")
+    assert compile_cache.load("k", env) is None
+
+
+def test_save_refuses_no_bytes(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="non-empty bytes"):
+        compile_cache.save("k", b"", _env(tmp_path))
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _env(tmp_path)
+    path = compile_cache.save("k", b"old", env)
+    assert path is not None
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.warns(CudaloadWarning, match="could not write .*No space left"):
+        assert compile_cache.save("k", b"new and longer", env) is None
+    assert path.read_bytes() == b"old"
+    assert os.listdir(path.parent) == ["k.bin"]
+
+
+def test_an_unusable_cache_folder_warns_and_goes_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache folder should be")
+    env = {"CUDALOAD_CACHE": str(blocker)}
+    with pytest.warns(CudaloadWarning, match="CUDALOAD_CACHE to a writable folder"):
+        assert compile_cache.save("k", b"data", env) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a missing artifact is no warning
+        assert compile_cache.load("k", env) is None
+
+
+def test_an_unreadable_artifact_warns_and_is_none(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    compile_cache.path_for("k", env).mkdir(parents=True)  # a folder where the file should be: read fails
+    with pytest.warns(CudaloadWarning, match="could not read"):
+        assert compile_cache.load("k", env) is None
+
+
+# -- apply_decode ------------------------------------------------------------------------------------------------
+
+
+def _plan(compiled: bool = True, **kw: Any) -> DecodePlan:
+    choice = "compiled" if compiled else "dynamic"
+    base: dict[str, Any] = {"mode": Decision(choice=choice, reasons=("test",))}
+    if compiled:
+        base.update(
+            max_cache_len=64,
+            cache_buckets=(64, 128),
+            batch_sizes=(1,),
+            compile={"backend": "aot_eager", "mode": None, "fullgraph": False},
+            cache_key="test-key",
+        )
+    base.update(kw)
+    return DecodePlan(**base)
+
+
+@pytest.fixture
+def tiny_lm(tiny_model: Callable[..., Path]) -> Iterator[Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model("qwen3"), dtype=torch.float32).eval()
+    yield model
+    torch._dynamo.reset()
+
+
+def test_a_compiled_plan_sets_exactly_the_static_cache_and_the_compile_config(tiny_lm: Any) -> None:
+    from transformers import CompileConfig
+
+    from cudaload.execute.decode import apply_decode
+
+    before = tiny_lm.generation_config.to_dict()
+    got = apply_decode(tiny_lm, _plan())
+    gc = tiny_lm.generation_config
+    assert gc.cache_implementation == "static" and gc.max_cache_len == 64
+    assert gc.compile_config == CompileConfig(backend="aot_eager", mode=None, fullgraph=False)  # type: ignore[arg-type]
+    after = gc.to_dict()
+    assert {k for k in after if after[k] != before.get(k)} == {
+        "cache_implementation",
+        "max_cache_len",
+        "compile_config",
+    }
+    assert got == {
+        "mode": "compiled",
+        "applied": True,
+        "cache_implementation": "static",
+        "compile_config": {"backend": "aot_eager", "mode": None, "fullgraph": False},
+        "max_cache_len": 64,
+        "compiles_on_device": False,  # a CPU model: transformers compiles there only with _compile_all_devices
+    }
+
+
+def test_a_dynamic_plan_leaves_the_generation_config_alone(tiny_lm: Any) -> None:
+    from cudaload.execute.decode import apply_decode, warm_decode
+
+    before = tiny_lm.generation_config.to_dict()
+    assert apply_decode(tiny_lm, _plan(compiled=False)) == {"mode": "dynamic"}
+    assert tiny_lm.generation_config.to_dict() == before
+    assert tiny_lm.generation_config.compile_config is None
+    assert warm_decode(tiny_lm, _plan(compiled=False))["compiled"] is False
+
+
+def test_bad_compiled_plans_are_refused_with_the_fix(tiny_lm: Any) -> None:
+    from cudaload.execute.decode import apply_decode, warm_decode
+
+    with pytest.raises(ConfigurationError, match="not CompileConfig's") as e:
+        apply_decode(tiny_lm, _plan(compile={"backend": "inductor", "cudagraphs": True}))
+    assert "fullgraph, dynamic, backend, mode and options" in (e.value.fix or "")
+    with pytest.raises(ConfigurationError, match="2 slots or more"):
+        apply_decode(tiny_lm, _plan(max_cache_len=None))
+    apply_decode(tiny_lm, _plan())
+    with pytest.raises(ConfigurationError, match="does not fit the static cache of 64") as e:
+        warm_decode(tiny_lm, _plan(), prompt_len=61)
+    assert "from 1 to 60" in (e.value.fix or "")
+    with pytest.raises(ConfigurationError, match="at least one token after the prefill"):
+        warm_decode(tiny_lm, _plan(), new_tokens=1)
+
+
+def test_every_installed_transformers_sizes_the_static_cache_ahead() -> None:
+    # the fields apply_decode sets; a transformers without max_cache_len takes the warm-up's bucket-filling path
+    from cudaload.execute.decode import generation_config_has_max_cache_len
+
+    assert generation_config_has_max_cache_len()
+
+
+def test_artifacts_torch_cannot_read_are_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudaload.execute.decode import load_artifacts
+
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path))
+    compile_cache.save("k", b"not torch's artifacts")
+    got = load_artifacts("k")
+    assert got["bytes"] == len(b"not torch's artifacts") and "error" in got
+    assert load_artifacts("absent") == {"bytes": 0}
+
+
+# -- the compiled path on the CPU --------------------------------------------------------------------------------
+
+
+def _greedy(model: Any, ids: Any, new: int) -> tuple[list[list[int]], float]:
+    """Greedy tokens and the smallest top-2 logit margin over the steps (how far from a tie each pick was)."""
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=ids.new_ones(ids.shape),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    margin = min(float((lg.float().topk(2).values.diff(dim=-1).abs()).min()) for lg in out.logits)
+    return out.sequences[:, ids.shape[1] :].tolist(), margin
+
+
+def _prompts(vocab: int) -> list[Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (b, n), generator=g) for b, n in ((1, 9), (1, 23), (2, 14))]
+
+
+def test_compiled_static_decode_gives_the_dynamic_paths_tokens_without_recompiling(tiny_lm: Any) -> None:
+    """fp32 on the CPU, transformers' own compile path (aot_eager: dynamo and AOTAutograd, no C++ compile): the same
+    greedy tokens as the DynamicCache path, and after the warm-up no new graph for other prompt lengths in the
+    bucket."""
+    from torch._dynamo.utils import counters
+
+    from cudaload.execute.decode import apply_decode, warm_decode
+
+    prompts = _prompts(tiny_lm.config.vocab_size)
+    dynamic = [_greedy(tiny_lm, p, 12) for p in prompts]
+    assert not hasattr(tiny_lm, "_compiled_call")
+    plan = _plan(batch_sizes=(1, 2))
+    apply_decode(tiny_lm, plan)
+    tiny_lm.generation_config.compile_config._compile_all_devices = (
+        True  # transformers' switch to compile on CPU
+    )
+    warm = warm_decode(tiny_lm, plan)
+    assert warm["compiled"] and warm["batch_sizes"] == [1, 2] and warm["prompt_len"] == 16
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    for p, (tokens, margin) in zip(prompts, dynamic, strict=True):
+        assert margin > 1e-4  # not tied: fp32 on one device must then agree exactly
+        got, _ = _greedy(tiny_lm, p, 12)
+        assert got == tokens
+    assert counters["stats"]["unique_graphs"] == graphs, "a prompt length inside the bucket compiled again"
+
+
+_ROUND_TRIP = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+from torch._dynamo.utils import counters
+from cudaload.decision import Decision
+from cudaload.decode_plan import DecodePlan
+from cudaload.execute.decode import apply_decode, warm_decode
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+plan = DecodePlan(mode=Decision(choice="compiled", reasons=("test",)), max_cache_len=48, cache_buckets=(48,),
+                  batch_sizes=(1,), compile={"backend": "inductor", "mode": "default"}, cache_key="roundtrip")
+apply_decode(model, plan)
+model.generation_config.compile_config._compile_all_devices = True
+got = warm_decode(model, plan)
+got["inductor"] = dict(counters["inductor"])
+print("RESULT " + json.dumps(got))
+"""
+
+
+def test_compile_artifacts_carry_to_a_fresh_process(tmp_path: Path, tiny_model: Callable[..., Path]) -> None:
+    """Inductor on the CPU, two processes with separate inductor caches: the first compiles cold and saves the
+    artifacts under CUDALOAD_CACHE; the second loads them and finds its FX graph there (a hit, no miss), where its own
+    empty inductor cache alone would have compiled it again."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except Exception as e:  # inductor's CPU backend writes C++: without a compiler it cannot run here
+        pytest.skip(f"inductor needs a C++ compiler on the CPU: {e}")
+    model = tiny_model("qwen3")
+    results = []
+    for run in ("first", "second"):
+        env = {
+            **os.environ,
+            "CUDALOAD_CACHE": str(tmp_path / "cudaload"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{run}"),
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", _ROUND_TRIP, str(model)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    first, second = results
+    assert first["compiled"] and first["artifacts_loaded"] == {"bytes": 0}
+    assert first["inductor"].get("fxgraph_cache_miss", 0) >= 1 and not first["inductor"].get(
+        "fxgraph_cache_hit"
+    )
+    saved = first["artifacts_saved"]
+    assert saved["bytes"] > 0 and Path(saved["path"]).parent == tmp_path / "cudaload" / "compile"
+    assert (
+        second["artifacts_loaded"]["bytes"] == saved["bytes"] and second["artifacts_loaded"]["entries"] >= 1
+    )
+    assert second["inductor"].get("fxgraph_cache_hit", 0) >= 1
+    assert not second["inductor"].get("fxgraph_cache_miss"), "the second process compiled its graph again"
+
+
+# -- on the GPU: inductor with CUDA graphs -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu_lm(small_model: Path) -> Iterator[Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(small_model), dtype=torch.bfloat16, device_map="cuda"
+    ).eval()
+    yield model
+    del model
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
+def _gpu_plan() -> DecodePlan:
+    # the policy's settings for CUDA: inductor, reduce-overhead (CUDA graphs), transformers' defaults
+    return _plan(max_cache_len=256, cache_buckets=(256,), batch_sizes=(1, 2), compile={})
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(gpu_lm: Any) -> None:
+    """bf16 on CUDA, inductor with CUDA graphs: each greedy token matches the dynamic path's up to the first step
+    whose dynamic top-2 margin is inside bf16's noise (where either pick is right and the paths may part)."""
+    import torch
+
+    from cudaload.execute.decode import apply_decode, warm_decode
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 512, (b, n), generator=g).cuda() for b, n in ((1, 40), (1, 120), (2, 64))]
+    new = 24
+    dynamic = []
+    for p in prompts:
+        out = gpu_lm.generate(
+            input_ids=p,
+            attention_mask=torch.ones_like(p),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+        top2 = torch.stack([lg.float().topk(2).values for lg in out.logits], dim=1)  # (batch, steps, 2)
+        dynamic.append((out.sequences[:, p.shape[1] :], (top2[..., 0] - top2[..., 1])))
+    plan = _gpu_plan()
+    apply_decode(gpu_lm, plan)
+    warm = warm_decode(gpu_lm, plan)
+    assert warm["compiled"]
+    compared = 0
+    for p, (tokens, margin) in zip(prompts, dynamic, strict=True):
+        got = gpu_lm.generate(
+            input_ids=p,
+            attention_mask=torch.ones_like(p),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+        )[:, p.shape[1] :]
+        for row in range(p.shape[0]):
+            for step in range(new):
+                if float(margin[row, step]) < 0.1:  # a bf16 near-tie: the paths may part from here on
+                    break
+                assert int(got[row, step]) == int(tokens[row, step]), (row, step)
+                compared += 1
+    assert compared >= new  # at least a sequence's worth of tokens compared, not all skipped as ties
+
+
+@pytest.mark.gpu
+def test_gpu_prompt_lengths_inside_the_bucket_do_not_recompile(gpu_lm: Any) -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    from cudaload.execute.decode import apply_decode, warm_decode
+
+    plan = _gpu_plan()
+    apply_decode(gpu_lm, plan)
+    warm = warm_decode(gpu_lm, plan)
+    assert warm["compiled"] and warm["second_s"] < warm["compile_s"]
+    graphs = counters["stats"]["unique_graphs"]
+    for n in (30, 100, 200):
+        p = torch.arange(3, 3 + n, device="cuda").view(1, n)
+        gpu_lm.generate(input_ids=p, attention_mask=torch.ones_like(p), max_new_tokens=16, do_sample=False)
+    assert counters["stats"]["unique_graphs"] == graphs, "a prompt length inside the bucket compiled again"
