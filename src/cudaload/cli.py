@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, CudaloadError, CudaloadWarning
+from .decode_plan import DECODE_MODES
 from .training_plan import LAYOUTS, LOSSES
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ FLAGS: dict[str, str] = {
     "trust_kernels": "--trust-kernels",
     "fast": "--fast",
     "new_tokens": "--new-tokens",
+    "generate_calls": "--generate-calls",
+    "decode": "--decode",
     "padded": "--padded",
     "optimizer": "--optimizer",
     "gradient_checkpointing": "--gradient-checkpointing",
@@ -195,6 +198,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         new_tokens=args.new_tokens,
+        generate_calls=args.generate_calls,
+        decode=args.decode,
         padded=args.padded,
         attn=args.attn,
         dtype=args.dtype,
@@ -372,7 +377,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--new-tokens",
         type=_positive_int,
         metavar="N",
-        help="of --seq-len, how many tokens generate() adds (picks measured attention timings closer)",
+        help="of --seq-len, how many tokens generate() adds (picks measured attention timings closer; with "
+        "--generate-calls, the decode work --decode weighs)",
+    )
+    pl.add_argument(
+        "--generate-calls",
+        type=_positive_int,
+        metavar="N",
+        help="how many generate() calls of --new-tokens the process makes (default one)",
+    )
+    pl.add_argument(
+        "--decode",
+        default="auto",
+        choices=["auto", *DECODE_MODES],
+        help="how generate() decodes: compiled (a static cache, its decode step compiled) or dynamic; auto "
+        "compiles only where the declared work pays for the compile",
     )
     pl.add_argument(
         "--padded", action="store_true", help="the batch's prompts differ in length (left-padded)"

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .decision import Decision
+from .decode_plan import DecodePlan
 from .errors import ConfigurationError
 from .serving_plan import ServingPlan
 from .training_plan import TrainingPlan
@@ -295,6 +296,9 @@ class Plan:
     # the attention implementations load_model falls back to, in order, where the choice fails its one-step
     # forward (none for an explicit choice, which is refused instead): decided with the attention, not at load
     attention_fallbacks: tuple[str, ...] = ()
+    # intent "inference" of a model that generates: how generate() decodes, dynamic or a compiled static cache
+    # (cudaload.decode_plan.DecodePlan, decided by cudaload.policies.decode)
+    decode: DecodePlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -326,6 +330,7 @@ class Plan:
             "parallelism": self.parallelism.to_dict() if self.parallelism is not None else None,
             "training": self.training.to_dict() if self.training is not None else None,
             "attention_fallbacks": list(self.attention_fallbacks),
+            "decode": self.decode.to_dict() if self.decode is not None else None,
         }
 
     @classmethod
@@ -333,9 +338,7 @@ class Plan:
         """The plan ``to_dict()`` wrote. Raises :class:`ConfigurationError` for anything else (not a dict, a
         section missing, a schema newer than this cudaload reads, a damaged section)."""
         if not isinstance(d, dict):
-            raise ConfigurationError(
-                f"not a cudaload plan: a {type(d).__name__}", fix=_FROM_JSON_FIX
-            )
+            raise ConfigurationError(f"not a cudaload plan: a {type(d).__name__}", fix=_FROM_JSON_FIX)
         missing = [k for k in _REQUIRED if k not in d]
         if missing:
             raise ConfigurationError(f"not a cudaload plan: no {', '.join(missing)}", fix=_FROM_JSON_FIX)
@@ -382,6 +385,7 @@ class Plan:
             parallelism=Parallelism.from_dict(d["parallelism"]) if d.get("parallelism") else None,
             training=TrainingPlan.from_dict(d["training"]) if d.get("training") else None,
             attention_fallbacks=tuple(d.get("attention_fallbacks") or ()),
+            decode=DecodePlan.from_dict(d["decode"]) if d.get("decode") else None,
         )
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -413,6 +417,8 @@ class Plan:
             )
         out += self.placement.explain_lines()
         out += self.load_path.explain_lines("load path")
+        if self.decode is not None:
+            out += self.decode.explain_lines()
         if self.optimizer is not None:
             out += self.optimizer.explain_lines("optimizer")
         if self.gradient_checkpointing is not None:

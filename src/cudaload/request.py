@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _env
+from .decode_plan import DECODE_MODES
 from .errors import (
     CheckpointError,
     ConfigurationError,
@@ -47,6 +48,8 @@ ENTRIES = ("plan", "load_model", "tune")
 TRAINING_INTENTS = ("training", "lora", "qlora")
 BATCH_LAYOUTS = ("auto", *LAYOUTS)
 TRAINING_LOSSES = ("auto", *LOSSES)
+#: how generate() decodes (cudaload.policies.decode): decided from the declared work, or asked for
+DECODES = ("auto", *DECODE_MODES)
 #: what policies.quantization._methods accepts (case-insensitive; "no" / "off" mean "none")
 QUANTIZATIONS = ("auto", "none", "int8", "nf4")
 _QUANTIZATION_SPELLINGS = (*QUANTIZATIONS, "no", "off")
@@ -145,6 +148,8 @@ class Request:
     seq_len: int | None = None
     batch_size: int | None = None
     new_tokens: int | None = None
+    generate_calls: int | None = None
+    decode: str | None = "auto"
     padded: bool = False
     attn: str = "auto"
     dtype: str = "auto"
@@ -237,7 +242,7 @@ class Request:
             _warn(note)
         self._only_the_entry_options()
         set_("intent", _choice("intent", self.intent, INTENTS))
-        for name in ("seq_len", "batch_size", "new_tokens", "tokens_per_step"):
+        for name in ("seq_len", "batch_size", "new_tokens", "generate_calls", "tokens_per_step"):
             set_(name, _positive_int(name, getattr(self, name)))
         for name in ("padded", "allow_offload", "lower_latency", "warmup", "tune"):
             set_(name, _flag(name, getattr(self, name)))
@@ -250,6 +255,7 @@ class Request:
         set_("parallelism", _parallelism(self.parallelism))
         set_("batch_layout", _lowercase_choice("batch_layout", self.batch_layout, BATCH_LAYOUTS))
         set_("loss", _lowercase_choice("loss", self.loss, TRAINING_LOSSES))
+        set_("decode", _auto(_lowercase_choice("decode", self.decode, DECODES)))
         set_("trust_kernels", _trust(self.trust_kernels))
         installed = package_names("assume_installed", self.assume_installed)
         missing = package_names("assume_missing", self.assume_missing)
@@ -305,6 +311,24 @@ class Request:
                 "and the new tokens)",
                 fix=f"pass seq_len={self.seq_len + self.new_tokens} (or new_tokens= below seq_len)",
             )
+        if self.generate_calls is not None and self.new_tokens is None:
+            raise ConfigurationError(
+                f"generate_calls={self.generate_calls} counts generate() calls of new_tokens= new tokens each, and "
+                "new_tokens= is not given",
+                fix="pass new_tokens= too (each call's new tokens, e.g. new_tokens=256)",
+            )
+        if intent != "inference":
+            asked = {"decode": self.decode != "auto", "generate_calls": self.generate_calls is not None}
+            for name in (n for n, on in asked.items() if on):
+                raise ConfigurationError(
+                    f"{name}={getattr(self, name)!r} plans generate()'s decode steps, and intent={intent!r} "
+                    + (
+                        "serves with continuous batching (its serving section decides the decode)"
+                        if intent == "serving"
+                        else "trains"
+                    ),
+                    fix=f"drop {name}=, or use intent='inference'",
+                )
         q = (self.quantization or "auto").strip().lower()
         if intent == "training" and q in ("int8", "nf4"):
             raise InvalidChoiceError(
@@ -382,8 +406,9 @@ class Request:
             )
         elif self.entry != "tune" and not declared and (self.new_tokens is not None or self.padded):
             _warn(
-                "new_tokens= and padded= count only with both batch_size= and seq_len= (the declared work): "
-                "pass both, or drop them"
+                "new_tokens= and padded= count only with both batch_size= and seq_len= (the declared work: the "
+                "measured attention timings, and the decode plan's longest sequence and batch): pass both, or "
+                "drop them"
             )
         if self.tune_budget_s is not None and self.entry == "load_model" and not self.tune:
             _warn("tune_budget_s= has no effect without tune=True: pass tune=True, or drop tune_budget_s=")
@@ -444,6 +469,8 @@ class Request:
             "model_class": self.model_class,
             "fast": self.fast,
             "new_tokens": self.new_tokens,
+            "generate_calls": self.generate_calls,
+            "decode": self.decode,
             "padded": self.padded,
             "batch_layout": self.batch_layout,
             "tokens_per_step": self.tokens_per_step,

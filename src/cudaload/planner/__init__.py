@@ -4,8 +4,9 @@ Pure and deterministic for a given snapshot: no weights read (safetensors header
 no network. :func:`plan` checks the request once (:class:`cudaload.request.Request`), then :func:`plan_request`
 runs the steps in order, each a module of this package: the machine (``machine``) -> the model summary
 (``cudaload.model_info``) -> the work (``work``) -> dtype -> attention (needs the dtype; ``choices``) -> the fit
-ladder, training's step and the parallelism (need dtype and attention for the activations; ``sizing``) -> the
-load path (``load_path``) -> the sections beside the decisions: LoRA, Hub kernels, serving, warnings
+ladder, training's step and the parallelism (need dtype and attention for the activations; ``sizing``) -> how
+generate() decodes (``decode``: a compiled plan's static cache replaces seq_len in the memory) -> the load path
+(``load_path``) -> the sections beside the decisions: LoRA, Hub kernels, serving, warnings
 (``sections``).
 """
 
@@ -18,11 +19,13 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..decision import Decision
+from ..decode_plan import DecodePlan
 from ..model_info import ModelInfo, model_info
 from ..plans import Parallelism, Plan
 from ..request import Request
 from ..tuning import Timings
 from .choices import attention_for, base_intent, dtype_for, fallbacks_for, trusted
+from .decode import decode_for, quant_cost_for
 from .load_path import load_path_for
 from .machine import _first_use_here, hardware_summary, hub_probe_for, machine_for, resolve_hardware
 from .sections import _kernels, _peft, _serving, sdpa_family, warnings_for
@@ -65,6 +68,8 @@ def plan(
     revision: str | None = None,
     fast: bool | None = None,
     new_tokens: int | None = None,
+    generate_calls: int | None = None,
+    decode: str = "auto",
     padded: bool = False,
     timings: Timings | None = None,
     from_pretrained_kwargs: Mapping[str, Any] | None = None,
@@ -111,6 +116,10 @@ def plan(
         new_tokens: of ``seq_len``, how many tokens generate() adds. With ``batch_size`` and ``seq_len`` (the
             declared work) and ``padded`` it selects the measured attention timings of the nearest work: this
             machine's tune cache, then cudaload's shipped priors (:func:`cudaload.tuning.lookup`).
+        generate_calls: how many generate() calls of ``new_tokens`` new tokens the process makes (default one):
+            with ``new_tokens`` it declares the decode work the ``decode`` decision weighs.
+        decode: ``"auto"`` (``"compiled"``, a static cache and generate()'s compiled decode step, only where the
+            declared work pays for its compile; ``"dynamic"`` otherwise), ``"dynamic"`` or ``"compiled"``.
         padded: the declared batch's prompts differ in length (left-padded).
         timings: a measurement to decide the attention with instead of the cache and priors
             (``load_model(tune=True)`` passes one).
@@ -170,6 +179,8 @@ def plan(
             revision=revision,
             fast=fast,
             new_tokens=new_tokens,
+            generate_calls=generate_calls,
+            decode=decode,
             padded=padded,
             timings=timings,
             from_pretrained_kwargs=from_pretrained_kwargs or {},
@@ -199,9 +210,12 @@ def plan_request(
     dt = dtype_for(req, info, caps)
     assert dt.choice is not None
     at, usable = attention_for(req, info, caps, dt.choice, work, attn=attn, timings=timings)
-    sized = size(req, info, caps, dt.choice, at, work)
+    sized = size(
+        req, info, caps, dt.choice, at, work, decode_cost=quant_cost_for(req, info, caps, dt.choice, work)
+    )
+    decode, sized = decode_for(req, info, caps, work, dt.choice, at, sized)
     lp, par = load_path_for(req, info, sized)
-    p = _assemble(req, info, caps, work, (dt, at, lp), usable, sized, par)
+    p = _assemble(req, info, caps, work, (dt, at, lp), usable, sized, par, decode)
     log.info(
         "plan for %s: dtype=%s attn=%s quantization=%s device_map=%s",
         info.summary.name,
@@ -222,6 +236,7 @@ def _assemble(
     usable: list[str] | None,
     sized: Sized,
     par: Parallelism | None,
+    decode: DecodePlan | None = None,
 ) -> Plan:
     dt, at, lp = decisions
     fr, training = sized.fit, sized.training
@@ -262,4 +277,5 @@ def _assemble(
         parallelism=par,
         training=training,
         attention_fallbacks=fallbacks_for(at),
+        decode=decode,
     )

@@ -13,6 +13,7 @@ from ..decision import Decision
 from ..errors import DoesNotFitError
 from ..model_info import ModelInfo
 from ..plans import MemoryEstimate, Parallelism, Placement
+from ..policies.decode_facts import QuantDecodeCost
 from ..policies.dtype import dtype_bytes
 from ..policies.memory import LORA_R, gpu_terms
 from ..policies.parallelism import decide as decide_parallelism
@@ -67,8 +68,17 @@ class Sized:
 
 
 def size(
-    req: Request, info: ModelInfo, caps: Capabilities, dtype: str, at: Decision, work: WorkSize
+    req: Request,
+    info: ModelInfo,
+    caps: Capabilities,
+    dtype: str,
+    at: Decision,
+    work: WorkSize,
+    *,
+    decode_cost: QuantDecodeCost | None = None,
 ) -> Sized:
+    """``decode_cost``: the quantized rungs' decode speed the inference ladder states and weighs
+    (:func:`cudaload.policies.quantization.fit`)."""
     intent = base_intent(req.intent)
     fit_kw: dict[str, Any] = dict(
         dtype=dtype,
@@ -109,7 +119,7 @@ def size(
             assert training.choice is not None
             fr = training.choice.fit
         else:
-            fr = fit(info, caps, **fit_kw)
+            fr = fit(info, caps, **fit_kw, decode_cost=decode_cost)
     except DoesNotFitError as e:
         nofit = e
     # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a

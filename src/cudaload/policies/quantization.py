@@ -23,10 +23,16 @@ from ..model_info import ModelInfo
 from ..training_plan import StepShape
 from ..units import param_count
 from .attention.names import SHORT_DECODE_MAX_TOKENS
+from .decode_facts import QuantDecodeCost
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, GiB, breakdown, default_optimizer
 from .placement import Fit, budgets, place
 
 METHODS = ("none", "int8", "nf4")
+#: inference where int8 and nf4 both fit: int8 (8-bit weights, the more accurate) unless the declared decode
+#: work would spend more than this many seconds longer with it than with nf4 (int8 decodes ~2x slower than nf4 on
+#: the H200, :mod:`cudaload.policies.decode_facts`); a minute is past what a slightly less accurate model costs a
+#: job that generates that much
+DECODE_HEAVY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -192,9 +198,12 @@ def fit(
     optimizer: str = "auto",
     gradient_checkpointing: bool | None = None,
     step: StepShape | None = None,
+    decode_cost: QuantDecodeCost | None = None,
 ) -> FitResult:
     """The fit ladder for one configuration. ``step``: a training step's shape (None: padded ``batch_size`` x
-    ``seq_len`` with the plan's defaults; see :func:`cudaload.policies.memory.breakdown`)."""
+    ``seq_len`` with the plan's defaults; see :func:`cudaload.policies.memory.breakdown`). ``decode_cost``
+    (inference): each quantized rung's measured decode speed, stated in its reasons; where int8 and nf4 both fit,
+    a declared decode-heavy work takes nf4 (:data:`DECODE_HEAVY_S`)."""
     methods = _methods(intent, quantization)
     opts, gcs, opt_skipped = training_ladder(
         intent, caps, optimizer=optimizer, gradient_checkpointing=gradient_checkpointing
@@ -284,6 +293,25 @@ def fit(
             chosen = (opts[-1], gcs[-1])
             ok_name, result, bd_ok = method or "none", f, bd
             cands[ok_name].append("fits with CPU/disk offload (allowed)")
+    rel = dict(decode_cost.relative) if decode_cost is not None and intent == "inference" else {}
+    if rel and not explicit and ok_name == "int8" and "nf4" in methods and {"int8", "nf4"} <= set(rel):
+        assert decode_cost is not None
+        bd4, f4 = attempt("nf4", False, opts[-1], gcs[-1])
+        if f4.ok and f4.placement is not None:
+            heavy, why = _int8_or_nf4(decode_cost)
+            fits4 = f"fits: {f4.placement.reasons[0]}"
+            if heavy:
+                ok_name, result, bd_ok = "nf4", f4, bd4
+                cands["nf4"] = [fits4, why]
+                cands["int8"].append("not chosen: " + why)
+            else:
+                cands["nf4"] = [fits4.replace("fits:", "fits too:", 1), "not chosen: " + why]
+                cands["int8"].append(why)
+    for m, r in rel.items():
+        if m in cands:
+            cands[m].append(
+                f"decodes in ~{r:.1f}x the unquantized model's time per token ({decode_cost.source if decode_cost else ''})"
+            )
     candidates = tuple(Candidate(m, m == ok_name, tuple(cands[m])) for m in METHODS)
     if result is None or bd_ok is None:
         sugg = suggestions(
@@ -324,6 +352,30 @@ def fit(
             tried, ok_name, chosen, opts, gcs, opt_skipped, optimizer, gradient_checkpointing, bd_ok
         )
     return FitResult(dec, result, bd_ok, quantization_config(choice, dtype), opt_dec, gc_dec)
+
+
+def _int8_or_nf4(cost: QuantDecodeCost) -> tuple[bool, str]:
+    """Whether the declared decode work takes nf4 over int8 (both fit), and why either way."""
+    r8, r4 = cost.relative["int8"], cost.relative["nf4"]
+    if cost.steps is None:
+        return False, (
+            f"int8 kept: its 8-bit weights are closer to the model's than nf4's 4-bit ones; nf4 decodes ~{r8 / r4:.1f}x "
+            "faster, and a declared decode-heavy job (new_tokens=, generate_calls=) takes it"
+        )
+    if cost.ms_per_token is None:
+        return False, "int8 kept (the more accurate): decode speed is not measured on this GPU"
+    extra = cost.steps * cost.ms_per_token * (r8 - r4) / 1000
+    if extra > DECODE_HEAVY_S:
+        return True, (
+            f"the declared {cost.steps:,} decode steps take ~{extra:.0f} s longer with int8 than with nf4 "
+            f"(~{cost.ms_per_token * r8:.0f} against ~{cost.ms_per_token * r4:.0f} ms per step): over "
+            f"{DECODE_HEAVY_S:.0f} s, so nf4's speed over int8's accuracy (8-bit weights, kept where the difference "
+            "is less)"
+        )
+    return False, (
+        f"int8 kept: the more accurate (8-bit against nf4's 4-bit weights), and the declared {cost.steps:,} decode "
+        f"steps take only ~{extra:.0f} s longer with it (nf4 is taken past {DECODE_HEAVY_S:.0f} s)"
+    )
 
 
 def _training_decisions(

@@ -1,0 +1,168 @@
+"""The decode section (issue 35), after the sizing: the declared generate() work, the measured decode facts for
+this GPU, whether the compile cache already holds this plan's artifact, and the static cache lengths that fit
+beside the weights; then :func:`cudaload.policies.decode.choose_decode`. A compiled plan's memory is the static
+cache's length x batch, not seq_len: its estimate replaces the sizing's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import compile_cache
+from ..capabilities import Capabilities
+from ..decision import Decision
+from ..decode_plan import DecodePlan, DecodeWork
+from ..errors import DoesNotFitError, InvalidChoiceError
+from ..model_info import ModelInfo
+from ..policies.decode import (
+    bound_ms,
+    cache_lengths,
+    choose_decode,
+    decode_cache_key,
+    quant_decode_cost,
+    scaled_facts,
+    static_cache_length,
+)
+from ..policies.decode_facts import QuantDecodeCost
+from ..policies.quantization import fit
+from ..request import Request
+from ..tuning import load_decode_facts
+from .sections import sdpa_family
+from .sizing import Sized, _memory
+from .work import WorkSize
+
+#: the auto classes whose models generate() token by token from a KV cache
+_DECODERS = ("CausalLM", "ImageTextToText")
+
+
+def decode_work(req: Request, work: WorkSize) -> DecodeWork:
+    """The declared decode work: ``new_tokens`` per call x ``generate_calls`` decode steps (None: none
+    declared), the batch, the calls, the longest sequence (the plan's seq_len)."""
+    steps = None if req.new_tokens is None else req.new_tokens * (req.generate_calls or 1)
+    calls = req.generate_calls or (1 if req.new_tokens is not None else None)
+    return DecodeWork(new_tokens=steps, batch=work.batch_size, calls=calls, longest=work.seq_len)
+
+
+def quant_cost_for(
+    req: Request, info: ModelInfo, caps: Capabilities, dtype: str, work: WorkSize
+) -> QuantDecodeCost | None:
+    """What the fit ladder weighs about the quantized rungs' decode speed (inference only)."""
+    if req.intent not in ("inference", "serving") or not _generates(req, info):
+        return None
+    steps = decode_work(req, work).new_tokens if req.intent == "inference" else None
+    return quant_decode_cost(caps, load_decode_facts(), info.summary, dtype, work.seq_len, steps)
+
+
+def decode_for(
+    req: Request,
+    info: ModelInfo,
+    caps: Capabilities,
+    work: WorkSize,
+    dtype: str,
+    at: Decision,
+    sized: Sized,
+) -> tuple[DecodePlan | None, Sized]:
+    """The decode section, and the sizing with a compiled plan's static cache in its memory."""
+    if req.intent != "inference" or not _generates(req, info):
+        return None, sized
+    assert at.choice is not None
+    dw = decode_work(req, work)
+    s = info.summary
+    q = sized.fit.decision.choice
+    gpus = len(sized.gpu_devices)
+    if sized.parallelism is not None and sized.parallelism.choice == "tp":
+        gpus = max(gpus, sized.parallelism.world_size)
+    buckets = cache_lengths(s.max_position_embeddings, work.seq_len)
+    fits: dict[int, Sized] = {}
+    unfit: dict[int, str] = {}
+    possible = bool(caps.gpus) and q is None and not sized.placement.offload and gpus <= 1
+    if possible and (dw.declared or req.decode == "compiled"):
+        for n in dict.fromkeys(
+            x for x in (static_cache_length(work.seq_len, buckets, {})[0], work.seq_len) if x
+        ):
+            got = (
+                sized  # the sizing planned this length already
+                if n == work.seq_len
+                else _with_static_cache(req, info, caps, dtype, at.choice, sized, n, work.batch_size)
+            )
+            if isinstance(got, str):
+                unfit[n] = got
+            else:
+                fits[n] = got
+    length, length_why = static_cache_length(work.seq_len, buckets, unfit)
+    key = (
+        decode_cache_key(
+            caps, s, dtype=dtype, attention=at.choice, max_cache_len=length, batch=work.batch_size
+        )
+        if length is not None and caps.gpus
+        else None
+    )
+    assumed = list(work.assumed) if dw.declared and req.seq_len is None else []
+    if dw.declared and req.generate_calls is None:
+        assumed.append(f"one generate() call of {req.new_tokens} new tokens (declare generate_calls=)")
+    if work.batch_size > 1:
+        assumed.append(
+            f"a decode step of {work.batch_size} sequences costs what the compiled path's measured batch-8 step "
+            "says, for both paths (the dynamic path's batched step is not measured)"
+        )
+    plan = choose_decode(
+        intent=req.intent,
+        can_generate=True,
+        work=dw,
+        quantization=q,
+        offload=sized.placement.offload,
+        gpu_devices=gpus,
+        has_gpu=bool(caps.gpus),
+        facts=scaled_facts(caps, load_decode_facts(), s, dtype),
+        max_cache_len=length,
+        cache_buckets=buckets,
+        cache_len_reasons=length_why,
+        warm=compile_cache.present(key, req.env),
+        cache_key=key,
+        requested=req.decode or "auto",
+        assumed=assumed,
+        bound=bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None,
+    )
+    if plan is not None and plan.compiled and plan.max_cache_len in fits:
+        sized = fits[plan.max_cache_len]
+    return plan, sized
+
+
+def _generates(req: Request, info: ModelInfo) -> bool:
+    cls = req.model_class or info.auto_class
+    return info.can_generate and not info.summary.is_encoder and any(d in cls for d in _DECODERS)
+
+
+def _with_static_cache(
+    req: Request,
+    info: ModelInfo,
+    caps: Capabilities,
+    dtype: str,
+    attn: str,
+    sized: Sized,
+    length: int,
+    batch: int,
+) -> Sized | str:
+    """The sizing with a static cache of ``length`` slots x ``batch`` in its memory (the plan's quantization and
+    placement kept), or why it does not fit so."""
+    try:
+        fr = fit(
+            info,
+            caps,
+            dtype=dtype,
+            intent="inference",
+            seq_len=length,
+            batch_size=batch,
+            attn=sdpa_family(attn) or attn,
+            quantization="none",
+            device_map=req.device_map,
+            max_memory=req.max_memory,
+            allow_offload=False,
+        )
+    except (DoesNotFitError, InvalidChoiceError) as e:
+        return str(e).splitlines()[0] if not e.reasons else "; ".join(e.reasons)
+    assert fr.fit.placement is not None
+    if fr.fit.placement.devices != sized.placement.devices:
+        return f"the weights would move to {', '.join(fr.fit.placement.devices)}"
+    memory = _memory(fr)
+    note = f"kv_cache: the static cache's {length:,} slots x batch {batch} (decode compiled), not the declared seq_len"
+    return replace(sized, memory=replace(memory, notes=(*memory.notes, note)))

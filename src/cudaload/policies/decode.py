@@ -1,0 +1,437 @@
+"""How generate() decodes (issue 35): transformers' dynamic cache, or a static cache whose decode step
+generate() compiles (CUDA graphs through torch.compile's ``reduce-overhead``), decided from the declared work and
+what was measured (:mod:`cudaload.policies.decode_facts`). Pure: the planner passes the facts, whether the
+compile cache is warm (:func:`cudaload.compile_cache.present` of :func:`decode_cache_key`) and which static
+cache lengths fit in memory.
+
+The compile is the price: 45-90 s on the H200 for the 8B shape, against 3-4x faster decode steps after it. So:
+
+* no work declared: ``dynamic``; the default never pays a compile the process is not known to recover;
+* work declared (new tokens per call x calls, batch, the longest sequence): each mode's job seconds, and
+  ``compiled`` only when it saves at least :data:`MARGIN` of the dynamic job (estimates, not a stopwatch);
+* ``compiled`` is refused where generate() would not compile (a bitsandbytes model, offload) or cudaload has
+  not measured it (a model split over several GPUs), and without a CUDA GPU.
+
+A static cache's length is fixed per compile: the cache is one of :func:`cache_lengths`' buckets, the smallest
+that holds the declared longest sequence, so calls of any length up to it reuse one graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..decision import Candidate, Decision
+from ..decode_plan import DECODE_MODES, DecodePlan, DecodeWork
+from ..errors import InvalidChoiceError, close_names
+from ..plans import ModelSummary
+from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
+from .dtype import dtype_bytes
+from .serving.batching import HBM_BYTES_S, hbm_bandwidth
+
+__all__ = [
+    "BUCKET_MIN",
+    "COMPILE_CONFIG",
+    "MARGIN",
+    "DecodeFacts",
+    "bound_ms",
+    "bucket_for",
+    "cache_lengths",
+    "choose_decode",
+    "decode_cache_key",
+    "decode_facts_for",
+    "quant_decode_cost",
+    "scaled_facts",
+    "static_cache_length",
+]
+
+#: ``compiled`` must make the declared job at least this much shorter (the per-token and compile figures are
+#: estimates from one GPU's measurements; a tie goes to the path that compiles nothing)
+MARGIN = 0.10
+#: the smallest static-cache bucket: below it the static cache's attention over empty slots costs little
+#: (10.0 ms/token at 768 slots against 15.1-16.4 at 4096 measured on the H200), and a handful of short buckets
+#: would each compile once
+BUCKET_MIN = 1024
+#: transformers' CompileConfig keywords: ``fullgraph`` False is CompileConfig's default (transformers 5.17
+#: generation/configuration_utils.py:1659) and what generate() forces with flash attention anyway
+#: (generation/utils.py:2300-2308, flash attention breaks the graph); True would turn any graph break of a
+#: model's code into an error, and the measured 10-16 ms/token were with the default. ``dynamic`` False: the
+#: static cache fixes every shape, so one graph per bucket and batch. ``mode`` reduce-overhead: CUDA graphs,
+#: where the decode step's time goes on a GPU this fast (CompileConfig's default, configuration_utils.py:1662)
+COMPILE_CONFIG: Mapping[str, Any] = {"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"}
+#: bitsandbytes' quantizers do not override ``is_compileable`` (transformers 5.17 quantizers/base.py:260-263
+#: returns False), and generate() drops the compile for such a model (generation/utils.py:2274-2276): a
+#: static cache without the compile is slower than the dynamic one
+_BNB = ("int8", "nf4")
+_HOW_TO_DECLARE = (
+    "declare the work to weigh a compile: new_tokens= (each call's) and generate_calls= (how many calls), with "
+    "seq_len= (the longest prompt + new tokens) and batch_size=, on cudaload.plan() / load_model(); "
+    "--new-tokens, --generate-calls, --seq-len, --batch-size on `cudaload plan`"
+)
+
+
+def cache_lengths(max_positions: int | None, seq_len: int) -> tuple[int, ...]:
+    """The static cache's buckets: powers of two from :data:`BUCKET_MIN` up to the model's context (and the
+    context itself where it is not one), or up to the first power of two that holds ``seq_len`` where the context
+    is unknown or shorter."""
+    top = max(max_positions or 0, seq_len)
+    out: list[int] = []
+    b = BUCKET_MIN
+    while b < top:
+        out.append(b)
+        b *= 2
+    out.append(top if max_positions and top == max_positions else b)
+    return tuple(sorted(set(out)))
+
+
+def bucket_for(seq_len: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket that holds ``seq_len`` tokens."""
+    return next((b for b in sorted(buckets) if b >= seq_len), None)
+
+
+def static_cache_length(
+    seq_len: int, buckets: Sequence[int], unfit: Mapping[int, str]
+) -> tuple[int | None, tuple[str, ...]]:
+    """The static cache's length: the bucket that holds ``seq_len``, else (its cache does not fit in memory:
+    ``unfit`` says why) ``seq_len`` itself, a bucket of one length; None when neither fits. With the reasons."""
+    why: list[str] = []
+    for n in dict.fromkeys(x for x in (bucket_for(seq_len, buckets), seq_len) if x is not None):
+        if n not in unfit:
+            return n, tuple(why)
+        why.append(f"a static cache of {n:,} slots does not fit: {unfit[n]}")
+    return None, tuple(why)
+
+
+def decode_cache_key(
+    caps: Capabilities,
+    model: ModelSummary,
+    *,
+    dtype: str,
+    attention: str,
+    max_cache_len: int,
+    batch: int,
+) -> str:
+    """The persistent compile cache's key (:mod:`cudaload.compile_cache`): a readable prefix (model type, layers,
+    dtype, attention, bucket, batch, GPU) and a hash of everything a compiled graph depends on: torch, its CUDA,
+    transformers, the GPU's name and compute capability, the model's shape, dtype, attention, bucket and batch.
+    Another torch, GPU or shape never reuses an artifact."""
+    gpu = caps.gpus[0] if caps.gpus else None
+    parts = {
+        "torch": caps.torch_version,
+        "cuda": caps.torch_cuda_version,
+        "transformers": caps.transformers_version,
+        "gpu": gpu.name if gpu else None,
+        "cc": list(gpu.compute_capability) if gpu else None,
+        "model": [
+            model.type,
+            model.layers,
+            model.hidden_size,
+            model.num_heads,
+            model.num_kv_heads,
+            model.head_dim,
+            model.vocab_size,
+            model.sliding_window,
+            model.is_moe,
+        ],
+        "dtype": dtype,
+        "attention": attention,
+        "max_cache_len": max_cache_len,
+        "batch": batch,
+    }
+    digest = hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()[:16]
+    sm = f"sm{gpu.sm}" if gpu else "cpu"
+    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+    return f"{model.type}-L{model.layers}-{short}-{attention}-c{max_cache_len}-b{batch}-{sm}-{digest}"
+
+
+def scaled_facts(
+    caps: Capabilities, facts: Sequence[DecodeFacts], model: ModelSummary, dtype: str
+) -> Scaled | None:
+    """The record that speaks for this GPU, scaled to ``model`` in ``dtype`` (None: none does)."""
+    f = decode_facts_for(caps, facts)
+    if f is None:
+        return None
+    return scaled(f, int(model.params * dtype_bytes(dtype)), model.layers, caps.gpus[0].name)
+
+
+def quant_decode_cost(
+    caps: Capabilities,
+    facts: Sequence[DecodeFacts],
+    model: ModelSummary,
+    dtype: str,
+    seq_len: int,
+    steps: int | None,
+) -> QuantDecodeCost | None:
+    """What the fit ladder weighs about each quantized rung's decode speed: the newest record's relative times
+    (they are ratios, so they speak for any GPU, and say where they were measured), this model's unquantized
+    dynamic ms per token where a record speaks for this GPU, and the declared decode steps."""
+    pool = [f for f in facts if f.relative_decode()]
+    if not pool:
+        return None
+    here = decode_facts_for(caps, pool)
+    f = here or max(pool, key=lambda r: r.date)
+    s = scaled(f, int(model.params * dtype_bytes(dtype)), model.layers)
+    return QuantDecodeCost(
+        relative=f.relative_decode(),
+        source=f"measured on the {f.gpu_name}, {f.model} shape, {f.quantized_work}",
+        ms_per_token=s.dynamic_ms(seq_len) if here is not None else None,
+        steps=steps,
+    )
+
+
+def choose_decode(
+    *,
+    intent: str,
+    can_generate: bool,
+    work: DecodeWork,
+    quantization: str | None,
+    offload: bool,
+    gpu_devices: int,
+    has_gpu: bool,
+    facts: Scaled | None,
+    max_cache_len: int | None,
+    cache_buckets: Sequence[int] = (),
+    cache_len_reasons: Sequence[str] = (),
+    warm: bool = False,
+    cache_key: str | None = None,
+    requested: str = "auto",
+    assumed: Sequence[str] = (),
+    bound: float | None = None,
+) -> DecodePlan | None:
+    """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring).
+
+    None for intents that do not call generate() one batch at a time (training; serving runs continuous
+    batching) and for models that do not generate. ``work.new_tokens``: the decode steps of the whole job (new
+    tokens per call x calls; None: not declared), ``work.longest`` the longest prompt + new tokens (the plan's
+    seq_len), ``work.batch`` the sequences per call; ``max_cache_len``: the static cache chosen (:func:`static_cache_length`; None: none
+    fits, ``cache_len_reasons`` say why); ``warm``: the compile artifact of ``cache_key`` is on disk;
+    ``facts``: the measurement for this GPU scaled to the model (None: none speaks for it); ``bound``: the
+    memory bound in ms per step, shown beside the costs. Raises
+    :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
+    if intent != "inference" or not can_generate:
+        return None
+    req = (requested or "auto").strip().lower()
+    if req not in ("auto", *DECODE_MODES):
+        close = close_names(req, ("auto", *DECODE_MODES), n=1)
+        raise InvalidChoiceError(
+            f"unknown decode mode {requested!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+            fix="use decode='auto', 'dynamic' or 'compiled'",
+        )
+    explicit = req != "auto"
+    blockers = _blockers(has_gpu, quantization, offload, gpu_devices, max_cache_len, cache_len_reasons)
+    batch = work.batch
+    expected = _expected(work, quantization, facts, max_cache_len, warm, bound)
+    dyn_why, comp_why = _costs(expected, warm, facts)
+    notes: list[str] = []
+    if req == "compiled" and blockers:
+        raise InvalidChoiceError(
+            "decode='compiled' cannot run here",
+            reasons=blockers,
+            fix=_fix_for(blockers, quantization, offload, gpu_devices),
+        )
+    if explicit:
+        choice = req
+        why = [f"requested explicitly (decode={req!r})"]
+    elif blockers:
+        choice, why = "dynamic", ["the compiled path cannot run here: " + "; ".join(blockers)]
+    elif not work.declared:
+        choice = "dynamic"
+        why = [
+            "no generate() work declared: the default never pays a compile (45-90 s for an 8B model on the H200) "
+            "that the process is not known to recover; " + _HOW_TO_DECLARE
+        ]
+    elif facts is None:
+        choice = "dynamic"
+        why = [
+            "no decode measurement speaks for this GPU (the priors' decode records): cudaload does not claim a "
+            "compiled speed-up it has not measured; pass decode='compiled' to choose it"
+        ]
+    elif expected["job_s_compiled"] <= (1 - MARGIN) * expected["job_s_dynamic"]:
+        choice = "compiled"
+        why = [
+            f"the declared {work.new_tokens:,} decode steps take ~{expected['job_s_compiled']:.0f} s compiled "
+            f"(compile included) against ~{expected['job_s_dynamic']:.0f} s dynamic"
+        ]
+    else:
+        choice = "dynamic"
+        why = [
+            f"the declared {work.new_tokens:,} decode steps take ~{expected['job_s_dynamic']:.0f} s dynamic; "
+            f"compiled would take ~{expected['job_s_compiled']:.0f} s with its compile, not {MARGIN:.0%} less"
+        ]
+    compiled = choice == "compiled"
+    if blockers:
+        comp_why = [*blockers, *comp_why]
+    elif not compiled and work.declared and facts is not None and not explicit:
+        comp_why = [f"not {MARGIN:.0%} faster for the declared work", *comp_why]
+    elif not compiled and not work.declared and not explicit:
+        comp_why = ["no work declared", *comp_why]
+    elif not compiled:
+        comp_why = ["not requested", *comp_why]
+    if compiled and cache_len_reasons:
+        comp_why = [
+            *comp_why,
+            *cache_len_reasons,
+            f"so the static cache is the declared length, {max_cache_len:,}",
+        ]
+    if compiled:
+        notes += [
+            f"prompts of any length up to {max_cache_len:,} tokens with their new tokens reuse the compiled graph; "
+            "a longer call moves to the next bucket and compiles once more",
+            f"batch size {batch} is compiled; another batch size compiles once more (measured on the H200: 94 s "
+            "cold, 47 s with inductor's cache warm)",
+            "the compile config is transformers' CompileConfig default (fullgraph False: generate() forces it with "
+            "flash attention, and a graph break would otherwise be an error), dynamic False (the static cache "
+            "fixes every shape), reduce-overhead (CUDA graphs)",
+        ]
+    if facts is not None and (compiled or work.declared):
+        notes.append("costs " + facts.text)
+    if compiled:
+        dyn_why = [
+            "not requested" if explicit else f"{MARGIN:.0%} or more slower for the declared work",
+            *dyn_why,
+        ]
+    cands = (
+        Candidate("dynamic", not compiled, tuple(dyn_why)),
+        Candidate("compiled", compiled, tuple(comp_why)),
+    )
+    # the chosen candidate's costs beside the why, less the job seconds the why has said
+    reasons = tuple(why) + tuple(
+        r
+        for r in (comp_why if compiled else dyn_why)
+        if not r.startswith(("the declared job", "not requested", "10%"))
+    )
+    return DecodePlan(
+        mode=Decision(choice, reasons, cands, explicit=explicit),
+        work=work,
+        max_cache_len=max_cache_len if compiled else None,
+        cache_buckets=tuple(cache_buckets) if compiled else (),
+        batch_sizes=(batch,) if compiled else (),
+        compile=dict(COMPILE_CONFIG) if compiled else {},
+        expected=expected,
+        cache_key=cache_key if compiled else None,
+        assumed=tuple(assumed),
+        notes=tuple(notes),
+    )
+
+
+def _blockers(
+    has_gpu: bool,
+    quantization: str | None,
+    offload: bool,
+    gpu_devices: int,
+    max_cache_len: int | None,
+    cache_len_reasons: Sequence[str],
+) -> list[str]:
+    """Why the compiled path cannot run here (empty: it can)."""
+    out = []
+    if not has_gpu:
+        out.append(
+            "no CUDA GPU: reduce-overhead's CUDA graphs need one (and generate() compiles only on an accelerator)"
+        )
+    if quantization in _BNB:
+        out.append(
+            f"bitsandbytes {quantization}: its quantizer does not override is_compileable (transformers 5.17 "
+            "quantizers/base.py:260-263), so generate() skips the compile (generation/utils.py:2274-2276) and a "
+            "static cache without it is slower than the dynamic one"
+        )
+    if offload:
+        out.append(
+            "CPU/disk offload: generate() does not compile an offloaded model (transformers 5.17 "
+            "generation/utils.py:2278-2286, _valid_auto_compile_criteria)"
+        )
+    elif gpu_devices > 1:
+        out.append(
+            f"the model is split over {gpu_devices} GPUs: every decode step crosses devices and cudaload has not "
+            "measured the compiled path there"
+        )
+    if has_gpu and max_cache_len is None:
+        out.extend(cache_len_reasons or ["no static cache length fits"])
+    return out
+
+
+def _fix_for(blockers: Sequence[str], quantization: str | None, offload: bool, gpu_devices: int) -> str:
+    if quantization in _BNB:
+        return "use decode='dynamic', or quantization='none' where the model fits unquantized"
+    if offload:
+        return "use decode='dynamic', or a GPU that holds the whole model (no allow_offload)"
+    if gpu_devices > 1:
+        return "use decode='dynamic', or one GPU that holds the model (device_map='cuda:0')"
+    if any("static cache" in b for b in blockers):
+        return "use decode='dynamic', or a shorter seq_len / batch_size so the static cache fits"
+    return "use decode='dynamic', or run where a CUDA GPU is visible"
+
+
+def _expected(
+    work: DecodeWork,
+    quantization: str | None,
+    facts: Scaled | None,
+    max_cache_len: int | None,
+    warm: bool,
+    bound: float | None,
+) -> dict[str, float]:
+    """The costs the decision weighs (DecodePlan.expected's keys); empty where no record speaks for the GPU."""
+    if facts is None:
+        return {}
+    seq_len, batch = work.longest or 1, work.batch
+    slow = facts.facts.relative_decode().get(quantization or "none", 1.0) if quantization else 1.0
+    dyn = facts.dynamic_ms(seq_len, batch) * slow
+    comp = facts.compiled_ms(
+        max_cache_len or bucket_for(seq_len, cache_lengths(None, seq_len)) or seq_len, batch
+    )
+    out = {
+        "ms_per_token_dynamic": dyn,
+        "ms_per_token_compiled": comp,
+        "compile_s_cold": facts.compile_s(False),
+        "compile_s_warm": facts.compile_s(True),
+    }
+    if bound is not None:
+        out["ms_per_token_bound"] = bound
+    compile_s = out["compile_s_warm" if warm else "compile_s_cold"]
+    if dyn > comp:
+        out["breakeven_tokens"] = float(int(compile_s * 1000 / (dyn - comp)) + 1)
+    if work.new_tokens is not None:
+        out["job_s_dynamic"] = work.new_tokens * dyn / 1000
+        out["job_s_compiled"] = work.new_tokens * comp / 1000 + compile_s
+    return out
+
+
+def _costs(expected: Mapping[str, float], warm: bool, facts: Scaled | None) -> tuple[list[str], list[str]]:
+    """Each candidate's costs, as its reasons say them."""
+    if not expected:
+        return (
+            ["transformers' DynamicCache: nothing compiled"],
+            ["a static cache and the decode step compiled by generate(): its speed here is not measured"],
+        )
+    dyn = [f"~{expected['ms_per_token_dynamic']:.1f} ms per decode step, nothing compiled"]
+    cs = expected["compile_s_warm" if warm else "compile_s_cold"]
+    comp = [
+        f"~{expected['ms_per_token_compiled']:.1f} ms per decode step after a ~{cs:.0f} s compile ("
+        + (
+            "its artifact is in cudaload's compile cache"
+            if warm
+            else "cold: no artifact in cudaload's compile cache"
+        )
+        + (
+            f"; pays back after ~{expected['breakeven_tokens']:,.0f} steps"
+            if "breakeven_tokens" in expected
+            else ""
+        )
+        + ")"
+    ]
+    if "job_s_dynamic" in expected:
+        dyn.append(f"the declared job ~{expected['job_s_dynamic']:.0f} s")
+        comp.append(f"the declared job ~{expected['job_s_compiled']:.0f} s")
+    if "ms_per_token_bound" in expected:
+        comp.append(f"the memory bound is ~{expected['ms_per_token_bound']:.1f} ms per step")
+    return dyn, comp
+
+
+def bound_ms(model: ModelSummary, dtype: str, gpu_name: str | None, batch_bytes: int = 0) -> float | None:
+    """The decode step's memory bound: the weights (and ``batch_bytes`` of KV read) over the GPU's HBM
+    bandwidth (:data:`cudaload.policies.serving.batching.HBM_BYTES_S`); None for a GPU not in that table."""
+    name = (gpu_name or "").upper()
+    if not any(k in name for k in HBM_BYTES_S):
+        return None
+    return (model.params * dtype_bytes(dtype) + batch_bytes) / hbm_bandwidth(gpu_name) * 1000
