@@ -29,7 +29,7 @@ def rows() -> list[dict[str, Any]]:
 
 def test_the_runs_are_there(rows: list[dict[str, Any]]) -> None:
     assert len(RUNS) >= 5
-    assert {r["method"] for r in rows} == {"plain", "cudaload"}
+    assert {r["method"] for r in rows} >= {"plain", "cudaload"}
     assert {r["mode"] for r in rows} == {"lora", "qlora"} and {r["shape"] for r in rows} == {"8b", "0.6b"}
 
 
