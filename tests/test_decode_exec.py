@@ -100,7 +100,8 @@ def _plan(compiled: bool = True, **kw: Any) -> DecodePlan:
             max_cache_len=64,
             cache_buckets=(64, 128),
             batch_sizes=(1,),
-            compile={"backend": "aot_eager", "mode": None, "fullgraph": False},
+            # the policy's settings (dynamic False: one graph per bucket and batch) on a backend the CPU runs fast
+            compile={"backend": "aot_eager", "mode": None, "fullgraph": False, "dynamic": False},
             cache_key="test-key",
         )
     base.update(kw)
@@ -127,7 +128,8 @@ def test_a_compiled_plan_sets_exactly_the_static_cache_and_the_compile_config(ti
     got = apply_decode(tiny_lm, _plan())
     gc = tiny_lm.generation_config
     assert gc.cache_implementation == "static" and gc.max_cache_len == 64
-    assert gc.compile_config == CompileConfig(backend="aot_eager", mode=None, fullgraph=False)  # type: ignore[arg-type]
+    want = CompileConfig(backend="aot_eager", mode=None, fullgraph=False, dynamic=False)  # type: ignore[arg-type]
+    assert gc.compile_config == want
     after = gc.to_dict()
     assert {k for k in after if after[k] != before.get(k)} == {
         "cache_implementation",
@@ -138,7 +140,7 @@ def test_a_compiled_plan_sets_exactly_the_static_cache_and_the_compile_config(ti
         "mode": "compiled",
         "applied": True,
         "cache_implementation": "static",
-        "compile_config": {"backend": "aot_eager", "mode": None, "fullgraph": False},
+        "compile_config": {"backend": "aot_eager", "mode": None, "fullgraph": False, "dynamic": False},
         "max_cache_len": 64,
         "compiles_on_device": False,  # a CPU model: transformers compiles there only with _compile_all_devices
     }
@@ -252,7 +254,8 @@ from cudaload.execute.decode import apply_decode, warm_decode
 
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
 plan = DecodePlan(mode=Decision(choice="compiled", reasons=("test",)), max_cache_len=48, cache_buckets=(48,),
-                  batch_sizes=(1,), compile={"backend": "inductor", "mode": "default"}, cache_key="roundtrip")
+                  batch_sizes=(1,), compile={"backend": "inductor", "mode": "default", "dynamic": False},
+                  cache_key="roundtrip")
 apply_decode(model, plan)
 model.generation_config.compile_config._compile_all_devices = True
 got = warm_decode(model, plan)
@@ -322,8 +325,10 @@ def gpu_lm(small_model: Path) -> Iterator[Any]:
 
 
 def _gpu_plan() -> DecodePlan:
-    # the policy's settings for CUDA: inductor, reduce-overhead (CUDA graphs), transformers' defaults
-    return _plan(max_cache_len=256, cache_buckets=(256,), batch_sizes=(1, 2), compile={})
+    # the policy's compile settings (inductor, reduce-overhead's CUDA graphs, static shapes)
+    from cudaload.policies.decode import COMPILE_CONFIG
+
+    return _plan(max_cache_len=256, cache_buckets=(256,), batch_sizes=(1, 2), compile=dict(COMPILE_CONFIG))
 
 
 @pytest.mark.gpu
@@ -389,3 +394,136 @@ def test_gpu_prompt_lengths_inside_the_bucket_do_not_recompile(gpu_lm: Any) -> N
         p = torch.arange(3, 3 + n, device="cuda").view(1, n)
         gpu_lm.generate(input_ids=p, attention_mask=torch.ones_like(p), max_new_tokens=16, do_sample=False)
     assert counters["stats"]["unique_graphs"] == graphs, "a prompt length inside the bucket compiled again"
+
+
+# -- load_model: the decode step of _ready -----------------------------------------------------------------------
+
+
+def test_load_model_records_a_dynamic_decode_and_leaves_generate_alone(
+    tiny_model: Callable[..., Path],
+) -> None:
+    import cudaload
+
+    model = cudaload.load_model(
+        str(tiny_model("qwen3")), device_map="cpu", seq_len=128, new_tokens=64, batch_size=1, warmup=True
+    )
+    plan = model.cudaload_plan
+    assert plan.decode is not None and plan.decode.mode.choice == "dynamic"
+    assert plan.verified["decode"] == {"mode": "dynamic"}
+    assert (
+        model.generation_config.cache_implementation is None
+        and model.generation_config.compile_config is None
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_load_model_compiled_decode_is_warm_before_the_first_generate(small_model: Path) -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    import cudaload
+
+    torch._dynamo.reset()
+    model = cudaload.load_model(
+        str(small_model), seq_len=512, new_tokens=64, batch_size=1, decode="compiled", warmup=True
+    )
+    got = model.cudaload_plan.verified["decode"]
+    assert got["applied"] and got["cache_implementation"] == "static"
+    assert got["max_cache_len"] == model.cudaload_plan.decode.max_cache_len >= 512
+    assert got["warmup"]["compiled"] and got["warmup"]["batch_sizes"] == list(
+        model.cudaload_plan.decode.batch_sizes
+    )
+    graphs = counters["stats"]["unique_graphs"]
+    p = torch.arange(3, 3 + 300, device="cuda").view(1, 300)
+    model.generate(input_ids=p, attention_mask=torch.ones_like(p), max_new_tokens=64, do_sample=False)
+    assert counters["stats"]["unique_graphs"] == graphs, "the first generate() after the warm-up compiled"
+    del model
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_gpu_precompile_saves_artifacts_a_fresh_process_loads(small_model: Path, tmp_path: Path) -> None:
+    """`cudaload precompile --decode` twice, each a fresh process with its own empty inductor cache: the second
+    loads the first's artifacts and compiles from them (FX-graph hits, no miss), and says so."""
+    runs = []
+    for run in ("first", "second"):
+        env = {
+            **os.environ,
+            "CUDALOAD_CACHE": str(tmp_path / "cudaload"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{run}"),
+        }
+        args = [
+            "precompile",
+            "--decode",
+            str(small_model),
+            "--seq-len",
+            "512",
+            "--new-tokens",
+            "64",
+            "--json",
+        ]
+        proc = subprocess.run(
+            [sys.executable, "-m", "cudaload", *args], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout))
+    first, second = (r["verified"]["warmup"] for r in runs)
+    assert first["artifacts_loaded"] == {"bytes": 0} and first["artifacts_saved"]["bytes"] > 0
+    assert Path(first["artifacts_saved"]["path"]).parent == tmp_path / "cudaload" / "compile"
+    assert first["graphs_compiled"] >= 1
+    assert second["artifacts_loaded"]["entries"] >= 1
+    assert second["graphs_from_cache"] >= 1 and second["graphs_compiled"] == 0
+    print("compile seconds, cold then from the artifacts:", first["compile_s"], second["compile_s"])
+
+
+# -- cudaload precompile --decode: refused before torch is imported ----------------------------------------------
+
+_CHILD = """
+import json, sys
+from cudaload.cli import main
+rc = main(json.loads(sys.argv[1]))
+print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["precompile", "--seq-len", "512"], "--seq-len size the compiled decode that --decode MODEL warms"),
+        (["precompile", "--decode", "MODEL", "--check"], "--check byte-compile packages"),
+        (["precompile", "--decode", "MODEL"], "Fix: add --seq-len N"),
+        (["precompile", "--decode", "MODEL", "--seq-len", "0"], "must be 1 or more"),
+        (["precompile", "--decode", "/no/such/model", "--seq-len", "64"], "/no/such/model"),
+        (["precompile", "--decode", "MODEL", "--seq-len", "64", "--new-tokens", "64"], "--new-tokens"),
+    ],
+)
+def test_precompile_decode_refuses_bad_values_before_torch(
+    args: list[str], says: str, tiny_model: Callable[..., Path]
+) -> None:
+    model = str(tiny_model("qwen3"))
+    args = [model if a == "MODEL" else a for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, timeout=120
+    )
+    assert says in proc.stderr
+    if not proc.stdout:  # argparse's own refusal: it exits while parsing, before any command runs
+        assert proc.returncode == 2 and "usage:" in proc.stderr
+        return
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 2, proc.stderr
+    assert got["heavy"] == [], "torch or transformers was imported before the refusal"
+
+
+def test_precompile_decode_without_a_gpu_names_what_is_missing(tiny_model: Callable[..., Path]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the compiled decode can run here")
+    args = ["precompile", "--decode", str(tiny_model("qwen3")), "--seq-len", "128", "--new-tokens", "64"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, timeout=300
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["rc"] == 2, proc.stderr
+    assert "a compiled decode cannot run here" in proc.stderr and "no CUDA GPU" in proc.stderr
+    # the fix is the machine's, not the dynamic decode (which would precompile nothing)
+    assert "Fix: run where a CUDA GPU is visible" in proc.stderr and "dynamic" not in proc.stderr

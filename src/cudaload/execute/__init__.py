@@ -20,6 +20,8 @@ One module per step:
   ``attention_fallbacks``, the sdpa-variant check, and the new plan a different backend needs
 - :mod:`.verification` - ``verify``: the loaded model against the plan
 - :mod:`.serving` - the serving section settled and attached after loading
+- :mod:`.decode` - the decode section: the static cache and compile settings on the generation config, the
+  compile warm-up, the compile artifacts loaded and saved
 - :mod:`.tune_on_load` - ``tune=True``: the plan again with measured timings
 - :mod:`.ranks` - torchrun ranks exchanging GPU facts and errors
 - :mod:`.adapters` - the LoRA config and the peft wrap

@@ -169,7 +169,8 @@ def warm_decode(
 
     ``prompt_len``: the dummy prompt's tokens (default :data:`WARM_PROMPT`, or the whole bucket less
     ``new_tokens`` where transformers cannot size the cache ahead). Returns ``{"compile_s", "second_s",
-    "per_batch", "artifacts_loaded", "artifacts_saved", "batch_sizes", "prompt_len", "compiled"}``; ``compiled``
+    "per_batch", "artifacts_loaded", "artifacts_saved", "batch_sizes", "prompt_len", "graphs_from_cache",
+    "graphs_compiled", "compiled"}`` (the graphs are inductor's: an ``aot_eager`` backend counts none); ``compiled``
     says whether transformers built its compiled forward (``model._compiled_call``, 5.17
     modeling_utils.py:4686-4692)."""
     if not decode.compiled:
@@ -191,8 +192,12 @@ def warm_decode(
             fix=f"pass a prompt_len from 1 to {decode.max_cache_len - new_tokens}",
         )
     import torch
+    from torch._dynamo.utils import counters
 
     loaded = load_artifacts(decode.cache_key)
+    # inductor's FX-graph cache counts its hits and misses here (torch/_inductor/codecache.py): a miss during the
+    # warm-up is a graph compiled from scratch, a hit one the saved artifacts (or torch's own disk cache) held
+    before = {k: counters["inductor"][k] for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
     device = model.device
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     pad = model.generation_config.pad_token_id
@@ -237,4 +242,22 @@ def warm_decode(
         "artifacts_saved": saved,
         "batch_sizes": [b["batch"] for b in per_batch],
         "prompt_len": prompt_len,
+        "graphs_from_cache": counters["inductor"]["fxgraph_cache_hit"] - before["fxgraph_cache_hit"],
+        "graphs_compiled": counters["inductor"]["fxgraph_cache_miss"] - before["fxgraph_cache_miss"],
     }
+
+
+def ready_decode(model: Any, decode: DecodePlan, *, warm: bool) -> dict[str, Any]:
+    """``load_model``'s decode step (its ``verified["decode"]``): the plan applied (:func:`apply_decode`); for a
+    compiled plan, with ``warm`` (``load_model(warmup=True)``, ``cudaload precompile --decode``) every planned batch
+    size compiled now (:func:`warm_decode`, which also saves the artifacts), so the first ``generate()`` runs
+    compiled; without it the saved artifacts are handed to torch now and the first ``generate()`` that decodes
+    compiles, finding them (nothing is saved then: torch's artifacts exist only after that compile)."""
+    out = apply_decode(model, decode)
+    if not decode.compiled or not out.get("applied"):
+        return out
+    if warm:
+        out["warmup"] = warm_decode(model, decode)
+    else:
+        out["artifacts_loaded"] = load_artifacts(decode.cache_key)
+    return out

@@ -19,6 +19,7 @@ from ..request import Request
 from . import serving as _serving
 from .adapters import _wrap_peft, apply_adapter_cast, enable_planned_checkpointing
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback, replanned
+from .decode import ready_decode
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .load_path import _load_once
 from .phases import _Phases
@@ -102,7 +103,9 @@ def load_model(
         fast: cudaload's fast safetensors loader: None (where it is known to beat ``from_pretrained``), True
             (wherever it can load exactly as ``from_pretrained`` would), False (never). It steps aside to
             ``from_pretrained`` on anything it cannot do (``verified["notes"]`` says why).
-        warmup: run the attention probe's forward even when a cached verdict exists (a warm-up).
+        warmup: run the attention probe's forward even when a cached verdict exists (a warm-up); with a compiled
+            decode plan, also compile generate()'s decode step for each planned batch size now and save its
+            compile artifacts (``verified["decode"]["warmup"]``), so the first ``generate()`` runs compiled.
         prefetch: True (default): a local checkpoint's files are read into the page cache on background
             threads from the first line of this call, while torch and transformers are still being imported,
             so a cold load waits for about max(imports, disk read) instead of their sum (see
@@ -373,6 +376,10 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
         verified["adapter_cast_layers"] = apply_adapter_cast(model, plan)
     if plan.intent in ("inference", "serving"):
         model.eval()
+        if plan.decode is not None:
+            # generate()'s decode as planned (static cache, compile settings on the generation config); with
+            # warmup=True compiled now, so the first generate() does not pay the compile (execute.decode)
+            verified["decode"] = ready_decode(model, plan.decode, warm=req.warmup)
     else:
         model.train()
         enable_planned_checkpointing(model, plan)
