@@ -15,8 +15,8 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError, CudaloadError, CudaloadWarning
 from .decode_plan import DECODE_MODES
+from .errors import ConfigurationError, CudaloadError, CudaloadWarning
 from .training_plan import LAYOUTS, LOSSES
 
 if TYPE_CHECKING:
@@ -129,6 +129,19 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_precompile(args: argparse.Namespace) -> int:
+    decode_only = {
+        "--seq-len": args.seq_len,
+        "--batch-size": args.batch_size,
+        "--new-tokens": args.new_tokens,
+    }
+    if args.decode is not None:
+        return _precompile_decode(args)
+    given = [flag for flag, value in decode_only.items() if value is not None]
+    if given:
+        raise ConfigurationError(
+            f"{', '.join(given)} size the compiled decode that --decode MODEL warms",
+            fix="add --decode MODEL, or leave them out to byte-compile packages",
+        )
     from .detection.bytecode import finding_text, probe
 
     if args.check:
@@ -163,6 +176,75 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
     report = precompile(args.packages, prefix=args.prefix, workers=args.jobs)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.summary())
     return 0 if report.ok else 1
+
+
+def _precompile_decode(args: argparse.Namespace) -> int:
+    """`cudaload precompile --decode MODEL`: load MODEL as load_model(decode="compiled", warmup=True) would, which
+    compiles generate()'s decode step for each planned batch size and saves torch's compile artifacts under
+    CUDALOAD_CACHE; a later process planning the same model, bucket and batch sizes on this torch and GPU loads them
+    (cudaload.execute.decode). The request is checked before torch is imported."""
+    clash = [
+        f
+        for f, on in (("--check", args.check), ("--packages", args.packages), ("--prefix", args.prefix))
+        if on
+    ]
+    if clash:
+        raise ConfigurationError(
+            f"--decode MODEL warms a model's compiled decode; {', '.join(clash)} byte-compile packages",
+            fix="run them as two commands",
+        )
+    if args.seq_len is None:
+        raise ConfigurationError(
+            "--decode MODEL compiles for a static cache of --seq-len slots (the longest prompt + new tokens)",
+            fix="add --seq-len N (e.g. --seq-len 2048), and --batch-size for batched calls",
+        )
+    req = _request(
+        args.decode,
+        "load_model",
+        seq_len=args.seq_len,
+        batch_size=args.batch_size or 1,  # with --seq-len, the declared work the decode plan is made for
+        new_tokens=args.new_tokens,
+        decode="compiled",
+        warmup=True,
+    )
+    from .execute import load_request
+
+    try:
+        model = load_request(req)
+    except CudaloadError as e:
+        # the request's decode='compiled' is this command's own: its refusal's fix names what the machine or
+        # model lacks, not the dynamic decode (which precompiles nothing)
+        e.message = e.message.replace("decode='compiled'", "a compiled decode")
+        e.fix = e.fix and e.fix.replace("use decode='dynamic', or ", "")
+        raise
+    plan = model.cudaload_plan
+    got = plan.verified.get("decode") or {}
+    warm = got.get("warmup") or {}
+    if not warm.get("compiled"):
+        why = got.get("why") or warm.get("why") or "the load did not compile the decode step"
+        print(f"cudaload: nothing precompiled for {plan.model.name}: {why}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps({"model": plan.model.name, "decode": plan.decode.to_dict(), "verified": got}, indent=1)
+        )
+        return 0
+    saved = warm["artifacts_saved"]
+    loaded = warm["artifacts_loaded"]
+    print(
+        f"{plan.model.name}: decode compiled for a static cache of {plan.decode.max_cache_len:,} slots, batch sizes "
+        f"{', '.join(str(b) for b in warm['batch_sizes'])}, in {warm['compile_s']:.1f} s"
+        + f" ({warm['graphs_compiled']} graphs compiled, {warm['graphs_from_cache']} from the cache"
+        + (f"; {loaded['bytes']:,} bytes of saved artifacts loaded)" if loaded.get("entries") else ")")
+    )
+    for b in warm["per_batch"]:
+        print(f"  batch {b['batch']}: first call {b['first_s']:.2f} s, second {b['second_s']:.3f} s")
+    if saved.get("path"):
+        print(f"artifacts: {saved['path']} ({saved['bytes']:,} bytes)")
+    else:
+        print(f"artifacts not saved: {saved.get('why') or saved.get('error')}")
+        return 1
+    return 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -344,6 +426,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="only say whether new processes compile them (exit 1 if so)"
     )
     pc.add_argument("--json", action="store_true", help="print the report as JSON")
+    pc.add_argument(
+        "--decode",
+        metavar="MODEL",
+        help="instead: load MODEL with a compiled decode (a static cache) and compile generate()'s decode step "
+        "now for each planned batch size, saving torch's compile artifacts under CUDALOAD_CACHE for later processes",
+    )
+    pc.add_argument(
+        "--seq-len",
+        type=_positive_int,
+        metavar="N",
+        help="with --decode: the longest prompt + new tokens a call will have (the static cache's bucket)",
+    )
+    pc.add_argument("--batch-size", type=_positive_int, metavar="N", help="with --decode: sequences per call")
+    pc.add_argument(
+        "--new-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="with --decode: of --seq-len, the tokens generated",
+    )
     pc.set_defaults(func=_cmd_precompile)
 
     from .detection.packages import DISTRIBUTIONS
