@@ -24,9 +24,10 @@ DECODE_MODES = ("dynamic", "compiled")
 
 @dataclass(frozen=True)
 class DecodeWork:
-    """The generation work a caller declared (or the plan assumed): ``new_tokens``: new tokens the process will
-    generate in all, over every call; ``batch``: sequences per ``generate()`` call; ``calls``: how many calls
-    (None: not said); ``longest``: the longest prompt + new tokens of one sequence (the static cache's length)."""
+    """The generation work a caller declared (or the plan assumed): ``new_tokens``: decode steps per sequence over
+    every call (the request's ``new_tokens``, one call's, times ``generate_calls``); ``batch``: sequences per
+    ``generate()`` call; ``calls``: how many calls (None: not said); ``longest``: the longest prompt + new tokens
+    of one sequence (the plan's ``seq_len``, the static cache's length before its bucket)."""
 
     new_tokens: int | None = None
     batch: int = 1
