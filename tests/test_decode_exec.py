@@ -334,13 +334,15 @@ def _gpu_plan() -> DecodePlan:
 @pytest.mark.gpu
 def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(gpu_lm: Any) -> None:
     """bf16 on CUDA, inductor with CUDA graphs: each greedy token matches the dynamic path's up to the first step
-    whose dynamic top-2 margin is inside bf16's noise (where either pick is right and the paths may part)."""
+    whose dynamic top-2 margin is within 4 bf16 steps of the top logit (where either pick is right and the paths
+    may part: this random model's logits are ~2, a step there is 2**-7)."""
     import torch
 
     from cudaload.execute.decode import apply_decode, warm_decode
 
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 512, (b, n), generator=g).cuda() for b, n in ((1, 40), (1, 120), (2, 64))]
+    shapes = ((1, 40), (1, 120), (1, 7), (1, 90), (1, 200), (1, 33), (2, 64))
+    prompts = [torch.randint(3, 512, shape, generator=g).cuda() for shape in shapes]
     new = 24
     dynamic = []
     for p in prompts:
@@ -355,13 +357,14 @@ def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(
             pad_token_id=0,
         )
         top2 = torch.stack([lg.float().topk(2).values for lg in out.logits], dim=1)  # (batch, steps, 2)
-        dynamic.append((out.sequences[:, p.shape[1] :], (top2[..., 0] - top2[..., 1])))
+        ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(top2[..., 0].abs())))
+        dynamic.append((out.sequences[:, p.shape[1] :], top2[..., 0] - top2[..., 1], 4 * ulp))
     plan = _gpu_plan()
     apply_decode(gpu_lm, plan)
     warm = warm_decode(gpu_lm, plan)
     assert warm["compiled"]
     compared = 0
-    for p, (tokens, margin) in zip(prompts, dynamic, strict=True):
+    for p, (tokens, margin, tie) in zip(prompts, dynamic, strict=True):
         got = gpu_lm.generate(
             input_ids=p,
             attention_mask=torch.ones_like(p),
@@ -371,10 +374,13 @@ def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(
         )[:, p.shape[1] :]
         for row in range(p.shape[0]):
             for step in range(new):
-                if float(margin[row, step]) < 0.1:  # a bf16 near-tie: the paths may part from here on
+                if float(margin[row, step]) < float(
+                    tie[row, step]
+                ):  # a bf16 near-tie: the paths may part here
                     break
                 assert int(got[row, step]) == int(tokens[row, step]), (row, step)
                 compared += 1
+    print(f"greedy tokens compared outside bf16 near-ties: {compared}")
     assert compared >= new  # at least a sequence's worth of tokens compared, not all skipped as ties
 
 
