@@ -103,9 +103,10 @@ def load_model(
         fast: cudaload's fast safetensors loader: None (where it is known to beat ``from_pretrained``), True
             (wherever it can load exactly as ``from_pretrained`` would), False (never). It steps aside to
             ``from_pretrained`` on anything it cannot do (``verified["notes"]`` says why).
-        warmup: run the attention probe's forward even when a cached verdict exists (a warm-up); with a compiled
-            decode plan, also compile generate()'s decode step for each planned batch size now and save its
-            compile artifacts (``verified["decode"]["warmup"]``), so the first ``generate()`` runs compiled.
+        warmup: run the attention probe's forward even when a cached verdict exists (a warm-up). A compiled
+            decode plan is always warmed: generate()'s decode step is compiled for each planned batch size
+            before the model is handed back and its compile artifacts saved for the next process
+            (``verified["decode"]["warmup"]``), so the first ``generate()`` runs compiled.
         prefetch: True (default): a local checkpoint's files are read into the page cache on background
             threads from the first line of this call, while torch and transformers are still being imported,
             so a cold load waits for about max(imports, disk read) instead of their sum (see
@@ -379,7 +380,10 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
         if plan.decode is not None:
             # generate()'s decode as planned (static cache, compile settings on the generation config); with
             # warmup=True compiled now, so the first generate() does not pay the compile (execute.decode)
-            verified["decode"] = ready_decode(model, plan.decode, warm=req.warmup)
+            # a compiled plan is warmed here whatever warmup= says: the plan judged the compile worth paying for
+            # the declared work, the first generate() would pay it anyway, and only a compile run here can save
+            # its artifacts for the next process (a user's own generate() call ends outside cudaload)
+            verified["decode"] = ready_decode(model, plan.decode, warm=req.warmup or plan.decode.compiled)
     else:
         model.train()
         enable_planned_checkpointing(model, plan)

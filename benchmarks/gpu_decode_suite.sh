@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 35's H200 run, one device call (limit 600 s): the 8B shape, fresh processes.
+#   1. load_model() defaults (dynamic decode): ms per token at 512-1,500-token prompts (the probe job)
+#   2. cudaload precompile --decode for the long job's plan (512 + 5,000 at batch 1): the cold compile, artifacts
+#      saved under CUDALOAD_CACHE
+#   3. the long job with the work declared, in a process with an empty inductor cache (only cudaload's artifacts),
+#      then again with this machine's inductor cache too (profiled: where the decode step's time goes)
+# Results under $OUT. Needs nothing carried (no flash-attn, no bitsandbytes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+work=/tmp/cudaload-bench
+mkdir -p "$out" "$work"
+log() { grep --line-buffered -v -e Warning -e warn; }
+timeout 100 python benchmarks/bench_decode.py --out "$out/d1" --work "$work" --runs cudaload:probe --budget-s 92 2>&1 \
+  | log > "$out/d1.log"
+CUDALOAD_CACHE=$work/cudaload-cache TORCHINDUCTOR_CACHE_DIR=$work/inductor/shared \
+  timeout 160 python -m cudaload precompile --decode "$work/Qwen3-8B" --seq-len 5512 --batch-size 1 \
+  --new-tokens 5000 --json > "$out/precompile.json" 2> "$out/precompile.err"
+echo "precompile rc=$? $(date +%T)" >> "$out/d1.log"
+timeout 235 python benchmarks/bench_decode.py --out "$out/d2" --work "$work" \
+  --runs "declared~:long,declared:long" --profile 1:declared:long --budget-s 228 2>&1 | log > "$out/d2.log"
+rm -f "$out"/d*/results.md  # at most 8 files come back
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+python -c "import torch, transformers; print(torch.__version__, torch.version.cuda, transformers.__version__)" >> "$out/gpu.txt" 2>&1
