@@ -54,6 +54,12 @@ MARGIN = 0.10
 #: (10.0 ms/token at 768 slots against 15.1-16.4 at 4096 measured on the H200), and a handful of short buckets
 #: would each compile once
 BUCKET_MIN = 1024
+#: above this bucket the buckets grow by :data:`BUCKET_STEP` instead of doubling: the compiled step's time grows
+#: with the static cache's slots, used or not (H200, 8B: 10.0 ms/token at 768 slots, 16.4 at 4,096, 22.3 at 8,192:
+#: ~1.6 ms per 1,000 slots; benchmarks/results/2026-12-03-h200/run41-decode), so a doubled bucket would cost a
+#: 5,512-token job 8,192 slots' time where 6,144 hold it
+BUCKET_DOUBLING_UNTIL = 4096
+BUCKET_STEP = 2048
 #: transformers' CompileConfig keywords: ``fullgraph`` False is CompileConfig's default (transformers 5.17
 #: generation/configuration_utils.py:1659) and what generate() forces with flash attention anyway
 #: (generation/utils.py:2300-2308, flash attention breaks the graph); True would turn any graph break of a
@@ -73,15 +79,15 @@ _HOW_TO_DECLARE = (
 
 
 def cache_lengths(max_positions: int | None, seq_len: int) -> tuple[int, ...]:
-    """The static cache's buckets: powers of two from :data:`BUCKET_MIN` up to the model's context (and the
-    context itself where it is not one), or up to the first power of two that holds ``seq_len`` where the context
-    is unknown or shorter."""
+    """The static cache's buckets: powers of two from :data:`BUCKET_MIN` to :data:`BUCKET_DOUBLING_UNTIL`, then
+    steps of :data:`BUCKET_STEP`, up to the model's context (and the context itself where it is not on that
+    grid), or up to the first bucket that holds ``seq_len`` where the context is unknown or shorter."""
     top = max(max_positions or 0, seq_len)
     out: list[int] = []
     b = BUCKET_MIN
     while b < top:
         out.append(b)
-        b *= 2
+        b = b * 2 if b < BUCKET_DOUBLING_UNTIL else b + BUCKET_STEP
     out.append(top if max_positions and top == max_positions else b)
     return tuple(sorted(set(out)))
 
