@@ -190,6 +190,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "boundaries": p.training.boundaries if p.training else None,
             "loss": p.training.loss.choice if p.training else None,
             "gradient_checkpointing": p.gradient_checkpointing.choice if p.gradient_checkpointing else None,
+            "checkpoint_every": p.checkpoint_every,
             "optimizer": p.optimizer.choice if p.optimizer else None,
             "lora_dropout": (p.peft or {}).get("lora_dropout"),
             "kbit": p.training.kbit_upcast.choice if p.training and p.training.kbit_upcast else None,
@@ -307,12 +308,14 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
             lora_dropout=float(p.get("lora_dropout") or 0.0),
             kbit_upcast=p.get("kbit") == "fp32",
             cast_outside_autocast=p.get("adapter_cast") == "outside-autocast",
+            # runs recorded before partial checkpointing: every layer where it was on
+            checkpoint_every=max(int(p.get("checkpoint_every") or 1), 1),
         )
         kw = {
             "quantization": "nf4" if spec["mode"] == "qlora" else None,
             "attn": sdpa_family(p["attention"]) or p["attention"],
             "optimizer": p.get("optimizer"),
-            "gradient_checkpointing": p.get("gradient_checkpointing") == "on",
+            "gradient_checkpointing": p.get("gradient_checkpointing") in ("on", "partial"),
         }
     else:
         shape = StepShape.padded(step["sequences"], step["longest"], kbit_upcast=spec["mode"] == "qlora")

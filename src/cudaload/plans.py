@@ -286,7 +286,8 @@ class Plan:
     # intent "serving": transformers' continuous-batching settings (cudaload.serving_plan.ServingPlan, decided by
     # cudaload.policies.serving)
     serving: ServingPlan | None = None
-    # training intents: the optimizer (TrainingArguments optim name) and gradient checkpointing ("on"/"off")
+    # training intents: the optimizer (TrainingArguments optim name) and gradient checkpointing ("on", "off", or
+    # "partial": every n-th layer, n in training.step.checkpoint_every; read through checkpoint_every)
     optimizer: Decision | None = None
     gradient_checkpointing: Decision | None = None
     parallelism: Parallelism | None = None  # several GPUs: DDP / FSDP2 / TP / layer split (None: one GPU)
@@ -400,6 +401,19 @@ class Plan:
             raise ConfigurationError(f"not a cudaload plan: {e}", fix=_FROM_JSON_FIX) from None
         return cls.from_dict(data)
 
+    @property
+    def checkpoint_every(self) -> int:
+        """Which decoder layers the plan checkpoints: 0 none (``off``, or no decision: a plan made before
+        checkpointing was planned, which cudaload.training.memory_arguments reads by its own rule), 1 every layer
+        (``on``), n >= 2 every n-th layer (``partial``, n from the training section's step)."""
+        gc = self.gradient_checkpointing
+        if gc is None or gc.choice == "off":
+            return 0
+        if gc.choice == "partial":
+            n = self.training.step.checkpoint_every if self.training is not None else 1
+            return max(n, 1)
+        return 1
+
     def with_verified(self, verified: dict[str, Any]) -> Plan:
         return replace(self, verified=verified)
 
@@ -422,7 +436,12 @@ class Plan:
         if self.optimizer is not None:
             out += self.optimizer.explain_lines("optimizer")
         if self.gradient_checkpointing is not None:
-            out += self.gradient_checkpointing.explain_lines("gradient checkpointing")
+            gc_lines = self.gradient_checkpointing.explain_lines("gradient checkpointing")
+            if self.checkpoint_every > 1:  # the choice with its n: "partial (every 2 layers)"
+                gc_lines[0] = gc_lines[0].replace(
+                    ": partial", f": partial (every {self.checkpoint_every} layers)", 1
+                )
+            out += gc_lines
         if self.training is not None:
             out += self.training.explain_lines()
         out += self.memory.explain_lines()

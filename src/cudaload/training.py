@@ -67,16 +67,22 @@ def memory_arguments(plan: Plan) -> dict[str, Any]:
     """Batch size and gradient checkpointing as planned (the memory estimate assumed exactly these). For a packed
     plan the batch size is its sequences a step, as declared; :func:`training_setup` (whose data set holds whole
     steps) and :func:`sft_config_arguments` (TRL's packing) set 1."""
-    if plan.gradient_checkpointing is not None:
-        gc = plan.gradient_checkpointing.choice == "on"
-    else:  # plans made before checkpointing was planned
-        gc = plan.intent in ("training", "qlora") or plan.seq_len >= 4096
+    every = plan.checkpoint_every
+    if plan.gradient_checkpointing is None:  # plans made before checkpointing was planned
+        every = int(plan.intent in ("training", "qlora") or plan.seq_len >= 4096)
+    gc = every > 0
     new = (version_tuple(plan.hardware.get("transformers")) or (0,)) >= ACTIVATION_CHECKPOINTING_SINCE
     name = "activation_checkpointing" if new else "gradient_checkpointing"
     args: dict[str, Any] = {"per_device_train_batch_size": plan.batch_size, name: gc}
     if gc:
         # non-reentrant checkpointing: no inputs need requires_grad, and it is what the estimate measured
-        args[f"{name}_kwargs"] = {"use_reentrant": False}
+        kwargs: dict[str, Any] = {"use_reentrant": False}
+        if every > 1:
+            # partial: Trainer re-enables checkpointing at train start and pops every_n_layers from these kwargs
+            # into the model's gradient_checkpointing_enable (transformers 5.17 trainer.py:1465-1472, 5.22
+            # :1504-1511, 5.24 :1507-1527), so it checkpoints the same layers load_model did
+            kwargs["every_n_layers"] = every
+        args[f"{name}_kwargs"] = kwargs
     if plan.intent in ("lora", "qlora"):
         # adapters leave most parameters frozen; DDP must not wait for their gradients
         args["ddp_find_unused_parameters"] = False
@@ -116,7 +122,8 @@ def training_arguments(plan: Plan) -> dict[str, Any]:
         A dict of ``TrainingArguments`` keywords: ``bf16`` / ``fp16`` (and ``tf32`` on a GPU), ``optim``,
         ``per_device_train_batch_size`` (the plan's sequences a step; a packed plan's memory is for
         :func:`training_setup`'s packed steps, where it is 1),
-        ``gradient_checkpointing`` (``activation_checkpointing`` from transformers 5.23) with its kwargs,
+        ``gradient_checkpointing`` (``activation_checkpointing`` from transformers 5.23) with its kwargs
+        (``every_n_layers`` for a partial plan),
         ``ddp_find_unused_parameters`` for adapters, ``train_sampling_strategy="group_by_length"`` for padded
         batches, ``use_liger_kernel`` / ``liger_kernel_config`` where the plan chose Liger's fused loss, and the
         parallelism's settings (``fsdp``, ``fsdp_config``, ``deepspeed``...) where they apply.

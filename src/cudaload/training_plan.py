@@ -37,7 +37,11 @@ class StepShape:
     the forward runs under bf16/fp16 autocast, as ``Trainer(bf16=True)`` runs it (accelerate wraps the model's
     forward: accelerate/accelerator.py ``prepare_model``, ``get_mixed_precision_context_manager``).
     ``cast_outside_autocast``: the LoRA layers skip PEFT's copy of their input to fp32 under autocast (the plan's
-    ``adapter_cast`` decision): the adapters keep the tensors the layer keeps anyway."""
+    ``adapter_cast`` decision): the adapters keep the tensors the layer keeps anyway. ``checkpoint_every``: with
+    gradient checkpointing on, only every n-th decoder layer is checkpointed (transformers'
+    ``gradient_checkpointing_enable(every_n_layers=n)``: the layers whose index is a multiple of n, from 0), the
+    others keep their activations; 1 (every layer) is the usual full checkpointing, and the value is read only
+    where checkpointing is on (the plan's ``gradient_checkpointing`` decision ``partial``)."""
 
     tokens: int
     sequences: int
@@ -50,6 +54,17 @@ class StepShape:
     #: LoRA's rank (the adapters' parameters and optimizer states scale with it); cudaload's default, 16
     lora_r: int = 16
     cast_outside_autocast: bool = False
+    checkpoint_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 (every n-th layer), not {self.checkpoint_every}")
+
+    def checkpointed_layers(self, layers: int) -> int:
+        """How many of ``layers`` decoder layers are checkpointed with checkpointing on: those whose index is a
+        multiple of ``checkpoint_every`` (transformers 5.17 modeling_utils.py:3198-3200, ``layer_index %
+        every_n_layers == 0``)."""
+        return -(-max(layers, 1) // self.checkpoint_every)
 
     @classmethod
     def padded(cls, batch_size: int, seq_len: int, **kw: Any) -> StepShape:
@@ -68,6 +83,7 @@ class StepShape:
             "autocast": self.autocast,
             "lora_r": self.lora_r,
             "cast_outside_autocast": self.cast_outside_autocast,
+            "checkpoint_every": self.checkpoint_every,
         }
 
     @classmethod
@@ -83,6 +99,8 @@ class StepShape:
             autocast=bool(d.get("autocast", True)),
             lora_r=int(d.get("lora_r", 16)),
             cast_outside_autocast=bool(d.get("cast_outside_autocast", False)),
+            # plans saved before partial checkpointing: every layer where checkpointing is on
+            checkpoint_every=int(d.get("checkpoint_every", 1)),
         )
 
 

@@ -3,9 +3,10 @@ adapters' input cast as planned, and gradient checkpointing switched on where th
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from ..errors import DependencyError
+from ..errors import ConfigurationError, DependencyError
 from ..plans import Plan
 
 #: non-reentrant checkpointing: inputs need not require grad (no enable_input_require_grads hook), and it is what
@@ -25,8 +26,8 @@ def _lora_config(plan: Plan) -> Any:
 
 
 def _checkpointing(plan: Plan) -> bool:
-    gc = plan.gradient_checkpointing
-    return gc is not None and gc.choice == "on"
+    """Whether the plan checkpoints any layer (every layer, or every n-th: ``partial``)."""
+    return plan.checkpoint_every > 0
 
 
 def _wrap_peft(model: Any, plan: Plan) -> Any:
@@ -39,7 +40,8 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
         if upcast:
             # peft's recipe: the non-k-bit parameters cast to fp32 (the plan says why, fp16 compute); it also
             # turns checkpointing on when asked, so ask exactly what the plan decided (plans made before the
-            # training section: peft's default, on)
+            # training section: peft's default, on). It turns it on for every layer: a partial plan's
+            # enable_planned_checkpointing sets every layer's flag again afterwards
             model = prepare_model_for_kbit_training(
                 model,
                 use_gradient_checkpointing=_checkpointing(plan) if t is not None else True,
@@ -81,15 +83,41 @@ def apply_adapter_cast(model: Any, plan: Plan) -> int:
 
 
 def enable_planned_checkpointing(model: Any, plan: Plan) -> None:
-    """Gradient checkpointing on the model where the plan trains with it, so a training loop of one's own
-    runs what was planned (Trainer switches it on again from training_arguments, which changes nothing). Not
-    under torchrun's multi-process strategies: there the parallelism's settings say how (FSDP wraps its own
-    activation checkpointing, fsdp_config), and checkpointing a sharded module from outside breaks its
-    recompute."""
+    """Gradient checkpointing on the model where the plan trains with it -- every layer, or every n-th
+    (``partial``: transformers' ``every_n_layers``) -- so a training loop of one's own runs what was planned
+    (Trainer switches it on again from training_arguments, with the same ``every_n_layers``, which changes
+    nothing). Not under torchrun's multi-process strategies: there the parallelism's settings say how (FSDP
+    wraps its own activation checkpointing, fsdp_config), and checkpointing a sharded module from outside breaks
+    its recompute.
+
+    Raises:
+        ConfigurationError: a partial plan on a transformers whose checkpointing takes no ``every_n_layers``
+            (a plan made for another installation).
+    """
     par = plan.parallelism
     if par is not None and par.launched:
         return
-    if plan.intent in ("training", "lora", "qlora") and _checkpointing(plan):
-        enable = getattr(model, "gradient_checkpointing_enable", None)
-        if enable is not None:
-            enable(gradient_checkpointing_kwargs=dict(_CHECKPOINT_KWARGS))
+    every = plan.checkpoint_every
+    if plan.intent not in ("training", "lora", "qlora") or every == 0:
+        return
+    # 5.23 renamed the method (the old one a deprecated alias that warns: transformers 5.24
+    # modeling_utils.py:3200-3206); its kwargs argument is renamed with it
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    kw_name = "activation_checkpointing_kwargs"
+    if enable is None:
+        enable, kw_name = (
+            getattr(model, "gradient_checkpointing_enable", None),
+            "gradient_checkpointing_kwargs",
+        )
+    if enable is None:
+        return
+    kwargs: dict[str, Any] = {kw_name: dict(_CHECKPOINT_KWARGS)}
+    if every > 1:
+        if "every_n_layers" not in inspect.signature(enable).parameters:
+            raise ConfigurationError(
+                f"the plan checkpoints every {every} layers, and {type(model).__name__}.{enable.__name__} takes "
+                "no every_n_layers (transformers 5.17 and later have it)",
+                fix="plan again on this installation (cudaload.load_model does), or install transformers>=5.17",
+            )
+        kwargs["every_n_layers"] = every
+    enable(**kwargs)

@@ -142,6 +142,10 @@ def size(
             info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
         )
         section = replace(section, causal_lm=causal)
+        gc = fr.gradient_checkpointing
+        if section.step.checkpoint_every != 1 and (gc is None or gc.choice != "partial"):
+            # a multi-process plan decided checkpointing for its ranks (off / every layer): the step says so
+            section = replace(section, step=replace(section.step, checkpoint_every=1))
     return Sized(fr, section, pd.parallelism, placement, memory, batch)
 
 
@@ -246,7 +250,8 @@ def _training(
         )
     except DoesNotFitError as e:
         return TrainingSizing(None, for_ranks, e)
-    fit_kw["step"] = choice.step
+    # the parallelism decision sizes ranks with its own checkpointing rungs (off / every layer): never partial
+    fit_kw["step"] = replace(choice.step, checkpoint_every=1)
     if not choice.step.packed:
         fit_kw["batch_size"] = choice.step.sequences  # an assumed padded batch may have shrunk
     return TrainingSizing(choice, for_ranks, None)

@@ -172,6 +172,8 @@ def decisions(plan: Any) -> dict[str, Any]:
         "gradient_checkpointing": (
             plan.gradient_checkpointing.choice if plan.gradient_checkpointing is not None else None
         ),
+        # a partial plan's n: ranks checkpointing other layers differ in memory and speed
+        "checkpoint_every": plan.checkpoint_every,
         "parallelism": par.choice if par is not None else None,
         "training_arguments": config.get("training_arguments"),
         "sharded_load": bool(config.get("sharded_load")),

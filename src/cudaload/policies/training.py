@@ -9,6 +9,9 @@
   real tokens a step. The bound is what memory is planned for, so a step of long sequences never runs out of
   memory; it is the largest that fits without gradient checkpointing, down to what typical instruction data
   puts in ``batch_size`` sequences, before the fused loss and then checkpointing are tried.
+* **activation checkpointing**: off where some bound fits without it; else *partial* (only every n-th decoder
+  layer checkpointed, transformers' ``every_n_layers``; the largest n that fits, the least recompute) before
+  checkpointing every layer (:func:`partial_problems` says where partial cannot run).
 * **the loss**: transformers' (fp32 logits over the vocabulary), or Liger's fused linear cross-entropy where
   only it makes the step fit without checkpointing (measured slower where memory was not short).
 * **LoRA dropout** (:func:`choose_lora_dropout`) and **QLoRA's k-bit preparation** (:func:`choose_kbit_upcast`).
@@ -26,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..capabilities import Capabilities
+from ..detection.versions import version_tuple
 from ..decision import Candidate, Decision
 from ..errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
@@ -47,6 +51,7 @@ __all__ = [
     "liger_problems",
     "packing_blockers",
     "packing_costs",
+    "partial_problems",
     "plan_for_ranks",
     "plan_step",
     "step_bounds",
@@ -65,6 +70,10 @@ TYPICAL_FILL = 0.25
 ALIGN = 256
 #: the bounds tried, as fractions of ``batch_size x seq_len``, largest first
 _FRACTIONS = (1.0, 0.75, 0.5, 0.375, TYPICAL_FILL)
+#: the first transformers whose ``gradient_checkpointing_enable`` takes ``every_n_layers`` (and ``offload``):
+#: 5.17 modeling_utils.py:3106-3108, also 5.22 :3109 and 5.24's ``activation_checkpointing_enable`` :3119; Trainer
+#: pops both from ``gradient_checkpointing_kwargs`` (5.17 trainer.py:1465-1472, 5.22 :1504-1511, 5.24 :1507-1527)
+PARTIAL_CHECKPOINTING_SINCE = (5, 17)
 
 
 def packing_blockers(info: ModelInfo) -> list[str]:
@@ -95,6 +104,25 @@ def packing_costs(info: ModelInfo, attn: str, act_bytes: int) -> list[str]:
     if attn == "sdpa" and sdpa_math(info, act_bytes):
         return ["sdpa runs its math kernel here (fp32 with grouped kv heads): tokens^2 scores over the row"]
     return []
+
+
+def partial_problems(caps: Capabilities, info: ModelInfo) -> list[str]:
+    """Why checkpointing only every n-th layer cannot be planned here (empty when it can)."""
+    bad: list[str] = []
+    v = version_tuple(caps.transformers_version)
+    if v is not None and v[:2] < PARTIAL_CHECKPOINTING_SINCE:
+        bad.append(
+            f"transformers {caps.transformers_version} has no gradient_checkpointing_enable(every_n_layers=) "
+            "(5.17 and later)"
+        )
+    if info.remote_code:
+        bad.append(
+            "remote code: every_n_layers counts only transformers' GradientCheckpointingLayer decoder layers, "
+            "which a model of its own need not use"
+        )
+    if info.summary.layers < 2:
+        bad.append("one decoder layer: nothing lies between checkpointing it and not")
+    return bad
 
 
 def boundaries_for(attn: str) -> str:
@@ -246,8 +274,11 @@ def step_bounds(batch_size: int, seq_len: int, requested: int | None) -> list[in
     return out
 
 
-#: the fit probe the planner passes in: (step, gradient_checkpointing) -> a fit result (raises DoesNotFitError)
+#: the fit probe the planner passes in: (step, gradient_checkpointing) -> a fit result (raises DoesNotFitError);
+#: with checkpointing on, ``step.checkpoint_every`` says which layers
 FitProbe = Callable[[StepShape, "bool | None"], Any]
+#: a rung's checkpointing in the ladder's attempts: 0 off, 1 every layer, n >= 2 every n-th layer
+OFF, EVERY = 0, 1
 
 
 @dataclass(frozen=True)
@@ -303,7 +334,8 @@ def plan_step(
 
     Tried in order, each probed by ``fit``: the largest bound with checkpointing as the fit ladder decides; if
     that needs checkpointing, smaller bounds without it (the same optimizer), then Liger's fused loss without
-    it; else the bounds with checkpointing. An explicit ``tokens_per_step``, ``loss`` or
+    it; then the same bounds and losses with every n-th layer checkpointed (the largest n that fits; not where
+    :func:`partial_problems` says so); else the bounds with every layer checkpointed. An explicit ``tokens_per_step``, ``loss`` or
     ``gradient_checkpointing`` narrows the ladder to it. Where ``batch_size`` was assumed
     (``sequences_declared=False``), the ladder goes down to one longest sequence a step."""
     req_loss, liger_bad = _loss_request(loss, caps, info)
@@ -312,17 +344,30 @@ def plan_step(
         losses = [False]
     else:
         losses = [True] if req_loss == "liger" else [False, True]
-    t, fused, result, tried = _walk(
-        fit, base, bounds, losses, gradient_checkpointing, last_is_the_callers=not sequences_declared
+    partial_bad = partial_problems(caps, info)
+    layers = max(info.summary.layers, 1)
+    t, fused, gc, result, tried = _walk(
+        fit,
+        base,
+        bounds,
+        losses,
+        gradient_checkpointing,
+        last_is_the_callers=not sequences_declared,
+        partial_layers=0 if partial_bad else layers,
     )
-    step = _shape(base, t, fused)
+    step = _shape(base, t, fused, gc)
     gc_on = result.gradient_checkpointing is not None and result.gradient_checkpointing.choice == "on"
     if gradient_checkpointing is None and result.gradient_checkpointing is not None:
-        result = replace(result, gradient_checkpointing=_checkpointing_decision(gc_on, t, tried, bounds))
+        result = replace(
+            result,
+            gradient_checkpointing=_checkpointing_decision(
+                gc, t, tried, bounds, partial_bad, layers, version_known=caps.transformers_version is not None
+            ),
+        )
     tp = TrainingPlan(
         layout=layout,
         tokens_per_step=_tokens_decision(bounds, tried, t, fused, base, tokens_per_step),
-        loss=_loss_decision(req_loss, fused, liger_bad, tried, gc_on),
+        loss=_loss_decision(req_loss, fused, liger_bad, tried, gc_on, gc),
         step=step,
         boundaries=boundaries_for(attn) if base.packed else None,
         lora_dropout=lora_dropout,
@@ -382,10 +427,22 @@ def _bounds(base: StepShape, tokens_per_step: int | None, sequences_declared: bo
     return bounds
 
 
-def _shape(base: StepShape, tokens: int, fused: bool) -> StepShape:
+def _shape(base: StepShape, tokens: int, fused: bool, gc: int = OFF) -> StepShape:
+    every = gc if gc > EVERY else 1
     if not base.packed:  # a padded step of fewer sequences
-        return replace(base, tokens=tokens, sequences=max(1, tokens // base.longest), fused_loss=fused)
-    return replace(base, tokens=tokens, longest=min(base.longest, tokens), fused_loss=fused)
+        return replace(
+            base,
+            tokens=tokens,
+            sequences=max(1, tokens // base.longest),
+            fused_loss=fused,
+            checkpoint_every=every,
+        )
+    return replace(
+        base, tokens=tokens, longest=min(base.longest, tokens), fused_loss=fused, checkpoint_every=every
+    )
+
+
+Attempt = tuple[int, bool, int, str]  # (bound, fused loss, checkpointing: OFF / EVERY / n, outcome)
 
 
 def _walk(
@@ -395,41 +452,60 @@ def _walk(
     losses: list[bool],
     gradient_checkpointing: bool | None,
     last_is_the_callers: bool = False,
-) -> tuple[int, bool, Any, list[tuple[int, bool, bool | None, str]]]:
+    partial_layers: int = 0,
+) -> tuple[int, bool, int, Any, list[Attempt]]:
     """The first (bound, fused loss, checkpointing) that fits, in the ladder's order: without checkpointing
-    every loss and bound, then with it. Returns it with the fit result and every attempt's outcome. When nothing
-    fits, raises the largest bound's own error (its suggestions are for the caller's whole step), or where the
-    step's sequences were assumed (``last_is_the_callers``) the smallest bound's, the step the caller would
-    get."""
-    tried: list[tuple[int, bool, bool | None, str]] = []  # (bound, fused, checkpointing, outcome)
+    every loss and bound, then every n-th layer checkpointed (where ``partial_layers``, the model's decoder
+    layers, is set: at each loss and bound the largest n that fits), then every layer. Returns it (checkpointing
+    as OFF, EVERY or n) with the fit result and every attempt's outcome. When nothing fits, raises the largest
+    bound's own error (its suggestions are for the caller's whole step), or where the step's sequences were
+    assumed (``last_is_the_callers``) the smallest bound's, the step the caller would get."""
+    tried: list[Attempt] = []
     # the fit ladder's optimizer for the largest bound (with checkpointing if it needs it): smaller bounds are
-    # tried without checkpointing only with that optimizer, so a full fine-tune does not trade fp32 AdamW for
-    # an 8-bit one to skip checkpointing (the fit ladder's own order: optimizer first, then checkpointing)
+    # tried without checkpointing (or with it partial) only with that optimizer, so a full fine-tune does not
+    # trade fp32 AdamW for an 8-bit one to skip checkpointing (the fit ladder's own order: optimizer first, then
+    # checkpointing)
     r0_err: DoesNotFitError | None = None
     try:
         r0 = fit(_shape(base, bounds[0], losses[0]), gradient_checkpointing)
     except DoesNotFitError as e:
         r0, r0_err = None, e
     opt0 = r0.optimizer.choice if r0 is not None and r0.optimizer is not None else None
+
+    def probe(t: int, fused: bool, gc: int) -> Any:
+        """The fit at one rung, or None (its outcome recorded either way)."""
+        try:
+            r = fit(_shape(base, t, fused, gc), gc != OFF)
+        except DoesNotFitError as e:
+            tried.append((t, fused, gc, _short(e)))
+            return None
+        if gc != EVERY and opt0 is not None and r.optimizer is not None and r.optimizer.choice != opt0:
+            tried.append((t, fused, gc, f"fits only with {r.optimizer.choice} in place of {opt0}"))
+            return None
+        tried.append((t, fused, gc, "fits"))
+        return r
+
     rungs = [gc for gc in (False, True) if gradient_checkpointing in (None, gc)]
     for gc in rungs:
+        if gc and gradient_checkpointing is None and partial_layers > 1:
+            # partial: the bound with the least recompute (largest n), the larger bound where n ties -- as the
+            # rungs without checkpointing, a smaller bound before more recompute (typical data rarely fills the
+            # larger one); transformers' loss before the fused one
+            for fused in losses:
+                best: tuple[int, int, Any] | None = None  # (n, bound, fit)
+                for t in bounds:
+                    found = _largest_every(probe, t, fused, partial_layers, above=best[0] if best else 1)
+                    if found is not None and (best is None or found[0] > best[0]):
+                        best = (found[0], t, found[1])
+                    if best is not None and best[0] >= partial_layers:
+                        break  # one layer checkpointed: no smaller bound recomputes less
+                if best is not None:
+                    return best[1], fused, best[0], best[2], tried
         for fused in losses:
             for t in bounds:
-                try:
-                    r = fit(_shape(base, t, fused), gc)
-                except DoesNotFitError as e:
-                    tried.append((t, fused, gc, _short(e)))
-                    continue
-                if (
-                    gc is False
-                    and opt0 is not None
-                    and r.optimizer is not None
-                    and r.optimizer.choice != opt0
-                ):
-                    tried.append((t, fused, gc, f"fits only with {r.optimizer.choice} in place of {opt0}"))
-                    continue
-                tried.append((t, fused, gc, "fits"))
-                return t, fused, r, tried
+                r = probe(t, fused, EVERY if gc else OFF)
+                if r is not None:
+                    return t, fused, EVERY if gc else OFF, r, tried
     if r0_err is not None and not last_is_the_callers:
         raise r0_err
     # the smallest step the ladder went down to: its error's suggestions are for the step the caller would get
@@ -439,34 +515,119 @@ def _walk(
     )
 
 
+def _largest_every(
+    probe: Callable[[int, bool, int], Any], t: int, fused: bool, layers: int, above: int = 1
+) -> tuple[int, Any] | None:
+    """The largest n (``above`` < n <= layers, n >= 2) for which checkpointing every n-th layer fits at bound
+    ``t``, with its fit: the fewest layers recomputed. Memory only grows with n (fewer layers checkpointed), so
+    the smallest n is tried first (none fits if it does not) and the rest by bisection. Of the n that checkpoint
+    as many layers, the smallest (the checkpointed layers evenly spread)."""
+    first = max(2, above + 1)
+    if first > layers:
+        return None
+    r = probe(t, fused, first)
+    if r is None:
+        return None
+    lo, hi, best = first, layers, r
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        got = probe(t, fused, mid)
+        if got is None:
+            hi = mid - 1
+        else:
+            lo, best = mid, got
+    even = -(-layers // -(-layers // lo))  # the smallest n checkpointing ceil(layers / lo) layers
+    if even != lo:
+        got = probe(t, fused, even)
+        if got is not None:  # the same layers' count, the same bytes: fits as lo did
+            return even, got
+    return lo, best
+
+
 def _short(e: DoesNotFitError) -> str:
     """A fit failure in one line: the first device's need against its budget, else the message."""
     need = next((r.split(": does not fit: ", 1)[-1] for r in e.reasons if "needs" in r), None)
     return f"does not fit ({need})" if need else f"does not fit: {e.message}"
 
 
+def _every(n: int) -> str:
+    return "every layer" if n == EVERY else f"every {n} layers"
+
+
+#: why offload is not planned (transformers' ``gradient_checkpointing_enable(offload=True)``)
+OFFLOAD_WHY = (
+    "transformers' offload=True holds the checkpointed layers' inputs in pinned host memory (torch's save_on_cpu, "
+    "5.17 modeling_utils.py:3134-3141) with a device-to-host copy in the forward and back in the backward, on the "
+    "compute stream; not planned: neither those copies' cost nor the pinned host memory is measured or modelled "
+    "here"
+)
+
+
 def _checkpointing_decision(
-    on: bool, chosen: int, tried: Sequence[tuple[int, bool, bool | None, str]], bounds: Sequence[int]
+    gc: int,
+    chosen: int,
+    tried: Sequence[Attempt],
+    bounds: Sequence[int],
+    partial_bad: Sequence[str],
+    layers: int,
+    version_known: bool = True,
 ) -> Decision:
-    """Gradient checkpointing as the step ladder decided it (the fit ladder's own decision saw one bound)."""
-    cost = "each layer's input kept and the layer recomputed in backward: about 1/3 more compute"
-    if not on:
+    """Gradient checkpointing as the step ladder decided it (the fit ladder's own decision saw one bound):
+    ``off``, ``partial`` (every n-th layer: the plan's ``training.step.checkpoint_every``) or ``on``."""
+    full_cost = "each layer's input kept and every layer recomputed in backward: about 1/3 more compute"
+    offload = Candidate("offload", False, (OFFLOAD_WHY,))
+    if gc == OFF:
         why = f"fits without it at {chosen:,} tokens a step: every layer's activations kept, none recomputed"
         return Decision(
-            "off", (why,), (Candidate("off", True, (why,)), Candidate("on", True, (f"not needed: {cost}",)))
+            "off",
+            (why,),
+            (
+                Candidate("off", True, (why,)),
+                Candidate("partial", True, ("not needed: recomputes some layers", *partial_bad)),
+                offload,
+                Candidate("on", True, (f"not needed: {full_cost}",)),
+            ),
         )
-    offs = [o for b, _, gc, o in tried if gc is False]
+    offs = [o for _, _, g, o in tried if g == OFF]
     smallest = min(bounds)
+    no_off = f"no step bound down to {smallest:,} tokens fits without it" + (f" ({offs[-1]})" if offs else "")
+    off_c = Candidate("off", False, tuple(offs[-1:]) or ("does not fit",))
+    parts = [(g, o) for b, _, g, o in tried if g > EVERY]
+    if gc > EVERY:
+        c = -(-layers // gc)
+        idx = ", ".join(str(i) for i in range(0, layers, gc)[:4]) + (", ..." if c > 4 else "")
+        why = (
+            f"{no_off}; checkpointing every {gc} layers (transformers' every_n_layers={gc}: {c} of {layers} "
+            f"decoder layers, {idx}) fits at {chosen:,} tokens a step, the other {layers - c} keep their "
+            f"activations; the recompute is {c} layers' forward, ~1/(3n) = {1 / (3 * gc):.0%} of a step by the FLOP "
+            "count (a forward is ~1/3 of a step's FLOPs), not measured"
+        )
+        if not version_known:
+            why += "; every_n_layers is in transformers 5.17 and later, cudaload's floor (no version recorded here)"
+        more = [o for g, o in parts if g == gc + 1]
+        why_not_more = (f"every {gc + 1} layers: {more[-1]}",) if more else ()
+        return Decision(
+            "partial",
+            (why, *why_not_more),
+            (
+                off_c,
+                Candidate("partial", True, (why, *why_not_more)),
+                offload,
+                Candidate("on", True, (f"fits too, but recomputes every layer: {full_cost}",)),
+            ),
+        )
+    if partial_bad:
+        partial_c = Candidate("partial", False, tuple(partial_bad))
+    elif parts:
+        partial_c = Candidate(
+            "partial", False, (f"every 2 layers, the most a partial form checkpoints: {parts[-1][1]}",)
+        )
+    else:
+        partial_c = Candidate("partial", False, ("not tried",))
     why = (
-        f"no step bound down to {smallest:,} tokens fits without it"
-        + (f" ({offs[-1]})" if offs else "")
-        + f"; {cost}"
+        f"{no_off}; nor with every 2nd layer checkpointed; {full_cost}" if parts else f"{no_off}; {full_cost}"
     )
-    return Decision(
-        "on",
-        (why,),
-        (Candidate("on", True, (why,)), Candidate("off", False, tuple(offs[-1:]) or ("does not fit",))),
-    )
+    return Decision("on", (why,), (off_c, partial_c, offload, Candidate("on", True, (why,))))
 
 
 def plan_for_ranks(
@@ -518,15 +679,31 @@ def liger_problems(caps: Capabilities, info: ModelInfo) -> list[str]:
     return bad
 
 
-def _attempt(fused: bool, gc: bool | None, outcome: str) -> str:
-    how = (
-        "with checkpointing"
-        if gc
-        else "without checkpointing"
-        if gc is False
-        else "as the fit ladder decides"
-    )
+def _attempt(fused: bool, gc: int, outcome: str) -> str:
+    how = "without checkpointing" if gc == OFF else f"checkpointing {_every(gc)}"
     return f"{'fused loss, ' if fused else ''}{how}: {outcome}"
+
+
+def _condensed(rows: Sequence[Attempt]) -> list[Attempt]:
+    """A bound's attempts as a candidate states them: every partial bisection reduced, per loss, to the largest
+    n that fitted and the smallest that did not above it (or the first that did not)."""
+    out: list[Attempt] = []
+    for r in rows:
+        _, fused, gc, _ = r
+        if gc <= EVERY:
+            out.append(r)
+            continue
+        if any(x[1] == fused and x[2] > EVERY for x in out):
+            continue  # this loss's partial rows are in already
+        mine = [x for x in rows if x[1] == fused and x[2] > EVERY]
+        fits = [x for x in mine if x[3] == "fits"]
+        top = max((x[2] for x in fits), default=0)
+        fails = [x for x in mine if x[3] != "fits" and x[2] > top]
+        if fits:
+            out.append(next(x for x in fits if x[2] == top))
+        if fails:
+            out.append(min(fails, key=lambda x: x[2]))
+    return out
 
 
 def _fmt_t(t: int) -> str:
@@ -535,7 +712,7 @@ def _fmt_t(t: int) -> str:
 
 def _tokens_decision(
     bounds: Sequence[int],
-    tried: Sequence[tuple[int, bool, bool | None, str]],
+    tried: Sequence[Attempt],
     chosen: int,
     fused: bool,
     base: StepShape,
@@ -543,7 +720,7 @@ def _tokens_decision(
 ) -> Decision:
     cands: list[Candidate] = []
     for b in bounds:
-        rows = [x for x in tried if x[0] == b]
+        rows = _condensed([x for x in tried if x[0] == b])
         if rows:
             cands.append(Candidate(_fmt_t(b), b == chosen, tuple(_attempt(f, gc, o) for _, f, gc, o in rows)))
         else:  # below the chosen one: it would fit too (less of everything), but holds fewer tokens
@@ -575,8 +752,9 @@ def _loss_decision(
     req: str,
     fused: bool,
     liger_bad: Sequence[str],
-    tried: Sequence[tuple[int, bool, bool | None, str]],
+    tried: Sequence[Attempt],
     gc_on: bool,
+    gc: int = OFF,
 ) -> Decision:
     std_why = "transformers' loss: the logits of every token over the vocabulary, cast to fp32"
     slower = (
@@ -591,6 +769,12 @@ def _loss_decision(
         return Decision(
             "liger" if fused else "transformers", ("requested explicitly",), (std_c, liger_c), explicit=True
         )
+    if fused and gc > EVERY:
+        why = (
+            f"only the fused loss lets the step fit with {_every(gc)} checkpointed, not every layer (transformers' "
+            "loss does not fit so)"
+        )
+        return Decision("liger", (why, slower), (std_c, liger_c))
     if fused:
         why = "only the fused loss lets the step fit without gradient checkpointing (which recomputes every layer)"
         return Decision("liger", (why, slower), (std_c, liger_c))

@@ -94,7 +94,8 @@ def training_activations(
     the rotated q/k and the attention output, the MLP's gate, up, activation and product, and with LoRA what
     each adapter keeps of its layer's input (:func:`adapter_input_bytes`). With gradient checkpointing
     (transformers checkpoints every decoder layer, non-reentrant) each layer keeps only its input and one layer
-    at a time is recomputed.
+    at a time is recomputed; with ``step.checkpoint_every = n > 1`` only every n-th layer is checkpointed and the
+    others keep every saved tensor.
 
     ``step.tokens`` sets every per-token term. Attention scores are materialised per sequence in a padded
     step (``sequences x longest^2``) and over the whole row in a packed one (one row of ``tokens``: eager, or
@@ -187,7 +188,20 @@ def training_activations(
         if step.fused_loss
         else f"the fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
     )
-    if gradient_checkpointing:
+    c = step.checkpointed_layers(L) if gradient_checkpointing else 0
+    if gradient_checkpointing and c < L:
+        # partial (every n-th layer, transformers' every_n_layers): the checkpointed layers keep their input, the
+        # others every saved tensor; backward recomputes one checkpointed layer at a time (its transient is the
+        # full form's), which at c = L is the full form below and at c = 0 the form without checkpointing
+        ph = TrainingPhases(
+            c * tokens * h * r + (L - c) * layer_saved + mask_kept, loss, one_layer, autocast_copies
+        )
+        notes.append(
+            f"activations: gradient checkpointing of every {step.checkpoint_every} layers: {c} layer inputs and "
+            f"{L - c} layers' saved tensors {ph.kept / GiB:.2f} GiB, {what_loss}, one layer recomputed with its "
+            f"backward {ph.layer / GiB:.2f} GiB"
+        )
+    elif gradient_checkpointing:
         ph = TrainingPhases(L * tokens * h * r + mask_kept, loss, one_layer, autocast_copies)
         notes.append(
             f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, {what_loss}, "
