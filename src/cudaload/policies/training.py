@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..detection.versions import version_tuple
 from ..decision import Candidate, Decision
+from ..detection.versions import version_tuple
 from ..errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..training_plan import LAYOUTS, LOSSES, StepShape, TrainingPlan
