@@ -533,3 +533,27 @@ def test_precompile_decode_without_a_gpu_names_what_is_missing(tiny_model: Calla
     assert "a compiled decode cannot run here" in proc.stderr and "no CUDA GPU" in proc.stderr
     # the fix is the machine's, not the dynamic decode (which would precompile nothing)
     assert "Fix: run where a CUDA GPU is visible" in proc.stderr and "dynamic" not in proc.stderr
+
+
+def test_a_dynamic_plan_clears_a_checkpoints_static_cache(tiny_lm: Any) -> None:
+    """A generation_config.json asking for a static-type cache (Gemma-2's "hybrid") would compile on the first
+    generate(): a dynamic plan clears it and records what the checkpoint asked for."""
+    from cudaload.execute.decode import apply_decode
+
+    tiny_lm.generation_config.cache_implementation = "hybrid"
+    got = apply_decode(tiny_lm, _plan(compiled=False))
+    assert got == {"mode": "dynamic", "checkpoint_cache_implementation": "hybrid"}
+    assert tiny_lm.generation_config.cache_implementation is None
+
+
+def test_a_warm_up_that_does_not_compile_puts_the_dynamic_cache_back(tiny_lm: Any) -> None:
+    """On the CPU transformers does not compile (no _compile_all_devices): the warm-up reports it, the plan's
+    fields are undone, and a warning says so, rather than leaving an uncompiled static cache."""
+    from cudaload.execute.decode import ready_decode
+
+    plan = _plan(compile={"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"})
+    with pytest.warns(CudaloadWarning, match="did not compile"):
+        got = ready_decode(tiny_lm, plan, warm=True)
+    assert got["warmup"]["compiled"] is False and "dynamic cache is kept" in got["undone"]
+    gc = tiny_lm.generation_config
+    assert gc.cache_implementation is None and gc.compile_config is None and gc.max_cache_len is None

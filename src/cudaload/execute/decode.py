@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 from .. import compile_cache
 from ..decode_plan import DecodePlan
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, CudaloadWarning
 
 logger = logging.getLogger("cudaload.execute")
 
@@ -60,7 +61,7 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
 
     A dynamic plan leaves the generation config as it is and returns ``{"mode": "dynamic"}``."""
     if not decode.compiled:
-        return {"mode": "dynamic"}
+        return _dynamic(model)
     if decode.max_cache_len is None or decode.max_cache_len < 2:
         raise ConfigurationError(
             f"a compiled decode plan needs a static cache of 2 slots or more (max_cache_len={decode.max_cache_len})",
@@ -156,6 +157,45 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
+def _dynamic(model: Any) -> dict[str, Any]:
+    """A dynamic plan: a checkpoint whose generation_config.json asks for a static-type cache (Gemma-2 ships
+    ``"hybrid"``, which transformers 5.17 counts as static: generation/configuration_utils.py:50-57) would make
+    generate() compile on its first call, which the plan says it never does: the field is cleared (DynamicCache
+    builds the same sliding layers from the config) and what the checkpoint asked for is recorded."""
+    out: dict[str, Any] = {"mode": "dynamic"}
+    gc = getattr(model, "generation_config", None)
+    asked = getattr(gc, "cache_implementation", None)
+    if gc is not None and asked not in (None, "dynamic"):
+        gc.cache_implementation = None
+        out["checkpoint_cache_implementation"] = asked
+    return out
+
+
+def undo_decode(model: Any) -> None:
+    """The generation config as a dynamic plan leaves it: no static cache, no compile settings."""
+    gc = getattr(model, "generation_config", None)
+    if gc is None:
+        return
+    gc.cache_implementation = None
+    gc.compile_config = None
+    if generation_config_has_max_cache_len():
+        gc.max_cache_len = None
+
+
+def _fresh_artifacts() -> Any:
+    """torch's record of compile artifacts, emptied for the warm-up and given back after (torch 2.7+
+    torch/compiler/_cache.py ``CacheArtifactManager.with_fresh_cache``): ``save_cache_artifacts`` otherwise
+    serialises everything compiled in the process so far, another model's graphs or the user's own included."""
+    import contextlib
+
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+
+        return CacheArtifactManager.with_fresh_cache()
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
+
+
 def warm_decode(
     model: Any,
     decode: DecodePlan,
@@ -191,6 +231,11 @@ def warm_decode(
             f"{decode.max_cache_len} slots",
             fix=f"pass a prompt_len from 1 to {decode.max_cache_len - new_tokens}",
         )
+    with _fresh_artifacts():
+        return _warm(model, decode, prompt_len, new_tokens)
+
+
+def _warm(model: Any, decode: DecodePlan, prompt_len: int, new_tokens: int) -> dict[str, Any]:
     import torch
     from torch._dynamo.utils import counters
 
@@ -258,6 +303,17 @@ def ready_decode(model: Any, decode: DecodePlan, *, warm: bool) -> dict[str, Any
         return out
     if warm:
         out["warmup"] = warm_decode(model, decode)
+        if not out["warmup"]["compiled"]:
+            # generate() ran the static cache without compiling (a check of transformers' own failed where the
+            # plan's passed): slower than the dynamic cache the plan weighed it against, so that one is put back
+            undo_decode(model)
+            out["undone"] = "the warm-up's generate() did not compile: the dynamic cache is kept"
+            warnings.warn(
+                "cudaload: the compiled decode plan did not compile in the warm-up; generate() keeps transformers' "
+                "dynamic cache (plan.verified['decode'])",
+                CudaloadWarning,
+                stacklevel=2,
+            )
     else:
         out["artifacts_loaded"] = load_artifacts(decode.cache_key)
     return out

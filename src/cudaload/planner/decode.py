@@ -14,6 +14,9 @@ from ..decode_plan import DecodePlan, DecodeWork
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..policies.decode import (
+    BLOCK_CPU,
+    BLOCK_NO_KV,
+    BLOCK_SEQ_LEN,
     bound_ms,
     cache_lengths,
     choose_decode,
@@ -63,6 +66,13 @@ def decode_for(
 ) -> tuple[DecodePlan | None, Sized]:
     """The decode section, and the sizing with a compiled plan's static cache in its memory."""
     if req.intent != "inference" or not _generates(req, info):
+        if req.decode == "compiled" and req.intent == "inference":
+            raise InvalidChoiceError(
+                "decode='compiled' cannot be used here: the model is not loaded as a decoder that generate() runs "
+                f"token by token ({req.model_class or info.auto_class})",
+                fix="drop decode=, or load the model's generating class (model_class='AutoModelForCausalLM' or "
+                "'AutoModelForImageTextToText')",
+            )
         return None, sized
     assert at.choice is not None
     dw = decode_work(req, work)
@@ -74,7 +84,8 @@ def decode_for(
     buckets = cache_lengths(s.max_position_embeddings, work.seq_len)
     fits: dict[int, Sized] = {}
     unfit: dict[int, str] = {}
-    possible = bool(caps.gpus) and q is None and not sized.placement.offload and gpus <= 1
+    blocked = _planner_blockers(req, info, caps, sized, dw, work.seq_len)
+    possible = bool(caps.gpus) and not blocked and q is None and not sized.placement.offload and gpus <= 1
     if possible and (dw.declared or req.decode == "compiled"):
         for n in dict.fromkeys(
             x for x in (static_cache_length(work.seq_len, buckets, {})[0], work.seq_len) if x
@@ -121,10 +132,32 @@ def decode_for(
         requested=req.decode or "auto",
         assumed=assumed,
         bound=bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None,
+        blocked=blocked,
     )
     if plan is not None and plan.compiled and plan.max_cache_len in fits:
         sized = fits[plan.max_cache_len]
     return plan, sized
+
+
+def _planner_blockers(
+    req: Request, info: ModelInfo, caps: Capabilities, sized: Sized, dw: DecodeWork, seq_len: int
+) -> list[str]:
+    """What the planner knows keeps the compiled path from running, beyond the policy's own checks."""
+    out = []
+    if caps.gpus and not sized.gpu_devices:
+        # transformers compiles the decode step only when the model's device is an accelerator (5.17
+        # generation/utils.py:2262-2265): a static cache on the CPU would run uncompiled, slower than dynamic
+        out.append(f"{BLOCK_CPU} (device_map): generate() compiles only on an accelerator")
+    if not info.summary.num_kv_heads:
+        # a state-space model keeps its own cache; transformers ignores cache_implementation for it
+        # (generation/utils.py, _supports_default_dynamic_cache)
+        out.append(f"{BLOCK_NO_KV}: the model keeps its own state, which a static cache does not replace")
+    if (dw.declared or req.decode == "compiled") and req.seq_len is None:
+        out.append(
+            f"{BLOCK_SEQ_LEN}: a static cache must hold the longest prompt + new tokens, which the assumed "
+            f"{seq_len:,} may not"
+        )
+    return out
 
 
 def _generates(req: Request, info: ModelInfo) -> bool:

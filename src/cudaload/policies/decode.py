@@ -59,6 +59,8 @@ BUCKET_MIN = 1024
 #: ~1.6 ms per 1,000 slots; benchmarks/results/2026-12-03-h200/run41-decode), so a doubled bucket would cost a
 #: 5,512-token job 8,192 slots' time where 6,144 hold it
 BUCKET_DOUBLING_UNTIL = 4096
+#: a decode measurement speaks for models whose weights are within this factor of the measured model's
+SCALE_LIMIT = 4.0
 BUCKET_STEP = 2048
 #: transformers' CompileConfig keywords: ``fullgraph`` False is CompileConfig's default (transformers 5.17
 #: generation/configuration_utils.py:1659) and what generate() forces with flash attention anyway
@@ -132,6 +134,8 @@ def decode_cache_key(
         "cc": list(gpu.compute_capability) if gpu else None,
         "model": [
             model.type,
+            model.architecture,
+            model.params,  # differs with the MLP's width and the experts, which the graph's shapes follow
             model.layers,
             model.hidden_size,
             model.num_heads,
@@ -145,6 +149,7 @@ def decode_cache_key(
         "attention": attention,
         "max_cache_len": max_cache_len,
         "batch": batch,
+        "compile": sorted(COMPILE_CONFIG.items()),
     }
     digest = hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()[:16]
     sm = f"sm{gpu.sm}" if gpu else "cpu"
@@ -159,7 +164,14 @@ def scaled_facts(
     f = decode_facts_for(caps, facts)
     if f is None:
         return None
-    return scaled(f, int(model.params * dtype_bytes(dtype)), model.layers, caps.gpus[0].name)
+    weights = int(model.params * dtype_bytes(dtype))
+    if model.is_moe:
+        return None  # a token reads only its routed experts: the dense record's time per weight byte does not apply
+    if not 1 / SCALE_LIMIT <= weights / f.weight_bytes <= SCALE_LIMIT:
+        # batch-1 decode of the measured 8B runs ~10x above its memory bound (launches and host work, not weight
+        # reads): scaling its times by weight bytes says nothing about a model far from its size
+        return None
+    return scaled(f, weights, model.layers, caps.gpus[0].name)
 
 
 def quant_decode_cost(
@@ -205,6 +217,7 @@ def choose_decode(
     requested: str = "auto",
     assumed: Sequence[str] = (),
     bound: float | None = None,
+    blocked: Sequence[str] = (),
 ) -> DecodePlan | None:
     """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring).
 
@@ -214,7 +227,9 @@ def choose_decode(
     seq_len), ``work.batch`` the sequences per call; ``max_cache_len``: the static cache chosen (:func:`static_cache_length`; None: none
     fits, ``cache_len_reasons`` say why); ``warm``: the compile artifact of ``cache_key`` is on disk;
     ``facts``: the measurement for this GPU scaled to the model (None: none speaks for it); ``bound``: the
-    memory bound in ms per step, shown beside the costs. Raises
+    memory bound in ms per step, shown beside the costs; ``blocked``: what else keeps the compiled path from
+    running, as the planner found it (the weights placed on the CPU, no attention KV cache, no declared
+    seq_len). Raises
     :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
     if intent != "inference" or not can_generate:
         return None
@@ -226,7 +241,7 @@ def choose_decode(
             fix="use decode='auto', 'dynamic' or 'compiled'",
         )
     explicit = req != "auto"
-    blockers = _blockers(has_gpu, quantization, offload, gpu_devices, max_cache_len, cache_len_reasons)
+    blockers = [*blocked, *_blockers(has_gpu, quantization, offload, gpu_devices, max_cache_len, cache_len_reasons)]
     batch = work.batch
     expected = _expected(work, quantization, facts, max_cache_len, warm, bound)
     dyn_why, comp_why = _costs(expected, warm, facts)
@@ -251,7 +266,9 @@ def choose_decode(
     elif facts is None:
         choice = "dynamic"
         why = [
-            "no decode measurement speaks for this GPU (the priors' decode records): cudaload does not claim a "
+            "no decode measurement speaks for this GPU and model (the priors' decode records: the same compute "
+            f"capability, a dense model with weights within {SCALE_LIMIT:g}x of the measured one's): cudaload does "
+            "not claim a "
             "compiled speed-up it has not measured; pass decode='compiled' to choose it"
         ]
     elif expected["job_s_compiled"] <= (1 - MARGIN) * expected["job_s_dynamic"]:
@@ -322,6 +339,12 @@ def choose_decode(
     )
 
 
+#: the planner's blockers (``choose_decode(blocked=...)``) start with these
+BLOCK_CPU = "the weights are placed on the CPU"
+BLOCK_SEQ_LEN = "seq_len= is not declared"
+BLOCK_NO_KV = "no attention KV cache"
+
+
 def _blockers(
     has_gpu: bool,
     quantization: str | None,
@@ -358,6 +381,12 @@ def _blockers(
 
 
 def _fix_for(blockers: Sequence[str], quantization: str | None, offload: bool, gpu_devices: int) -> str:
+    if any(b.startswith(BLOCK_CPU) for b in blockers):
+        return "use decode='dynamic', or place the model on a GPU (device_map='cuda:0')"
+    if any(b.startswith(BLOCK_SEQ_LEN) for b in blockers):
+        return "declare seq_len= (the longest prompt + new tokens of one sequence), or use decode='dynamic'"
+    if any(b.startswith(BLOCK_NO_KV) for b in blockers):
+        return "use decode='dynamic' (the model keeps its own cache)"
     if quantization in _BNB:
         return "use decode='dynamic', or quantization='none' where the model fits unquantized"
     if offload:
