@@ -13,6 +13,7 @@ start (the interpreter's start time, so imports count). Methods:
 - ``declared``: ``load_model(path, seq_len=S, batch_size=B, new_tokens=N, generate_calls=C)``: the work declared
   (the longest prompt + new tokens, the largest batch, one call's new tokens, the calls), the plan decides
   (``plan.decode``).
+- ``compiled``: ``declared`` with ``decode="compiled"``: cudaload's compiled path whatever the plan would weigh.
 - ``static``: plain ``from_pretrained`` + transformers' own static cache and compile
   (``cache_implementation="static"``, ``max_cache_len`` = the job's bucket, ``CompileConfig()``), what a user
   who read transformers' docs runs; with ``:mega`` the torch mega-cache artifacts are loaded from / saved to
@@ -105,7 +106,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         import cudaload
 
         kw: dict[str, Any] = {}
-        if method == "declared":
+        if method in ("declared", "compiled"):
             # new_tokens: one call's new tokens (of seq_len); generate_calls: how many calls
             kw = {
                 "seq_len": longest,
@@ -113,6 +114,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 "new_tokens": max(n for _, _, n in jobs),
                 "generate_calls": len(jobs),
             }
+            if method == "compiled":  # the compiled path whatever the plan would weigh (to time it)
+                kw["decode"] = "compiled"
         model = cudaload.load_model(spec["path"], **kw)
         p = model.cudaload_plan
         out["plan"] = {

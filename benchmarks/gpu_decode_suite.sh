@@ -6,6 +6,8 @@
 #   3. the long job with the work declared, in a process with an empty inductor cache (only cudaload's artifacts),
 #      then again with this machine's inductor cache too (profiled: where the decode step's time goes)
 # Results under $OUT. Needs nothing carried (no flash-attn, no bitsandbytes).
+#   benchmarks/gpu_decode_suite.sh 2   the next run (not yet run): each SDPA backend on one decode step over a
+#      static cache (benchmarks/investigations/decode_attention_kernels.py), then the declared job profiled
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -13,6 +15,13 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 2 ]; then
+  timeout 90 python benchmarks/investigations/decode_attention_kernels.py > "$out/kernels.jsonl" 2> "$out/kernels.err"
+  timeout 400 python benchmarks/bench_decode.py --out "$out/d3" --work "$work" \
+    --runs "compiled:probe" --profile 0:compiled:probe --budget-s 390 2>&1 | log > "$out/d3.log"
+  rm -f "$out"/d*/results.md
+  exit 0
+fi
 timeout 100 python benchmarks/bench_decode.py --out "$out/d1" --work "$work" --runs cudaload:probe --budget-s 92 2>&1 \
   | log > "$out/d1.log"
 CUDALOAD_CACHE=$work/cudaload-cache TORCHINDUCTOR_CACHE_DIR=$work/inductor/shared \
