@@ -467,11 +467,16 @@ def test_weights_on_the_cpu_of_a_gpu_machine_stay_dynamic() -> None:
     assert "device_map='cuda:0'" in (e.value.fix or "")
 
 
-def test_new_tokens_without_seq_len_does_not_compile_a_cache_too_short() -> None:
-    d = plan(Q8, hardware="H200", new_tokens=5000, generate_calls=10).decode
-    assert d is not None and d.mode.choice == "dynamic" and d.max_cache_len is None
-    comp = d.mode.candidate("compiled")
-    assert comp is not None and any("seq_len= is not declared" in r for r in comp.reasons)
+def test_new_tokens_without_seq_len_and_batch_size_is_no_declared_work() -> None:
+    """As the request's warning says, new_tokens= counts only with both batch_size= and seq_len=: a static cache
+    sized to an assumed length could be too short for the calls (a larger one, uncounted, then recompiled)."""
+    for kw in ({}, {"seq_len": 5512}, {"batch_size": 1}):
+        with pytest.warns(CudaloadWarning, match="count only with both"):
+            d = plan(Q8, hardware="H200", new_tokens=5000, generate_calls=10, **kw).decode
+        assert d is not None and d.mode.choice == "dynamic" and d.max_cache_len is None, kw
+        assert not d.work.declared and "seq_len=" in d.mode.reasons[0]
+        comp = d.mode.candidate("compiled")
+        assert comp is not None and comp.reasons[0] == "no work declared"
 
 
 def test_compiled_for_a_model_that_does_not_decode_is_refused() -> None:

@@ -14,9 +14,6 @@ from ..decode_plan import DecodePlan, DecodeWork
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..policies.decode import (
-    BLOCK_CPU,
-    BLOCK_NO_KV,
-    BLOCK_SEQ_LEN,
     bound_ms,
     cache_lengths,
     choose_decode,
@@ -38,10 +35,12 @@ _DECODERS = ("CausalLM", "ImageTextToText")
 
 
 def decode_work(req: Request, work: WorkSize) -> DecodeWork:
-    """The declared decode work: ``new_tokens`` per call x ``generate_calls`` decode steps (None: none
-    declared), the batch, the calls, the longest sequence (the plan's seq_len)."""
-    steps = None if req.new_tokens is None else req.new_tokens * (req.generate_calls or 1)
-    calls = req.generate_calls or (1 if req.new_tokens is not None else None)
+    """The declared decode work: ``new_tokens`` per call x ``generate_calls`` decode steps, the batch, the calls,
+    the longest sequence (the plan's seq_len). Declared only with ``batch_size`` and ``seq_len`` too, as the
+    request's warning says (request.py ``_warn_suspicious``): new tokens of unknown sequences are no work."""
+    whole = req.new_tokens is not None and req.seq_len is not None and req.batch_size is not None
+    steps = req.new_tokens * (req.generate_calls or 1) if whole and req.new_tokens is not None else None
+    calls = req.generate_calls or (1 if steps is not None else None)
     return DecodeWork(new_tokens=steps, batch=work.batch_size, calls=calls, longest=work.seq_len)
 
 
@@ -84,8 +83,11 @@ def decode_for(
     buckets = cache_lengths(s.max_position_embeddings, work.seq_len)
     fits: dict[int, Sized] = {}
     unfit: dict[int, str] = {}
-    blocked = _planner_blockers(req, info, caps, sized, dw, work.seq_len)
-    possible = bool(caps.gpus) and not blocked and q is None and not sized.placement.offload and gpus <= 1
+    on_gpu = bool(sized.gpu_devices)
+    kv = bool(s.num_kv_heads)
+    possible = (
+        on_gpu and kv and req.seq_len is not None and q is None and not sized.placement.offload and gpus <= 1
+    )
     if possible and (dw.declared or req.decode == "compiled"):
         for n in dict.fromkeys(
             x for x in (static_cache_length(work.seq_len, buckets, {})[0], work.seq_len) if x
@@ -107,7 +109,7 @@ def decode_for(
         if length is not None and caps.gpus
         else None
     )
-    assumed = list(work.assumed) if dw.declared and req.seq_len is None else []
+    assumed: list[str] = []
     if dw.declared and req.generate_calls is None:
         assumed.append(f"one generate() call of {req.new_tokens} new tokens (declare generate_calls=)")
     if work.batch_size > 1:
@@ -132,32 +134,13 @@ def decode_for(
         requested=req.decode or "auto",
         assumed=assumed,
         bound=bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None,
-        blocked=blocked,
+        weights_on_gpu=on_gpu,
+        kv_cache=kv,
+        length_declared=req.seq_len is not None,
     )
     if plan is not None and plan.compiled and plan.max_cache_len in fits:
         sized = fits[plan.max_cache_len]
     return plan, sized
-
-
-def _planner_blockers(
-    req: Request, info: ModelInfo, caps: Capabilities, sized: Sized, dw: DecodeWork, seq_len: int
-) -> list[str]:
-    """What the planner knows keeps the compiled path from running, beyond the policy's own checks."""
-    out = []
-    if caps.gpus and not sized.gpu_devices:
-        # transformers compiles the decode step only when the model's device is an accelerator (5.17
-        # generation/utils.py:2262-2265): a static cache on the CPU would run uncompiled, slower than dynamic
-        out.append(f"{BLOCK_CPU} (device_map): generate() compiles only on an accelerator")
-    if not info.summary.num_kv_heads:
-        # a state-space model keeps its own cache; transformers ignores cache_implementation for it
-        # (generation/utils.py, _supports_default_dynamic_cache)
-        out.append(f"{BLOCK_NO_KV}: the model keeps its own state, which a static cache does not replace")
-    if (dw.declared or req.decode == "compiled") and req.seq_len is None:
-        out.append(
-            f"{BLOCK_SEQ_LEN}: a static cache must hold the longest prompt + new tokens, which the assumed "
-            f"{seq_len:,} may not"
-        )
-    return out
 
 
 def _generates(req: Request, info: ModelInfo) -> bool:

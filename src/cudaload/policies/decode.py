@@ -4,13 +4,16 @@ what was measured (:mod:`cudaload.policies.decode_facts`). Pure: the planner pas
 compile cache is warm (:func:`cudaload.compile_cache.present` of :func:`decode_cache_key`) and which static
 cache lengths fit in memory.
 
-The compile is the price: 45-90 s on the H200 for the 8B shape, against 3-4x faster decode steps after it. So:
+The compile is the price: 58 s cold, 37 s from cudaload's saved artifacts on the H200 for the 8B shape, against
+decode steps 1.3-3x faster after it (22.3 ms at 8,192 slots down to 10 ms at 768, against the dynamic path's
+30-36 ms; benchmarks/results/2026-12-03-h200, run41). So:
 
 * no work declared: ``dynamic``; the default never pays a compile the process is not known to recover;
 * work declared (new tokens per call x calls, batch, the longest sequence): each mode's job seconds, and
   ``compiled`` only when it saves at least :data:`MARGIN` of the dynamic job (estimates, not a stopwatch);
-* ``compiled`` is refused where generate() would not compile (a bitsandbytes model, offload) or cudaload has
-  not measured it (a model split over several GPUs), and without a CUDA GPU.
+* ``compiled`` is refused where generate() would not compile (a bitsandbytes model, offload, weights on the CPU,
+  no CUDA GPU, a model without an attention KV cache), where cudaload has not measured it (a model split over
+  several GPUs), and without a declared ``seq_len`` (the static cache's length).
 
 A static cache's length is fixed per compile: the cache is one of :func:`cache_lengths`' buckets, the smallest
 that holds the declared longest sequence, so calls of any length up to it reuse one graph.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..capabilities import Capabilities
@@ -217,7 +221,9 @@ def choose_decode(
     requested: str = "auto",
     assumed: Sequence[str] = (),
     bound: float | None = None,
-    blocked: Sequence[str] = (),
+    weights_on_gpu: bool = True,
+    kv_cache: bool = True,
+    length_declared: bool = True,
 ) -> DecodePlan | None:
     """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring).
 
@@ -227,9 +233,9 @@ def choose_decode(
     seq_len), ``work.batch`` the sequences per call; ``max_cache_len``: the static cache chosen (:func:`static_cache_length`; None: none
     fits, ``cache_len_reasons`` say why); ``warm``: the compile artifact of ``cache_key`` is on disk;
     ``facts``: the measurement for this GPU scaled to the model (None: none speaks for it); ``bound``: the
-    memory bound in ms per step, shown beside the costs; ``blocked``: what else keeps the compiled path from
-    running, as the planner found it (the weights placed on the CPU, no attention KV cache, no declared
-    seq_len). Raises
+    memory bound in ms per step, shown beside the costs; ``weights_on_gpu``: the placement puts the weights
+    on a GPU (not the CPU of a GPU machine); ``kv_cache``: the model keeps an attention KV cache (not a
+    state-space model); ``length_declared``: the caller declared ``seq_len``, the static cache's length. Raises
     :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
     if intent != "inference" or not can_generate:
         return None
@@ -241,7 +247,15 @@ def choose_decode(
             fix="use decode='auto', 'dynamic' or 'compiled'",
         )
     explicit = req != "auto"
-    blockers = [*blocked, *_blockers(has_gpu, quantization, offload, gpu_devices, max_cache_len, cache_len_reasons)]
+    found = _blockers(
+        Placement(has_gpu, weights_on_gpu, offload, gpu_devices),
+        quantization,
+        kv_cache,
+        length_declared or not (work.declared or explicit),  # no work, nothing asked: no length to miss
+        max_cache_len,
+        cache_len_reasons,
+    )
+    blockers = [why for why, _ in found]
     batch = work.batch
     expected = _expected(work, quantization, facts, max_cache_len, warm, bound)
     dyn_why, comp_why = _costs(expected, warm, facts)
@@ -250,7 +264,7 @@ def choose_decode(
         raise InvalidChoiceError(
             "decode='compiled' cannot run here",
             reasons=blockers,
-            fix=_fix_for(blockers, quantization, offload, gpu_devices),
+            fix=found[0][1],
         )
     if explicit:
         choice = req
@@ -260,8 +274,8 @@ def choose_decode(
     elif not work.declared:
         choice = "dynamic"
         why = [
-            "no generate() work declared: the default never pays a compile (45-90 s for an 8B model on the H200) "
-            "that the process is not known to recover; " + _HOW_TO_DECLARE
+            "no generate() work declared: the default never pays a compile (37-58 s for an 8B model on the H200, "
+            "benchmarks/results/2026-12-03-h200 run41) that the process is not known to recover; " + _HOW_TO_DECLARE
         ]
     elif facts is None:
         choice = "dynamic"
@@ -339,63 +353,89 @@ def choose_decode(
     )
 
 
-#: the planner's blockers (``choose_decode(blocked=...)``) start with these
-BLOCK_CPU = "the weights are placed on the CPU"
-BLOCK_SEQ_LEN = "seq_len= is not declared"
-BLOCK_NO_KV = "no attention KV cache"
+@dataclass(frozen=True)
+class Placement:
+    """Where the model runs, as the compiled path's checks need it."""
+
+    has_gpu: bool  # the machine has a CUDA GPU
+    on_gpu: bool  # the placement puts the weights on one
+    offload: bool
+    gpu_devices: int
 
 
 def _blockers(
-    has_gpu: bool,
+    where: Placement,
     quantization: str | None,
-    offload: bool,
-    gpu_devices: int,
+    kv_cache: bool,
+    length_declared: bool,
     max_cache_len: int | None,
     cache_len_reasons: Sequence[str],
-) -> list[str]:
-    """Why the compiled path cannot run here (empty: it can)."""
-    out = []
-    if not has_gpu:
+) -> list[tuple[str, str]]:
+    """Why the compiled path cannot run here, each with its fix (empty: it can)."""
+    dyn = "use decode='dynamic'"
+    out: list[tuple[str, str]] = []
+    if not where.has_gpu:
         out.append(
-            "no CUDA GPU: reduce-overhead's CUDA graphs need one (and generate() compiles only on an accelerator)"
+            (
+                "no CUDA GPU: reduce-overhead's CUDA graphs need one (and generate() compiles only on an accelerator)",
+                f"{dyn}, or run where a CUDA GPU is visible",
+            )
+        )
+    elif not where.on_gpu:
+        # transformers compiles the decode step only when the model's device is an accelerator (5.17
+        # generation/utils.py:2262-2265): a static cache on the CPU would run uncompiled, slower than dynamic
+        out.append(
+            (
+                "the weights are placed on the CPU (device_map): generate() compiles only on an accelerator",
+                f"{dyn}, or place the model on a GPU (device_map='cuda:0')",
+            )
+        )
+    if not kv_cache:
+        # a state-space model keeps its own cache; transformers ignores cache_implementation for it
+        # (generation/utils.py, _supports_default_dynamic_cache)
+        out.append(
+            (
+                "no attention KV cache: the model keeps its own state, which a static cache does not replace",
+                f"{dyn} (the model keeps its own cache)",
+            )
         )
     if quantization in _BNB:
         out.append(
-            f"bitsandbytes {quantization}: its quantizer does not override is_compileable (transformers 5.17 "
-            "quantizers/base.py:260-263), so generate() skips the compile (generation/utils.py:2274-2276) and a "
-            "static cache without it is slower than the dynamic one"
+            (
+                f"bitsandbytes {quantization}: its quantizer does not override is_compileable (transformers 5.17 "
+                "quantizers/base.py:260-263), so generate() skips the compile (generation/utils.py:2274-2276) and "
+                "a static cache without it is slower than the dynamic one",
+                f"{dyn}, or quantization='none' where the model fits unquantized",
+            )
         )
-    if offload:
+    if where.offload:
         out.append(
-            "CPU/disk offload: generate() does not compile an offloaded model (transformers 5.17 "
-            "generation/utils.py:2278-2286, _valid_auto_compile_criteria)"
+            (
+                "CPU/disk offload: generate() does not compile an offloaded model (transformers 5.17 "
+                "generation/utils.py:2278-2286, _valid_auto_compile_criteria)",
+                f"{dyn}, or a GPU that holds the whole model (no allow_offload)",
+            )
         )
-    elif gpu_devices > 1:
+    elif where.gpu_devices > 1:
         out.append(
-            f"the model is split over {gpu_devices} GPUs: every decode step crosses devices and cudaload has not "
-            "measured the compiled path there"
+            (
+                f"the model is split over {where.gpu_devices} GPUs: every decode step crosses devices and cudaload "
+                "has not measured the compiled path there",
+                f"{dyn}, or one GPU that holds the model (device_map='cuda:0')",
+            )
         )
-    if has_gpu and max_cache_len is None:
-        out.extend(cache_len_reasons or ["no static cache length fits"])
+    if not length_declared:
+        out.append(
+            (
+                "seq_len= is not declared: a static cache must hold the longest prompt + new tokens, which an "
+                "assumed length may not",
+                "declare seq_len= (the longest prompt + new tokens of one sequence), or use decode='dynamic'",
+            )
+        )
+    elif where.on_gpu and max_cache_len is None:
+        fix = f"{dyn}, or a shorter seq_len / batch_size so the static cache fits"
+        out.extend((why, fix) for why in (cache_len_reasons or ["no static cache length fits"]))
     return out
-
-
-def _fix_for(blockers: Sequence[str], quantization: str | None, offload: bool, gpu_devices: int) -> str:
-    if any(b.startswith(BLOCK_CPU) for b in blockers):
-        return "use decode='dynamic', or place the model on a GPU (device_map='cuda:0')"
-    if any(b.startswith(BLOCK_SEQ_LEN) for b in blockers):
-        return "declare seq_len= (the longest prompt + new tokens of one sequence), or use decode='dynamic'"
-    if any(b.startswith(BLOCK_NO_KV) for b in blockers):
-        return "use decode='dynamic' (the model keeps its own cache)"
-    if quantization in _BNB:
-        return "use decode='dynamic', or quantization='none' where the model fits unquantized"
-    if offload:
-        return "use decode='dynamic', or a GPU that holds the whole model (no allow_offload)"
-    if gpu_devices > 1:
-        return "use decode='dynamic', or one GPU that holds the model (device_map='cuda:0')"
-    if any("static cache" in b for b in blockers):
-        return "use decode='dynamic', or a shorter seq_len / batch_size so the static cache fits"
-    return "use decode='dynamic', or run where a CUDA GPU is visible"
 
 
 def _expected(
