@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capabilities import Capabilities
+from .measured import record_for_gpu
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,6 @@ class DecodeFacts:
     bound_ms: float | None = None
     quantized_s: Mapping[str, float] = field(default_factory=dict)
     quantized_work: str = ""
-
-    @property
-    def sm(self) -> str:
-        return self.gpu.rsplit("/", 1)[-1]
 
     @property
     def gpu_name(self) -> str:
@@ -181,14 +178,8 @@ def scaled(facts: DecodeFacts, weight_bytes: int, layers: int, gpu_name: str | N
 
 def decode_facts_for(caps: Capabilities, facts: Sequence[DecodeFacts]) -> DecodeFacts | None:
     """The measurement that speaks for this GPU: the same compute capability, the same GPU name first, the
-    newest (as :func:`cudaload.policies.training_facts.training_facts_for` picks)."""
-    if not caps.gpus:
-        return None
-    gpu = caps.gpus[0]
-    fit = [f for f in facts if f.sm == f"sm{gpu.sm}"]
-    if not fit:
-        return None
-    return max(fit, key=lambda f: (f.gpu_name == gpu.name, f.date))
+    newest (:func:`cudaload.policies.measured.record_for_gpu`)."""
+    return record_for_gpu(caps, facts)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capabilities import Capabilities
+from .measured import record_for_gpu
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,6 @@ class TrainingFacts:
     layout: str
     tokens_per_s: Mapping[str, float]
     source: str
-
-    @property
-    def sm(self) -> str:
-        return self.gpu.rsplit("/", 1)[-1]
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainingFacts:
@@ -58,10 +55,4 @@ class TrainingFacts:
 def training_facts_for(caps: Capabilities, facts: Sequence[TrainingFacts]) -> TrainingFacts | None:
     """The measurement that speaks for this GPU: the same compute capability, the same GPU name first, the
     most backends measured, the newest."""
-    if not caps.gpus:
-        return None
-    gpu = caps.gpus[0]
-    fit = [f for f in facts if f.sm == f"sm{gpu.sm}"]
-    if not fit:
-        return None
-    return max(fit, key=lambda f: (f.gpu.split("/")[0] == gpu.name, len(f.tokens_per_s), f.date))
+    return record_for_gpu(caps, facts, prefer=lambda f: len(f.tokens_per_s))

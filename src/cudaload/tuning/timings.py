@@ -14,10 +14,10 @@ import json
 import logging
 import os
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from ..capabilities import Capabilities
 from ..model_info import ModelInfo
@@ -109,12 +109,22 @@ def _shipped_facts() -> tuple[SdpaFacts, ...]:
 
 
 def _facts(data: Mapping[str, Any] | None) -> list[SdpaFacts]:
+    return _records(data, "sdpa_dispatch", SdpaFacts.from_dict, "SDPA dispatch")
+
+
+_T = TypeVar("_T")
+
+
+def _records(
+    data: Mapping[str, Any] | None, key: str, parse: Callable[[Mapping[str, Any]], _T], what: str
+) -> list[_T]:
+    """The priors document's ``key`` records, parsed; an unreadable record is ignored with a warning."""
     out = []
-    for i, d in enumerate((data or {}).get("sdpa_dispatch") or []):
+    for i, d in enumerate((data or {}).get(key) or []):
         try:
-            out.append(SdpaFacts.from_dict(d))
+            out.append(parse(d))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            logger.warning("ignoring SDPA dispatch record #%d: %s", i, e)
+            logger.warning("ignoring %s record #%d: %s", what, i, e)
     return out
 
 
@@ -122,26 +132,14 @@ def load_training_facts(path: str | os.PathLike[str] | None = None) -> list[Trai
     """Training throughput measured per attention backend (the priors file's ``training`` records), for
     :mod:`cudaload.policies.training_facts`. Unreadable records are ignored with a warning."""
     data = _document(path) if path is not None else _shipped_document()
-    out = []
-    for i, d in enumerate((data or {}).get("training") or []):
-        try:
-            out.append(TrainingFacts.from_dict(d))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            logger.warning("ignoring training record #%d: %s", i, e)
-    return out
+    return _records(data, "training", TrainingFacts.from_dict, "training")
 
 
 def load_decode_facts(path: str | os.PathLike[str] | None = None) -> list[DecodeFacts]:
     """Decode measured per GPU (the priors file's ``decode`` records), for :mod:`cudaload.policies.decode`.
     Unreadable records are ignored with a warning."""
     data = _document(path) if path is not None else _shipped_document()
-    out = []
-    for i, d in enumerate((data or {}).get("decode") or []):
-        try:
-            out.append(DecodeFacts.from_dict(d))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            logger.warning("ignoring decode record #%d: %s", i, e)
-    return out
+    return _records(data, "decode", DecodeFacts.from_dict, "decode")
 
 
 @functools.lru_cache(maxsize=1)
