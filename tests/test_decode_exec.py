@@ -557,3 +557,12 @@ def test_a_warm_up_that_does_not_compile_puts_the_dynamic_cache_back(tiny_lm: An
     assert got["warmup"]["compiled"] is False and "dynamic cache is kept" in got["undone"]
     gc = tiny_lm.generation_config
     assert gc.cache_implementation is None and gc.compile_config is None and gc.max_cache_len is None
+
+
+def test_a_dynamic_plan_keeps_a_checkpoints_dynamic_cache_kind(tiny_lm: Any) -> None:
+    """"offloaded" is a dynamic cache (no compile): a dynamic plan leaves it as the checkpoint asked."""
+    from cudaload.execute.decode import apply_decode
+
+    tiny_lm.generation_config.cache_implementation = "offloaded"
+    assert apply_decode(tiny_lm, _plan(compiled=False)) == {"mode": "dynamic"}
+    assert tiny_lm.generation_config.cache_implementation == "offloaded"

@@ -59,7 +59,8 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
     ignored), the result says so, and :func:`warm_decode` fills the bucket with its prompt so that the cache
     transformers keeps from its largest call is the bucket.
 
-    A dynamic plan leaves the generation config as it is and returns ``{"mode": "dynamic"}``."""
+    A dynamic plan returns ``{"mode": "dynamic"}`` and leaves the generation config as it is, but for a
+    checkpoint's static-type ``cache_implementation``, which it clears (:func:`_dynamic`)."""
     if not decode.compiled:
         return _dynamic(model)
     if decode.max_cache_len is None or decode.max_cache_len < 2:
@@ -165,7 +166,12 @@ def _dynamic(model: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": "dynamic"}
     gc = getattr(model, "generation_config", None)
     asked = getattr(gc, "cache_implementation", None)
-    if gc is not None and asked not in (None, "dynamic"):
+    if asked is None:
+        return out
+    # the names generate() builds a StaticCache for (5.17-5.24 generation/configuration_utils.py:47-57)
+    from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
+
+    if gc is not None and asked in ALL_STATIC_CACHE_IMPLEMENTATIONS:  # "offloaded" or "quantized" are dynamic caches: kept
         gc.cache_implementation = None
         out["checkpoint_cache_implementation"] = asked
     return out
