@@ -51,20 +51,9 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
     return get_peft_model(model, config)
 
 
-def _cast_outside_autocast(module: Any, args: tuple[Any, ...]) -> None:
-    """A LoRA layer's forward pre-hook: PEFT's cast of the input to the adapters' dtype only outside autocast,
-    the rule of PEFT's own bitsandbytes layers (peft 0.21 tuners/lora/bnb.py:543-546). Under autocast the cast
-    copy would be cast straight back for the matmul."""
-    import torch
-
-    x = args[0] if args else None
-    device = x.device.type if isinstance(x, torch.Tensor) else "cuda"
-    module.cast_input_dtype_enabled = not torch.is_autocast_enabled(device)
-
-
 def apply_adapter_cast(model: Any, plan: Plan) -> int:
-    """The plan's ``adapter_cast`` on every LoRA layer of ``model``: ``outside-autocast`` registers
-    :func:`_cast_outside_autocast` on each (the result is the same to the bit: see
+    """The plan's ``adapter_cast`` on every LoRA layer of ``model``: ``outside-autocast`` registers a forward
+    pre-hook on each that switches PEFT's input cast off under autocast (the result is the same to the bit: see
     cudaload.policies.training.choose_adapter_cast). Returns how many layers were set."""
     t = plan.training
     if t is None or t.adapter_cast is None or t.adapter_cast.choice != "outside-autocast":
@@ -73,11 +62,22 @@ def apply_adapter_cast(model: Any, plan: Plan) -> int:
         from peft.tuners.lora import LoraLayer
     except ImportError:  # no peft: nothing was wrapped
         return 0
+    import torch
+
+    autocast_on = torch.is_autocast_enabled
+
+    def cast_outside_autocast(module: Any, args: tuple[Any, ...]) -> None:
+        # a pre-hook on every adapted layer, each forward: PEFT's cast of the input to the adapters' dtype only
+        # outside autocast, the rule of PEFT's own bitsandbytes layers (peft 0.21 tuners/lora/bnb.py:543-546);
+        # under autocast the cast copy would be cast straight back for the matmul
+        if args:  # transformers' layers pass the input positionally; a keyword call keeps PEFT's setting
+            module.cast_input_dtype_enabled = not autocast_on(args[0].device.type)
+
     n = 0
     for module in model.modules():
         if isinstance(module, LoraLayer) and hasattr(module, "cast_input_dtype_enabled"):
             # every concrete LoraLayer is an nn.Module as well (peft's Linear(nn.Module, LoraLayer))
-            module.register_forward_pre_hook(_cast_outside_autocast)  # type: ignore[attr-defined]
+            module.register_forward_pre_hook(cast_outside_autocast)  # type: ignore[attr-defined]
             n += 1
     return n
 
