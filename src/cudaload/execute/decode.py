@@ -37,14 +37,6 @@ WARM_PROMPT = 16
 _COMPILING_DEVICES = ("cuda", "xpu", "neuron", "tpu")
 
 
-def generation_config_has_max_cache_len() -> bool:
-    """Whether this transformers' ``GenerationConfig`` has the ``max_cache_len`` field that sizes the static cache
-    ahead (5.17, 5.22 and 5.24 do: configuration_utils.py:409, read by generation/utils.py:2122-2123 in 5.17)."""
-    from transformers import GenerationConfig
-
-    return "max_cache_len" in vars(GenerationConfig())
-
-
 def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
     """Set the plan's decode mode on ``model.generation_config``; return what was set (for ``plan.verified``).
 
@@ -53,11 +45,6 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
     keeps the largest it has built, ``_previous_max_cache_length``, :1987-2032, so every call inside the bucket
     meets the same shapes and reuses the compiled graph) and ``compile_config`` (a ``CompileConfig`` of the plan's
     keywords). A call may still override any of them with its own ``generate()`` keywords.
-
-    A transformers without ``GenerationConfig.max_cache_len`` (none from 5.17, cudaload's floor, to 5.24) would
-    size the cache to each call: ``max_cache_len`` is then not set (an unknown attribute would be carried and
-    ignored), the result says so, and :func:`warm_decode` fills the bucket with its prompt so that the cache
-    transformers keeps from its largest call is the bucket.
 
     A dynamic plan returns ``{"mode": "dynamic"}`` and leaves the generation config as it is, but for a
     checkpoint's static-type ``cache_implementation``, which it clears (:func:`_dynamic`)."""
@@ -94,15 +81,9 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
         "cache_implementation": "static",
         "compile_config": dict(decode.compile),
     }
-    if generation_config_has_max_cache_len():
-        gc.max_cache_len = settings["max_cache_len"]
-        out["max_cache_len"] = settings["max_cache_len"]
-    else:
-        out["max_cache_len"] = None
-        out["note"] = (
-            "this transformers' GenerationConfig has no max_cache_len: the static cache is sized per call, "
-            "so the warm-up fills the bucket for transformers to keep"
-        )
+    # GenerationConfig.max_cache_len: in every transformers cudaload supports (5.17 configuration_utils.py:409,
+    # read by generation/utils.py:2122-2123; 5.22 and 5.24 the same)
+    gc.max_cache_len = out["max_cache_len"] = settings["max_cache_len"]
     device = getattr(model, "device", None)
     if getattr(device, "type", None) not in _COMPILING_DEVICES:
         # transformers does not compile there unless CompileConfig._compile_all_devices is set (its test switch)
@@ -171,7 +152,9 @@ def _dynamic(model: Any) -> dict[str, Any]:
     # the names generate() builds a StaticCache for (5.17-5.24 generation/configuration_utils.py:47-57)
     from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
-    if gc is not None and asked in ALL_STATIC_CACHE_IMPLEMENTATIONS:  # "offloaded" or "quantized" are dynamic caches: kept
+    if (
+        gc is not None and asked in ALL_STATIC_CACHE_IMPLEMENTATIONS
+    ):  # "offloaded" or "quantized" are dynamic caches: kept
         gc.cache_implementation = None
         out["checkpoint_cache_implementation"] = asked
     return out
@@ -184,8 +167,7 @@ def undo_decode(model: Any) -> None:
         return
     gc.cache_implementation = None
     gc.compile_config = None
-    if generation_config_has_max_cache_len():
-        gc.max_cache_len = None
+    gc.max_cache_len = None
 
 
 def _fresh_artifacts() -> Any:
@@ -213,8 +195,8 @@ def warm_decode(
     batch size in ``decode.batch_sizes`` on dummy token ids (the first compiles, the second shows the compiled
     speed), then the artifacts saved. :func:`apply_decode` must have run (the generation config carries the plan).
 
-    ``prompt_len``: the dummy prompt's tokens (default :data:`WARM_PROMPT`, or the whole bucket less
-    ``new_tokens`` where transformers cannot size the cache ahead). Returns ``{"compile_s", "second_s",
+    ``prompt_len``: the dummy prompt's tokens (default :data:`WARM_PROMPT`, less where the bucket is smaller).
+    Returns ``{"compile_s", "second_s",
     "per_batch", "artifacts_loaded", "artifacts_saved", "batch_sizes", "prompt_len", "graphs_from_cache",
     "graphs_compiled", "compiled"}`` (the graphs are inductor's: an ``aot_eager`` backend counts none); ``compiled``
     says whether transformers built its compiled forward (``model._compiled_call``, 5.17
@@ -230,7 +212,7 @@ def warm_decode(
         )
     if prompt_len is None:
         room = decode.max_cache_len - new_tokens
-        prompt_len = min(WARM_PROMPT, room) if generation_config_has_max_cache_len() else room
+        prompt_len = min(WARM_PROMPT, room)
     if prompt_len < 1 or prompt_len + new_tokens > decode.max_cache_len:
         raise ConfigurationError(
             f"a warm-up of {prompt_len} prompt + {new_tokens} new tokens does not fit the static cache of "
