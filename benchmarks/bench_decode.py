@@ -192,6 +192,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         out["dynamo"] = {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles", "frames")}
     except Exception as e:
         out["dynamo"] = {"error": repr(e)}
+    try:  # dynamo's and inductor's seconds by phase in this process (where a warm compile's time goes)
+        from torch._dynamo.utils import compile_times
+
+        out["compile_times"] = compile_times(repr="str", aggregate=True)
+    except Exception as e:
+        out["compile_times"] = repr(e)
     if method == "static" and variant == "mega" and spec.get("artifacts") and "artifacts_loaded" not in out:
         t0 = time.perf_counter()
         saved = torch.compiler.save_cache_artifacts()

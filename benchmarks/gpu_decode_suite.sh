@@ -8,6 +8,8 @@
 # Results under $OUT. Needs nothing carried (no flash-attn, no bitsandbytes).
 #   benchmarks/gpu_decode_suite.sh 2   the next run (not yet run): each SDPA backend on one decode step over a
 #      static cache (benchmarks/investigations/decode_attention_kernels.py), then the declared job profiled
+#   benchmarks/gpu_decode_suite.sh 3   the compiled step with the grouped decode attention: probe profiled, the
+#      long job compiled cold then warm, the default on the long job, the short job default and declared
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -15,6 +17,16 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 3 ]; then
+  # after the grouped decode attention: the compiled step profiled, the long job compiled cold and warm (a
+  # fresh inductor folder: cudaload's artifacts only), today's default on the same job, the short job both ways
+  timeout 585 python benchmarks/bench_decode.py --out "$out/d4" --work "$work" \
+    --runs "compiled:probe,compiled:long,compiled~:long,cudaload:long,cudaload:short,declared:short" \
+    --profile 0:compiled:probe --budget-s 580 2>&1 | log > "$out/d4.log"
+  rm -f "$out"/d*/results.md
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+  exit 0
+fi
 if [ "${1:-1}" = 2 ]; then
   timeout 90 python benchmarks/investigations/decode_attention_kernels.py > "$out/kernels.jsonl" 2> "$out/kernels.err"
   timeout 400 python benchmarks/bench_decode.py --out "$out/d3" --work "$work" \
