@@ -10,6 +10,7 @@
 #      static cache (benchmarks/investigations/decode_attention_kernels.py), then the declared job profiled
 #   benchmarks/gpu_decode_suite.sh 3   the compiled step with the grouped decode attention: probe profiled, the
 #      long job compiled cold then warm, the default on the long job, the short job default and declared
+#   benchmarks/gpu_decode_suite.sh 4   GPU parity tests, then short / probe / batched jobs (see the branch)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -17,6 +18,21 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 4 ]; then
+  # the GPU parity tests (compiled vs dynamic greedy tokens on sdpa and on cudaload_sdpa's grouped attention, the
+  # sdpa variants' bf16 logits), then: the short job after the padded/unpadded decode cuDNN thresholds, the probe
+  # compiled cold and warm and dynamic (more samples, another order), the short and batched jobs plain and default,
+  # the batched job compiled
+  timeout 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_decode_exec.py tests/test_sdpa_decode.py \
+    -k "matches_the_dynamic or gpu_logits or gpu_dispatch or gpu_static" > "$out/pytest.log" 2>&1
+  echo "pytest rc=$? $(date +%T)" >> "$out/pytest.log"
+  timeout 400 python benchmarks/bench_decode.py --out "$out/d5" --work "$work" \
+    --runs "cudaload:short,compiled:probe,compiled~:probe,cudaload:probe,plain:short,cudaload:batched,plain:batched,compiled:batched" \
+    --budget-s 395 2>&1 | log > "$out/d5.log"
+  rm -f "$out"/d*/results.md
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+  exit 0
+fi
 if [ "${1:-1}" = 3 ]; then
   # after the grouped decode attention: the compiled step profiled, the long job compiled cold and warm (a
   # fresh inductor folder: cudaload's artifacts only), today's default on the same job, the short job both ways

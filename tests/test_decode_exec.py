@@ -325,6 +325,25 @@ def gpu_lm(small_model: Path) -> Iterator[Any]:
     torch.cuda.empty_cache()
 
 
+@pytest.fixture
+def gpu_lm_grouped(small_model: Path) -> Iterator[Any]:
+    """The small model on cudaload_sdpa: its compiled decode steps run the grouped attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from cudaload.sdpa_decode import register
+
+    register()
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(small_model), dtype=torch.bfloat16, device_map="cuda", attn_implementation="cudaload_sdpa"
+    ).eval()
+    yield model
+    del model
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
 def _gpu_plan() -> DecodePlan:
     # the policy's compile settings (inductor, reduce-overhead's CUDA graphs, static shapes)
     from cudaload.policies.decode import COMPILE_CONFIG
@@ -333,11 +352,17 @@ def _gpu_plan() -> DecodePlan:
 
 
 @pytest.mark.gpu
-def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(gpu_lm: Any) -> None:
+@pytest.mark.parametrize("lm", ["gpu_lm", "gpu_lm_grouped"])
+def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(
+    lm: str, request: pytest.FixtureRequest
+) -> None:
     """bf16 on CUDA, inductor with CUDA graphs: each greedy token matches the dynamic path's up to the first step
     whose dynamic top-2 margin is within 4 bf16 steps of the top logit (where either pick is right and the paths
-    may part: this random model's logits are ~2, a step there is 2**-7)."""
+    may part: this random model's logits are ~2, a step there is 2**-7). On sdpa and on cudaload_sdpa (grouped
+    decode attention)."""
     import torch
+
+    gpu_lm = request.getfixturevalue(lm)
 
     from cudaload.execute.decode import apply_decode, warm_decode
 
@@ -561,7 +586,7 @@ def test_a_warm_up_that_does_not_compile_puts_the_dynamic_cache_back(tiny_lm: An
 
 
 def test_a_dynamic_plan_keeps_a_checkpoints_dynamic_cache_kind(tiny_lm: Any) -> None:
-    """"offloaded" is a dynamic cache (no compile): a dynamic plan leaves it as the checkpoint asked."""
+    """ "offloaded" is a dynamic cache (no compile): a dynamic plan leaves it as the checkpoint asked."""
     from cudaload.execute.decode import apply_decode
 
     tiny_lm.generation_config.cache_implementation = "offloaded"

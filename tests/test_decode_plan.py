@@ -202,7 +202,13 @@ def test_training_and_serving_plan_no_decode_section() -> None:
 def test_a_bucket_that_does_not_fit_falls_back_to_the_exact_length_then_to_dynamic() -> None:
     # the bucket (6,144 slots x 96 sequences) does not fit beside the weights where 5,512 does
     p = plan(
-        Q8, hardware="H200", seq_len=5512, new_tokens=5000, generate_calls=4, quantization="none", batch_size=96
+        Q8,
+        hardware="H200",
+        seq_len=5512,
+        new_tokens=5000,
+        generate_calls=4,
+        quantization="none",
+        batch_size=96,
     )
     d = p.decode
     assert d is not None and d.compiled and d.max_cache_len == 5512 and d.batch_sizes == (96,)
@@ -481,7 +487,9 @@ def test_new_tokens_without_seq_len_and_batch_size_is_no_declared_work() -> None
 
 def test_compiled_for_a_model_that_does_not_decode_is_refused() -> None:
     with pytest.raises(InvalidChoiceError, match="not loaded as a decoder"):
-        plan(full_config("Qwen3-8B"), hardware="H200", model_class="AutoModel", seq_len=512, decode="compiled")
+        plan(
+            full_config("Qwen3-8B"), hardware="H200", model_class="AutoModel", seq_len=512, decode="compiled"
+        )
 
 
 def test_precompile_and_load_model_of_the_same_work_share_the_key() -> None:

@@ -338,9 +338,11 @@ def test_paged_states_must_fit_the_host() -> None:
     assert paged is not None and "exceed the host" in " ".join(paged.reasons)
 
 
-@pytest.mark.parametrize("bad", ["1.2.3GB", ".", "1..5GiB", -1, -0.5, float("inf"), float("nan"), True, "20 parsecs"])
+@pytest.mark.parametrize(
+    "bad", ["1.2.3GB", ".", "1..5GiB", -1, -0.5, float("inf"), float("nan"), True, "20 parsecs"]
+)
 def test_parse_size_refuses_what_is_no_size(bad: object) -> None:
-    """"1.2.3GB" raised a raw ValueError from float(), and negative sizes were taken as budgets."""
+    """ "1.2.3GB" raised a raw ValueError from float(), and negative sizes were taken as budgets."""
     from cudaload.errors import ConfigurationError
     from cudaload.policies.placement import budgets, parse_size
 

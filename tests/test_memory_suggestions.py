@@ -158,7 +158,9 @@ def test_a_model_that_does_not_fit_says_its_size_readably() -> None:
     ]
 
 
-def test_the_fix_names_what_the_situation_needs_when_nothing_that_fits_can_be_suggested(tiny_model: Any) -> None:
+def test_the_fix_names_what_the_situation_needs_when_nothing_that_fits_can_be_suggested(
+    tiny_model: Any,
+) -> None:
     """No suggestion fits: the fix is not "more GPU memory" where memory is not the issue (issue 34)."""
     with pytest.raises(DoesNotFitError) as e:
         plan(str(tiny_model("qwen3")), hardware=Capabilities(source="cpu"), intent="qlora")

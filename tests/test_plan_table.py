@@ -594,7 +594,9 @@ def test_declared_single_short_sequence_picks_eager_on_gpus() -> None:
     assert plan(cfg, hardware=h200, batch_size=1).attention.choice == "cudaload_sdpa"
     # training is not a generate() work: the backend measured for training there (cudaload.policies.training)
     lora = plan(cfg, hardware=h200, batch_size=1, seq_len=512, intent="lora").attention
-    assert lora.choice == "flash_attention_4" and lora.reasons[0].startswith("training: measured on NVIDIA H200")
+    assert lora.choice == "flash_attention_4" and lora.reasons[0].startswith(
+        "training: measured on NVIDIA H200"
+    )
     explicit = plan(cfg, hardware=h200, batch_size=1, seq_len=544, attn="flash_attention_4").attention
     assert explicit.choice == "flash_attention_4" and explicit.explicit
     assert (

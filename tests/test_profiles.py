@@ -100,7 +100,9 @@ def test_snapshot_file(tmp_path: Path) -> None:
 def test_a_model_config_is_not_a_machine(tmp_path: Path) -> None:
     """A model's config.json passed as hardware was planned as a machine with no GPU; now it is refused."""
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "architectures": ["LlamaForCausalLM"]}))
+    cfg.write_text(
+        json.dumps({"model_type": "llama", "hidden_size": 4096, "architectures": ["LlamaForCausalLM"]})
+    )
     with pytest.raises(ConfigurationError) as e:
         hardware(cfg)
     assert "config.json" in e.value.message and "cudaload env --json" in (e.value.fix or "")

@@ -281,6 +281,36 @@ def test_cudnn_only_for_shapes_that_recur_and_the_flag_is_restored(
     assert torch._C._get_cudnn_sdp_enabled()
 
 
+def test_decode_steps_go_to_cudnn_only_where_its_build_can_pay() -> None:
+    """A prompt shape from its third meeting; a padded decode step (a mask) from its 65th; an unpadded decode
+    step never (H200 run42: cuDNN saves too little there to repay a 40-60 ms build)."""
+    import threading
+
+    from cudaload.policies.sdpa_dispatch import RECUR, RECUR_MASKED_DECODE, recur_threshold
+    from cudaload.sdpa_decode import _recurs
+
+    assert recur_threshold(7, True) == recur_threshold(7, False) == RECUR
+    assert recur_threshold(1, True) == RECUR_MASKED_DECODE > RECUR
+    assert recur_threshold(1, False) is None
+    layer = torch.nn.Module()
+    layer.layer_idx = 3
+    q1, q7, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 7, 8), torch.zeros(1, 4, 30, 8)
+    mask = torch.ones(1, 1, 1, 30, dtype=torch.bool)
+    seen: dict[str, list[bool]] = {}
+
+    def run() -> None:  # a new thread: its counts start empty
+        seen["prompt"] = [_recurs(layer, q7, k, None) for _ in range(RECUR + 2)]
+        seen["padded"] = [_recurs(layer, q1, k, mask) for _ in range(RECUR_MASKED_DECODE + 2)]
+        seen["unpadded"] = [_recurs(layer, q1, k, None) for _ in range(300)]
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen["prompt"] == [False] * RECUR + [True, True]
+    assert seen["padded"] == [False] * RECUR_MASKED_DECODE + [True, True]
+    assert not any(seen["unpadded"])
+
+
 def test_a_user_who_turned_cudnn_off_keeps_it_off(models: dict[str, Any]) -> None:
     ids, mask = _batch(False)
     torch.backends.cuda.enable_cudnn_sdp(False)

@@ -738,7 +738,9 @@ def test_after_a_runtime_fallback_the_serving_section_is_planned_for_the_attenti
     req = Request.build(cfg, **kw)
     why = ["runtime fallback: flash_attention_4 -> sdpa: probe failed"]
     out = replanned(req, req.hardware, p, "sdpa", why)
-    assert out.attention.choice == "sdpa" and out.attention.reasons[0] == why[0] and not out.attention.explicit
+    assert (
+        out.attention.choice == "sdpa" and out.attention.reasons[0] == why[0] and not out.attention.explicit
+    )
     assert out.serving is not None and out.serving.attention.choice == "paged|sdpa"
     assert out.serving.settings()["attn_implementation"] == "sdpa"
     direct = cudaload.plan(cfg, **{**kw, "attn": "sdpa"}).serving

@@ -642,7 +642,9 @@ def test_tune_refuses_a_budget_of_no_time(tmp_path: Path, budget: Any) -> None:
 
 
 @pytest.mark.parametrize("argv", [["--seq-len", "0"], ["--seq-len", "32", "--new-tokens", "32"]])
-def test_tune_command_refuses_a_seq_len_with_no_prompt(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+def test_tune_command_refuses_a_seq_len_with_no_prompt(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
     """`cudaload tune --seq-len 0` timed (and cached) a 1-token prompt: max(1, seq_len - new_tokens) hid it."""
     import argparse
 

@@ -2,8 +2,9 @@
 
 Both are transformers' own ``sdpa_attention_forward`` (same masks, GQA handling, causal flags and outputs)
 called with torch's cuDNN SDPA backend switched off for the call: ``cudaload_sdpa_nocudnn`` for every call;
-``cudaload_sdpa`` for a problem shape this thread has met in fewer than :data:`RECUR` earlier calls of the same
-layer. cuDNN's execution graphs are built per shape and cached per thread, so a shape met for the first
+``cudaload_sdpa`` for a problem shape this thread has met in too few earlier calls of the same layer for cuDNN's
+graph build to pay (``recur_threshold``: :data:`RECUR` for prompts, more for padded decode steps, never for
+unpadded ones). cuDNN's execution graphs are built per shape and cached per thread, so a shape met for the first
 times runs flash / memory-efficient attention (no build), and a shape that keeps recurring goes to cuDNN,
 whose graph is then built once and reused (it is equal or faster there: up to 10% in prefill, and more in
 padded decode). The counts are per thread, like cuDNN's cache, and bounded (:data:`MAX_SHAPES`). They enter transformers through its
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .policies.sdpa_dispatch import RECUR, SDPA_DECODE, SDPA_NO_CUDNN
+from .policies.sdpa_dispatch import RECUR, RECUR_MASKED_DECODE, SDPA_DECODE, SDPA_NO_CUDNN, recur_threshold
 
 __all__ = [
     "SDPA_DECODE",
@@ -80,7 +81,11 @@ def _without_cudnn(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _recurs(module: Any, query: Any, key: Any, mask: Any) -> bool:
-    """Whether this layer has met this problem shape in at least RECUR earlier calls on this thread (counted)."""
+    """Whether this layer has met this problem shape in enough earlier calls on this thread for cuDNN's build to
+    pay (``recur_threshold``: RECUR for prompts, more for padded decode steps, never unpadded ones); counted."""
+    need = recur_threshold(int(query.shape[2]), mask is not None)
+    if need is None:
+        return False
     counts: dict[Any, int] | None = getattr(_MET, "counts", None)
     if counts is None:
         counts = _MET.counts = {}
@@ -93,7 +98,7 @@ def _recurs(module: Any, query: Any, key: Any, mask: Any) -> bool:
         query.device,
     )
     n = counts.get(k, 0)
-    if n < RECUR:
+    if n < need:
         if len(counts) >= MAX_SHAPES:
             counts.clear()
         counts[k] = n + 1
@@ -231,7 +236,11 @@ def confirm(model: Any) -> tuple[bool, dict[str, str], str]:
     dtype = p.dtype if p.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
     seen = decode_backend(p.device, dtype, heads, kv, hd)
     if "cudnn_attention" in seen.values():
-        why = f"torch sends decode steps to cuDNN here ({seen}): cuDNN left out of each shape until met {RECUR} times"
+        why = (
+            f"torch sends decode steps to cuDNN here ({seen}): cuDNN left out of each shape until met often enough "
+            f"to repay its build ({RECUR} times for a prompt, {RECUR_MASKED_DECODE} for a padded decode step, never "
+            "for an unpadded one)"
+        )
         return True, seen, why
     return (
         False,

@@ -23,9 +23,11 @@ logger = logging.getLogger("cudaload.execute")
 def _next_attention(plan: Plan, failed: str) -> str | None:
     """The backend after ``failed`` in the plan's order: its choice, then ``attention_fallbacks`` (a plan saved
     before that field existed: the valid candidates in their order)."""
-    order = [plan.attention.choice, *plan.attention_fallbacks] if plan.attention_fallbacks else [
-        c.name for c in plan.attention.candidates if c.ok
-    ]
+    order = (
+        [plan.attention.choice, *plan.attention_fallbacks]
+        if plan.attention_fallbacks
+        else [c.name for c in plan.attention.candidates if c.ok]
+    )
     names = [n for n in order if n]
     if failed in names:
         names = names[names.index(failed) + 1 :]
@@ -89,7 +91,9 @@ def replanned(req: Request, caps: Capabilities, plan: Plan, attn: str, why: list
 
     # what is already loaded stays as it is: the quantization and where the weights went are pinned, and only
     # what depends on the backend is planned again
-    pinned = replace(req, quantization=plan.quantization.choice or "none", device_map=plan.placement.device_map)
+    pinned = replace(
+        req, quantization=plan.quantization.choice or "none", device_map=plan.placement.device_map
+    )
     again = plan_request(pinned, caps, attn=attn)
     att = replace(again.attention, explicit=False, reasons=(*why, *again.attention.reasons))
     rest = [n for n in (plan.attention.choice, *plan.attention_fallbacks) if n]

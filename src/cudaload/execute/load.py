@@ -257,9 +257,11 @@ def _detect(req: Request, started: Started, phases: _Phases) -> tuple[Capabiliti
     # A GPU selection that is broken (a CUDA_VISIBLE_DEVICES entry matching nothing, LOCAL_RANK past the visible
     # GPUs...) would otherwise load somewhere the user did not mean, or on the CPU: stop here, unless the CPU
     # is what was asked for
-    broken = [] if req.device_map == "cpu" else [
-        f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS
-    ]
+    broken = (
+        []
+        if req.device_map == "cpu"
+        else [f for f in caps.findings if f.severity == "error" and f.code in _DEVICE_FINDINGS]
+    )
     if broken:
         bad_selection = DeviceSelectionError(
             "the GPUs this process may use are misconfigured",

@@ -39,7 +39,9 @@ def _tell_ranks_refused(e: BaseException, model: Any) -> None:
     other ranks wait for its GPU facts, so they stop with its reason instead of waiting for it."""
     from .. import _env
 
-    with contextlib.suppress(Exception):  # the environment itself may be what was refused: nobody to tell then
+    with contextlib.suppress(
+        Exception
+    ):  # the environment itself may be what was refused: nobody to tell then
         launch = _env.launch()
         if (launch.world_size or 1) > 1 and isinstance(model, (str, os.PathLike)):
             from ..detection.ranks import open_rendezvous

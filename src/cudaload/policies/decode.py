@@ -275,7 +275,8 @@ def choose_decode(
         choice = "dynamic"
         why = [
             "no generate() work declared: the default never pays a compile (37-58 s for an 8B model on the H200, "
-            "benchmarks/results/2026-12-03-h200 run41) that the process is not known to recover; " + _HOW_TO_DECLARE
+            "benchmarks/results/2026-12-03-h200 run41) that the process is not known to recover; "
+            + _HOW_TO_DECLARE
         ]
     elif facts is None:
         choice = "dynamic"

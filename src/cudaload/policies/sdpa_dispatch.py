@@ -13,7 +13,9 @@ the step itself takes well under a millisecond.
 cudaload registers two attention functions with transformers' own extension point (``AttentionInterface``;
 :mod:`cudaload.sdpa_decode` holds the code) that keep sdpa's semantics and masks:
 
-- :data:`SDPA_DECODE` (``cudaload_sdpa``): cuDNN only for problem shapes that recur. A call whose shape this
+- :data:`SDPA_DECODE` (``cudaload_sdpa``): cuDNN only for problem shapes that recur enough to repay its build
+  (:func:`recur_threshold`: prompts from the third meeting, padded decode steps from the 65th, unpadded decode
+  steps never). A call whose shape this
   layer has met in fewer than :data:`RECUR` earlier calls on the thread goes to the flash or memory-efficient
   kernels, which need no per-shape plan; a shape that keeps recurring goes to cuDNN, which then builds its
   graph once and is equal or faster from there on (measured on the H200: up to 10% in prefill and up to
@@ -44,6 +46,25 @@ NAMES = (SDPA_DECODE, SDPA_NO_CUDNN)
 #: earlier meetings of a shape (same layer, same thread) before cuDNN takes it: its graph build (40-60 ms)
 #: pays only on shapes that recur; 2 is a judgement, not tuned (benchmarks/results/2026-12-02-h200/README.md)
 RECUR = 2
+#: a decode step's shape (one query per sequence) with a padding mask: sdpa repeats the key/value heads and runs
+#: the memory-efficient kernel, which cuDNN beats by ~31 us a layer at 1,024 slots (13.5 against 44.5 us, H200,
+#: benchmarks/results/2026-12-03-h200/run42-decode-attention): a 40-60 ms graph build pays back after ~45 more
+#: meetings of the shape, so cuDNN only from this many. (With RECUR, the third generate() of one prompt length
+#: paid a build on every decode step: 85 ms a token against 36, run43's short job.)
+RECUR_MASKED_DECODE = 64
+#: an unmasked decode step runs flash with GQA, which cuDNN beats by only 1.6-7 us a layer (7.7 against 9.3 us at
+#: 682 keys, 11 against 18 at 5,461; run42): a build pays back after 160-1,000 meetings of one length, more than a
+#: job meets. Never cuDNN there.
+
+
+def recur_threshold(queries: int, masked: bool) -> int | None:
+    """How many earlier meetings of a problem shape send it to cuDNN: :data:`RECUR` for prefill (more than one
+    query), :data:`RECUR_MASKED_DECODE` for a padded decode step, ``None`` (never) for an unmasked one."""
+    if queries > 1:
+        return RECUR
+    return RECUR_MASKED_DECODE if masked else None
+
+
 #: torch releases whose CUDA builds carry cuDNN attention in SDPA's dispatch: read from an untagged source (no
 #: line cited), confirmed on torch 2.11 only (benchmarks/results/2026-12-02-h200/README.md)
 _TORCH_MIN = (2, 5)
@@ -195,7 +216,8 @@ def candidates(
     for name, what in (
         (
             SDPA_DECODE,
-            f"sdpa with cuDNN only for shapes met {RECUR}+ times before (no graph build per new length)",
+            f"sdpa with cuDNN only for prompt shapes met {RECUR}+ times before and padded decode steps met "
+            f"{RECUR_MASKED_DECODE}+ times (no graph build per new length)",
         ),
         (SDPA_NO_CUDNN, "sdpa with cuDNN left out of every call"),
     ):

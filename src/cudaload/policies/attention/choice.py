@@ -332,7 +332,8 @@ def _sdpa_variant(
     # Decision lists after these: said once
     return SDPA_DECODE, [
         f"sdpa, without cuDNN on lengths met for the first times: measured to help on this GPU (below); a shape "
-        f"met {sdpa_dispatch.RECUR}+ times before goes to cuDNN, whose graph is then built once; load_model "
+        f"met {sdpa_dispatch.RECUR}+ times before (a padded decode step {sdpa_dispatch.RECUR_MASKED_DECODE}+ "
+        "times, an unpadded one never) goes to cuDNN, whose graph is then built once; load_model "
         "checks on the GPU that cuDNN takes decode calls, else keeps sdpa",
     ]
 

@@ -14,7 +14,13 @@ from .transformers_rules import _no_dropout, _no_sink_param, _qk_dim, _transform
 
 
 def _flash_checks(
-    name: str, impl: str, info: ModelInfo, caps: Capabilities, dtype: str, intent: str, seq_len: int | None = None
+    name: str,
+    impl: str,
+    info: ModelInfo,
+    caps: Capabilities,
+    dtype: str,
+    intent: str,
+    seq_len: int | None = None,
 ) -> list[str]:
     """Reasons against ``name`` (package or Hub form of ``impl``) from the GPU, the model and transformers."""
     if not caps.gpus:
