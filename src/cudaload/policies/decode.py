@@ -4,9 +4,10 @@ what was measured (:mod:`cudaload.policies.decode_facts`). Pure: the planner pas
 compile cache is warm (:func:`cudaload.compile_cache.present` of :func:`decode_cache_key`) and which static
 cache lengths fit in memory.
 
-The compile is the price: 58 s cold, 37 s from cudaload's saved artifacts on the H200 for the 8B shape, against
-decode steps 1.3-3x faster after it (22.3 ms at 8,192 slots down to 10 ms at 768, against the dynamic path's
-30-36 ms; benchmarks/results/2026-12-03-h200, run41). So:
+The compile is the price: ~58 s cold, 11-13 s from cudaload's saved artifacts on the H200 for the 8B shape,
+against decode steps ~4.5x faster after it (7.4-8.8 ms at 2,048 slots, 8.1-8.6 at 6,144, against the dynamic
+path's 30-44 ms; benchmarks/results/2026-12-03-h200, runs 43-45: the compiled step runs cudaload_sdpa's grouped
+decode attention, :mod:`cudaload.sdpa_decode`). So:
 
 * no work declared: ``dynamic``; the default never pays a compile the process is not known to recover;
 * work declared (new tokens per call x calls, batch, the longest sequence): each mode's job seconds, and
@@ -54,14 +55,13 @@ __all__ = [
 #: ``compiled`` must make the declared job at least this much shorter (the per-token and compile figures are
 #: estimates from one GPU's measurements; a tie goes to the path that compiles nothing)
 MARGIN = 0.10
-#: the smallest static-cache bucket: below it the static cache's attention over empty slots costs little
-#: (10.0 ms/token at 768 slots against 15.1-16.4 at 4096 measured on the H200), and a handful of short buckets
-#: would each compile once
+#: the smallest static-cache bucket: below it the static cache's attention over empty slots costs little, and a
+#: handful of short buckets would each compile once
 BUCKET_MIN = 1024
 #: above this bucket the buckets grow by :data:`BUCKET_STEP` instead of doubling: the compiled step's time grows
-#: with the static cache's slots, used or not (H200, 8B: 10.0 ms/token at 768 slots, 16.4 at 4,096, 22.3 at 8,192:
-#: ~1.6 ms per 1,000 slots; benchmarks/results/2026-12-03-h200/run41-decode), so a doubled bucket would cost a
-#: 5,512-token job 8,192 slots' time where 6,144 hold it
+#: with the static cache's slots, used or not (H200, 8B, grouped decode attention: ~7.9 ms/token at 2,048 slots,
+#: ~8.3 at 6,144, ~0.1 ms per 1,000 slots; 1.6 ms per 1,000 with sdpa's memory-efficient kernel before it,
+#: benchmarks/results/2026-12-03-h200 runs 41-44), and a doubled bucket holds twice the static cache's memory
 BUCKET_DOUBLING_UNTIL = 4096
 #: a decode measurement speaks for models whose weights are within this factor of the measured model's
 SCALE_LIMIT = 4.0
@@ -69,7 +69,7 @@ BUCKET_STEP = 2048
 #: transformers' CompileConfig keywords: ``fullgraph`` False is CompileConfig's default (transformers 5.17
 #: generation/configuration_utils.py:1659) and what generate() forces with flash attention anyway
 #: (generation/utils.py:2300-2308, flash attention breaks the graph); True would turn any graph break of a
-#: model's code into an error, and the measured 10-16 ms/token were with the default. ``dynamic`` False: the
+#: model's code into an error, and the measured 7.4-8.8 ms/token were with the default. ``dynamic`` False: the
 #: static cache fixes every shape, so one graph per bucket and batch. ``mode`` reduce-overhead: CUDA graphs,
 #: where the decode step's time goes on a GPU this fast (CompileConfig's default, configuration_utils.py:1662)
 COMPILE_CONFIG: Mapping[str, Any] = {"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"}
@@ -274,9 +274,9 @@ def choose_decode(
     elif not work.declared:
         choice = "dynamic"
         why = [
-            "no generate() work declared: the default never pays a compile (37-58 s for an 8B model on the H200, "
-            "benchmarks/results/2026-12-03-h200 run41) that the process is not known to recover; "
-            + _HOW_TO_DECLARE
+            "no generate() work declared: the default never pays a compile (~58 s cold, 11-13 s from cudaload's "
+            "saved artifacts, for an 8B model on the H200: benchmarks/results/2026-12-03-h200 runs 43-44) that the "
+            "process is not known to recover; " + _HOW_TO_DECLARE
         ]
     elif facts is None:
         choice = "dynamic"

@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Where the compiled decode step's host time goes (issue 35, goal <= 7 ms a token): torch.compile options that
+transformers' ``CompileConfig`` passes on, each in a fresh process, on the 8B shape with cudaload_sdpa (grouped
+decode attention), a static cache of 2,048 slots, batch 1.
+
+H200 run43's profile: 5.5 ms of GPU work per step against 7.6 ms a token; the rest is the host between CUDA graph
+replays (generate() synchronises every step, so the GPU waits for it). Variants:
+
+- ``base``: cudaload's plan (``mode="reduce-overhead"``: inductor with CUDA graph trees);
+- ``freeze``: the same CUDA graphs with inductor's ``freezing`` (the weights become constants of the graph, not
+  ~400 inputs that every call passes through dynamo's, AOTAutograd's and the CUDA graph tree's wrappers);
+- ``legacy``: CUDA graphs without graph trees (``triton.cudagraph_trees=False``).
+
+Per variant: the compile (the first warm-up call), ms per decode token on three 512 + 256 calls ((call - its
+prefill) / 255), the peak memory, and greedy parity: the compiled tokens against the dynamic path's on a 512 + 64
+call up to the first step whose dynamic top-2 margin is within 4 bf16 steps (a near-tie). JSON lines.
+
+    python benchmarks/investigations/decode_compile_options.py [--variants base,freeze,legacy] > OUT/options.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+TAG = "OPTIONS "
+VARIANTS: dict[str, dict[str, Any]] = {
+    "base": {"mode": "reduce-overhead"},
+    "freeze": {"mode": None, "options": {"triton.cudagraphs": True, "freezing": True}},
+    "legacy": {"mode": None, "options": {"triton.cudagraphs": True, "triton.cudagraph_trees": False}},
+}
+
+
+def child(variant: str, smoke: bool) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, CompileConfig
+
+    from cudaload.sdpa_decode import register
+    from cudaload.testing import full_config, tiny_config
+
+    register()
+    cuda = torch.cuda.is_available()
+    dev, dt = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = tiny_config("qwen3") if smoke else full_config("Qwen3-8B")
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dt, attn_implementation="cudaload_sdpa").eval()
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id, gc.do_sample = None, 0, False
+    vocab = cfg.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prompt, new, slots = (16, 8, 64) if smoke else (512, 256, 2048)
+    ids = torch.randint(10, vocab - 10, (1, prompt), generator=g).to(dev)
+
+    def gen(n: int, **kw: Any) -> Any:
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, **kw)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    ref = gen(new // 4, output_logits=True, return_dict_in_generate=True)
+    top2 = torch.stack([lg.float().topk(2).values for lg in ref.logits], dim=1)[0]
+    ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(top2[:, 0].abs())))
+    tie = (top2[:, 0] - top2[:, 1]) < 4 * ulp
+    gc.cache_implementation, gc.max_cache_len = "static", slots
+    cc = CompileConfig(fullgraph=False, dynamic=False, **VARIANTS[variant])
+    if not cuda:
+        cc.backend, cc.mode, cc.options = "aot_eager", None, None
+        cc._compile_all_devices = True
+    gc.compile_config = cc
+    out: dict[str, Any] = {"variant": variant}
+    sync()
+    t0 = time.perf_counter()
+    gen(8)
+    sync()
+    out["compile_s"] = time.perf_counter() - t0
+    gen(8)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    ms = []
+    for _ in range(3):
+        sync()
+        t0 = time.perf_counter()
+        gen(new)
+        sync()
+        call = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        gen(1)
+        sync()
+        ms.append((call - (time.perf_counter() - t0)) / (new - 1) * 1000)
+    out["ms_per_token"] = ms
+    got = gen(new // 4)[0, prompt:]
+    want = ref.sequences[0, prompt:]
+    compared = mismatched = 0
+    for step in range(new // 4):
+        if bool(tie[step]):
+            break
+        compared += 1
+        mismatched += int(got[step] != want[step])
+    out["parity"] = {"compared": compared, "mismatched": mismatched, "of": new // 4}
+    if cuda:
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    from torch._dynamo.utils import counters
+
+    out["graphs"] = dict(counters["stats"])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="base,freeze,legacy")
+    ap.add_argument("--timeout-s", type=float, default=110)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--child")
+    a = ap.parse_args()
+    if a.child:
+        try:
+            r = child(a.child, a.smoke)
+        except Exception as e:
+            r = {"variant": a.child, "error": f"{type(e).__name__}: {str(e)[-600:]}"}
+        print(TAG + json.dumps(r), flush=True)
+        return 0
+    for v in a.variants.split(","):
+        cmd = [sys.executable, __file__, "--child", v] + (["--smoke"] if a.smoke else [])
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout_s, env=dict(os.environ))
+            line = next((x for x in reversed(p.stdout.splitlines()) if x.startswith(TAG)), None)
+            r = json.loads(line[len(TAG) :]) if line else {"variant": v, "error": p.stderr[-1500:]}
+        except subprocess.TimeoutExpired:
+            r = {"variant": v, "error": f"timed out after {a.timeout_s:.0f} s"}
+        print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
