@@ -322,6 +322,20 @@ def test_cache_key_changes_with_what_the_graph_depends_on() -> None:
     assert k not in others and len(others) == 7
 
 
+def test_cache_key_of_cudaload_sdpa_changes_with_its_compiled_step_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cudaload.policies import decode as decode_policy
+
+    caps = hardware("H200")
+    s = plan(Q8, hardware=caps).model
+    kw: dict[str, Any] = {"dtype": "bfloat16", "max_cache_len": 1024, "batch": 1}
+    before = {a: decode_cache_key(caps, s, attention=a, **kw) for a in ("sdpa", "cudaload_sdpa")}
+    monkeypatch.setattr(decode_policy, "COMPILED_STEP_REVISION", decode_policy.COMPILED_STEP_REVISION + 1)
+    assert decode_cache_key(caps, s, attention="cudaload_sdpa", **kw) != before["cudaload_sdpa"]
+    assert decode_cache_key(caps, s, attention="sdpa", **kw) == before["sdpa"]
+
+
 def test_buckets_and_the_static_cache_length() -> None:
     assert cache_lengths(40960, 700) == (1024, 2048, 4096, *range(6144, 40961, 2048))
     assert cache_lengths(4096, 4096) == (1024, 2048, 4096)

@@ -58,7 +58,9 @@ def child(variant: str, smoke: bool) -> dict[str, Any]:
     ids = torch.randint(10, vocab - 10, (1, prompt), generator=g).to(dev)
 
     def gen(n: int, **kw: Any) -> Any:
-        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, **kw)
+        return model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, **kw
+        )
 
     def sync() -> None:
         if cuda:

@@ -34,6 +34,8 @@ from ..errors import InvalidChoiceError, close_names
 from ..plans import ModelSummary
 from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
 from .dtype import dtype_bytes
+from .sdpa_dispatch import COMPILED_STEP_REVISION
+from .sdpa_dispatch import NAMES as SDPA_VARIANTS
 from .serving.batching import HBM_BYTES_S, hbm_bandwidth
 
 __all__ = [
@@ -151,6 +153,8 @@ def decode_cache_key(
         ],
         "dtype": dtype,
         "attention": attention,
+        # cudaload's own attention code inside the compiled step (transformers' is covered by its version)
+        "attention_code": COMPILED_STEP_REVISION if attention in SDPA_VARIANTS else None,
         "max_cache_len": max_cache_len,
         "batch": batch,
         "compile": sorted(COMPILE_CONFIG.items()),

@@ -57,6 +57,13 @@ RECUR_MASKED_DECODE = 64
 #: job meets. Never cuDNN there.
 
 
+#: the revision of the code cudaload's variants run inside a compiled decode step (2: the grouped decode attention,
+#: cudaload.sdpa_decode.grouped_decode_attention). Part of the compile cache's key
+#: (cudaload.policies.decode.decode_cache_key): torch would not reuse a saved graph of the old code anyway, but
+#: the plan would count its artifact as a warm compile. Raise it whenever that code changes.
+COMPILED_STEP_REVISION = 2
+
+
 def recur_threshold(queries: int, masked: bool) -> int | None:
     """How many earlier meetings of a problem shape send it to cuDNN: :data:`RECUR` for prefill (more than one
     query), :data:`RECUR_MASKED_DECODE` for a padded decode step, ``None`` (never) for an unmasked one."""
