@@ -347,6 +347,20 @@ def test_buckets_and_the_static_cache_length() -> None:
     assert static_cache_length(5512, b, {6144: "x", 5512: "y"})[0] is None
 
 
+def test_an_attention_the_compiled_step_was_not_measured_with_claims_no_speed_up() -> None:
+    """The facts are cudaload_sdpa's grouped decode attention; Gemma-2's plan takes eager (soft-capping), and an
+    explicit sdpa repeats the key/value heads in the compiled step: no claim either way, compiled on request."""
+    gemma = plan(full_config("Gemma-2-9B"), hardware="H200", **LONG)
+    assert gemma.attention.choice == "eager"
+    for p in (gemma, plan(Q8, hardware="H200", attn="sdpa", **LONG)):
+        d = p.decode
+        assert d is not None and d.mode.choice == "dynamic" and d.expected == {}
+        assert "compiled step was measured with cudaload's sdpa variants" in d.mode.reasons[0]
+        assert f"with {p.attention.choice} it is not measured" in d.mode.reasons[0]
+    d = plan(Q8, hardware="H200", attn="sdpa", **LONG, decode="compiled").decode
+    assert d is not None and d.compiled
+
+
 def test_no_record_for_the_gpu_claims_no_speed_up() -> None:
     caps = hardware("A100-80GB")
     assert scaled_facts(caps, load_decode_facts(), plan(Q8, hardware=caps).model, "bfloat16") is None
@@ -357,10 +371,13 @@ def test_no_record_for_the_gpu_claims_no_speed_up() -> None:
 
 
 def test_another_model_is_scaled_and_says_so() -> None:
-    near = plan(full_config("Gemma-2-9B"), hardware="H200", seq_len=768, batch_size=1, new_tokens=256).decode
-    big = plan(Q8, hardware="H200", seq_len=768, batch_size=1, new_tokens=256).decode
+    near_p = plan(full_config("Llama-3.1-8B"), hardware="H200", seq_len=768, batch_size=1, new_tokens=256)
+    big_p = plan(Q8, hardware="H200", seq_len=768, batch_size=1, new_tokens=256)
+    near, big = near_p.decode, big_p.decode
     assert near is not None and big is not None
-    assert near.expected["ms_per_token_dynamic"] > big.expected["ms_per_token_dynamic"]
+    assert near.expected["ms_per_token_dynamic"] == pytest.approx(
+        big.expected["ms_per_token_dynamic"] * near_p.model.params / big_p.model.params
+    )
     assert any("scaled from Qwen3-8B" in n for n in near.notes)
     assert not any("scaled from" in n for n in big.notes)
     # far from the measured size, or a mixture of experts: no claim (the 8B's decode is ~10x its memory bound,

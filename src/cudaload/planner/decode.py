@@ -137,6 +137,7 @@ def decode_for(
         weights_on_gpu=on_gpu,
         kv_cache=kv,
         length_declared=req.seq_len is not None,
+        attention=at.choice,
     )
     if plan is not None and plan.compiled and plan.max_cache_len in fits:
         sized = fits[plan.max_cache_len]

@@ -228,6 +228,7 @@ def choose_decode(
     weights_on_gpu: bool = True,
     kv_cache: bool = True,
     length_declared: bool = True,
+    attention: str | None = None,
 ) -> DecodePlan | None:
     """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring).
 
@@ -239,7 +240,9 @@ def choose_decode(
     ``facts``: the measurement for this GPU scaled to the model (None: none speaks for it); ``bound``: the
     memory bound in ms per step, shown beside the costs; ``weights_on_gpu``: the placement puts the weights
     on a GPU (not the CPU of a GPU machine); ``kv_cache``: the model keeps an attention KV cache (not a
-    state-space model); ``length_declared``: the caller declared ``seq_len``, the static cache's length. Raises
+    state-space model); ``length_declared``: the caller declared ``seq_len``, the static cache's length;
+    ``attention``: the plan's backend (the facts were measured on cudaload's sdpa variants, whose compiled step
+    runs the grouped decode attention: with another backend they speak for nothing; None: not checked). Raises
     :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
     if intent != "inference" or not can_generate:
         return None
@@ -261,6 +264,9 @@ def choose_decode(
     )
     blockers = [why for why, _ in found]
     batch = work.batch
+    unmeasured_attention = facts is not None and attention is not None and attention not in SDPA_VARIANTS
+    if unmeasured_attention:
+        facts = None
     expected = _expected(work, quantization, facts, max_cache_len, warm, bound)
     dyn_why, comp_why = _costs(expected, warm, facts)
     notes: list[str] = []
@@ -281,6 +287,15 @@ def choose_decode(
             "no generate() work declared: the default never pays a compile (~58 s cold, 11-13 s from cudaload's "
             "saved artifacts, for an 8B model on the H200: benchmarks/results/2026-12-03-h200 runs 43-44) that the "
             "process is not known to recover; " + _HOW_TO_DECLARE
+        ]
+    elif unmeasured_attention:
+        choice = "dynamic"
+        why = [
+            f"the compiled step was measured with cudaload's sdpa variants, whose decode attention reads each "
+            f"key/value head once; with {attention} it is not measured (transformers' sdpa, for one, repeats the "
+            "heads under a mask and runs the memory-efficient kernel: 18 ms more a token at 8,192 slots on the "
+            "H200, benchmarks/results/2026-12-03-h200 run42): cudaload does not claim a compiled speed-up there; pass "
+            "decode='compiled' to choose it"
         ]
     elif facts is None:
         choice = "dynamic"
