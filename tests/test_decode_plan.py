@@ -357,6 +357,8 @@ def test_an_attention_the_compiled_step_was_not_measured_with_claims_no_speed_up
         assert d is not None and d.mode.choice == "dynamic" and d.expected == {}
         assert "compiled step was measured with cudaload's sdpa variants" in d.mode.reasons[0]
         assert f"with {p.attention.choice} it is not measured" in d.mode.reasons[0]
+        comp = d.mode.candidate("compiled")
+        assert comp is not None and comp.reasons[0] == f"not measured with {p.attention.choice}"
     d = plan(Q8, hardware="H200", attn="sdpa", **LONG, decode="compiled").decode
     assert d is not None and d.compiled
 

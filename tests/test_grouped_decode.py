@@ -1,5 +1,5 @@
 """The compiled decode step's attention (cudaload.sdpa_decode.grouped_decode_attention): the same outputs as
-transformers' sdpa over masked caches (GQA and not, padded batches, a few queries, a custom scale), taken only
+transformers' sdpa over masked caches (fp32 to rounding; bf16 within eager's precision) (GQA and not, padded batches, a few queries, a custom scale), taken only
 inside a compiled graph and only where it computes what sdpa would, and generate()'s compiled static-cache path
 through it giving the dynamic path's greedy tokens."""
 
@@ -57,6 +57,36 @@ def test_grouped_attention_equals_transformers_sdpa(heads: int, kv_heads: int, q
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_bf16_within_eager_precision_other_value_widths_and_a_shared_mask() -> None:
+    """bf16 inputs: bf16 scores (eager's arithmetic), so within bf16 tolerance of sdpa, not equal; a value head
+    wider than the query's (MLA-style); one mask row for a batch of two."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from cudaload.sdpa_decode import grouped_decode_attention
+
+    q, k, v, mask = _problem(2, 8, 2, 1, 64, [30, 50])
+    layer = _Layer(4)
+    ref = sdpa_attention_forward(layer, q, k, v, mask)[0]
+    got = grouped_decode_attention(layer, q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, None)[0]
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref, rtol=0.03, atol=0.03)
+    wide = torch.randn(2, 2, 64, 24, generator=torch.Generator().manual_seed(5))
+    one = mask[:1]
+    ref_w = sdpa_attention_forward(layer, q, k, wide, one)[0]
+    got_w = grouped_decode_attention(layer, q, k, wide, one, None)[0]
+    assert got_w.shape == (2, 1, 8, 24)
+    torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-5)
+
+
+def test_soft_capping_is_never_dropped_by_the_compiled_step() -> None:
+    from cudaload.sdpa_decode import _grouped_applies
+
+    q, k, _, mask = _problem(1, 8, 2, 1, 20, [9])
+    layer = _Layer(4)
+    assert _grouped_applies(layer, q, k, mask, {"scaling": 0.2, "dropout": 0.0})
+    assert not _grouped_applies(layer, q, k, mask, {"softcap": 50.0})
+
+
 def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     torch._dynamo.reset()
     return torch.compile(fn, backend="eager", fullgraph=True)
@@ -100,9 +130,16 @@ def test_a_compiled_masked_decode_step_runs_grouped_and_nothing_else_does(
         (None, {}),
         (mask, {"position_bias": torch.zeros(2, 8, 1, 20)}),
         (mask, {"dropout": 0.1}),
+        (mask, {"s_aux": torch.zeros(8)}),
+        (mask, {"sinks": torch.zeros(8)}),
+        (torch.zeros(2, 1, 1, 20).masked_fill(~mask, -1e9), {}),  # an additive float mask
+        (mask.expand(2, 8, 1, 20), {}),  # a mask per head
     ]
     for m, kw in cases:
         _compiled(lambda q, k, v, m, kw=kw: fn(layer, q, k, v, m, **kw))(q, k, v, m)
+    # one mask row broadcast over three queries (sdpa takes it; grouped wants a row per query)
+    q3 = _problem(2, 8, 2, 3, 20, [7, 12])[0]
+    _compiled(lambda q, k, v, m: fn(layer, q, k, v, m))(q3, k, v, mask)
     qp, kp, vp, mp = _problem(2, 8, 2, 12, 20, [14, 15])
     _compiled(lambda q, k, v, m: fn(layer, q, k, v, m))(qp, kp, vp, mp)
     assert taken == []

@@ -133,9 +133,10 @@ GROUPED_MAX_QUERIES = 8
 
 
 def _grouped_applies(module: Any, query: Any, key: Any, attention_mask: Any, kwargs: dict[str, Any]) -> bool:
-    """A compiled decode step that :func:`grouped_decode_attention` computes exactly as sdpa would: a boolean mask
-    of one head (what sdpa_mask builds), whole groups of heads, nothing else sdpa would add (a position bias,
-    dropout, causal alignment of a mask-less call)."""
+    """A compiled decode step whose attention :func:`grouped_decode_attention` computes as sdpa does, to eager's
+    precision (bf16 scores: within bf16 tolerance of sdpa's fp32 ones, not bit-equal): a boolean mask of one
+    head (what sdpa_mask builds), whole groups of heads, nothing else sdpa would add or refuse (a position
+    bias, dropout, causal alignment of a mask-less call, soft-capping, attention sinks)."""
     return (
         attention_mask is not None
         and attention_mask.dtype == torch.bool
@@ -145,6 +146,10 @@ def _grouped_applies(module: Any, query: Any, key: Any, attention_mask: Any, kwa
         and query.shape[2] <= GROUPED_MAX_QUERIES
         and query.shape[1] % key.shape[1] == 0
         and kwargs.get("position_bias") is None
+        # sdpa refuses soft-capping and has no sinks; dropping them here would change the model's attention
+        and kwargs.get("softcap") is None
+        and kwargs.get("s_aux") is None
+        and kwargs.get("sinks") is None
         and not kwargs.get("dropout")
         and not kwargs.get("output_attentions")
     )

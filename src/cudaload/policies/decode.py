@@ -324,6 +324,8 @@ def choose_decode(
         comp_why = [f"not {MARGIN:.0%} faster for the declared work", *comp_why]
     elif not compiled and not work.declared and not explicit:
         comp_why = ["no work declared", *comp_why]
+    elif not compiled and unmeasured_attention and not explicit:
+        comp_why = [f"not measured with {attention}", *comp_why]
     elif not compiled:
         comp_why = ["not requested", *comp_why]
     if compiled and cache_len_reasons:
