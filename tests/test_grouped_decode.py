@@ -52,7 +52,7 @@ def test_grouped_attention_equals_transformers_sdpa(heads: int, kv_heads: int, q
     layer = _Layer(heads // kv_heads)
     for scaling in (None, 0.3):
         ref, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=scaling)
-        got, weights = grouped_decode_attention(layer, q, k, v, mask, scaling)
+        got, weights = grouped_decode_attention(q, k, v, mask, scaling)
         assert weights is None and got.shape == ref.shape == (2, queries, heads, 16)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
@@ -67,13 +67,13 @@ def test_bf16_within_eager_precision_other_value_widths_and_a_shared_mask() -> N
     q, k, v, mask = _problem(2, 8, 2, 1, 64, [30, 50])
     layer = _Layer(4)
     ref = sdpa_attention_forward(layer, q, k, v, mask)[0]
-    got = grouped_decode_attention(layer, q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, None)[0]
+    got = grouped_decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, None)[0]
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), ref, rtol=0.03, atol=0.03)
     wide = torch.randn(2, 2, 64, 24, generator=torch.Generator().manual_seed(5))
     one = mask[:1]
     ref_w = sdpa_attention_forward(layer, q, k, wide, one)[0]
-    got_w = grouped_decode_attention(layer, q, k, wide, one, None)[0]
+    got_w = grouped_decode_attention(q, k, wide, one, None)[0]
     assert got_w.shape == (2, 1, 8, 24)
     torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-5)
 
@@ -82,9 +82,8 @@ def test_soft_capping_is_never_dropped_by_the_compiled_step() -> None:
     from cudaload.sdpa_decode import _grouped_applies
 
     q, k, _, mask = _problem(1, 8, 2, 1, 20, [9])
-    layer = _Layer(4)
-    assert _grouped_applies(layer, q, k, mask, {"scaling": 0.2, "dropout": 0.0})
-    assert not _grouped_applies(layer, q, k, mask, {"softcap": 50.0})
+    assert _grouped_applies(q, k, mask, {"scaling": 0.2, "dropout": 0.0})
+    assert not _grouped_applies(q, k, mask, {"softcap": 50.0})
 
 
 def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,9 +106,9 @@ def test_a_compiled_masked_decode_step_runs_grouped_and_nothing_else_does(
     taken: list[tuple[int, ...]] = []
     real = sdpa_decode.grouped_decode_attention
 
-    def spy(module: Any, query: Any, *a: Any) -> Any:
+    def spy(query: Any, *a: Any) -> Any:
         taken.append(tuple(query.shape))
-        return real(module, query, *a)
+        return real(query, *a)
 
     monkeypatch.setattr(sdpa_decode, "grouped_decode_attention", spy)
     layer = _Layer(4)
@@ -197,9 +196,9 @@ def test_compiled_static_decode_through_cudaload_sdpa_gives_the_dynamic_tokens(
     taken: list[int] = []
     real = sdpa_decode.grouped_decode_attention
 
-    def spy(module: Any, query: Any, *a: Any) -> Any:
+    def spy(query: Any, *a: Any) -> Any:
         taken.append(query.shape[2])
-        return real(module, query, *a)
+        return real(query, *a)
 
     sdpa_decode.grouped_decode_attention = spy  # type: ignore[assignment]
     try:

@@ -107,7 +107,7 @@ def _recurs(module: Any, query: Any, key: Any, mask: Any) -> bool:
 
 
 def grouped_decode_attention(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None
+    query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None
 ) -> tuple[Any, None]:
     """Attention of a few queries per sequence over a masked cache, the query heads grouped by the key/value head
     they share, so each key/value head is read once and nothing is repeated: two batched matmuls and a softmax
@@ -132,7 +132,7 @@ def grouped_decode_attention(
 GROUPED_MAX_QUERIES = 8
 
 
-def _grouped_applies(module: Any, query: Any, key: Any, attention_mask: Any, kwargs: dict[str, Any]) -> bool:
+def _grouped_applies(query: Any, key: Any, attention_mask: Any, kwargs: dict[str, Any]) -> bool:
     """A compiled decode step whose attention :func:`grouped_decode_attention` computes as sdpa does, to eager's
     precision (bf16 scores: within bf16 tolerance of sdpa's fp32 ones, not bit-equal): a boolean mask of one
     head (what sdpa_mask builds), whole groups of heads, nothing else sdpa would add or refuse (a position
@@ -155,14 +155,25 @@ def _grouped_applies(module: Any, query: Any, key: Any, attention_mask: Any, kwa
     )
 
 
+def _compiled_decode_step(
+    query: Any, key: Any, value: Any, attention_mask: Any, kwargs: dict[str, Any]
+) -> Any:
+    """Both variants' rule inside a compiled graph: a decode step :func:`_grouped_applies` to runs grouped (its
+    result), anything else None (the variant's own path)."""
+    if torch.compiler.is_compiling() and _grouped_applies(query, key, attention_mask, kwargs):
+        return grouped_decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
+    return None
+
+
 def sdpa_decode_forward(
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
 ) -> tuple[Any, Any]:
     """transformers' sdpa; cuDNN left out unless this shape recurs (see the module's docstring)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if torch.compiler.is_compiling() and _grouped_applies(module, query, key, attention_mask, kwargs):
-        return grouped_decode_attention(module, query, key, value, attention_mask, kwargs.get("scaling"))  # type: ignore[no-any-return]
+    grouped = _compiled_decode_step(query, key, value, attention_mask, kwargs)
+    if grouped is not None:
+        return grouped  # type: ignore[no-any-return]
     # a compiled graph fixes its kernels when traced: no counting there, cuDNN stays out (new lengths under
     # dynamic shapes would each build a graph)
     if torch.compiler.is_compiling() or not _recurs(module, query, key, attention_mask):
@@ -176,9 +187,9 @@ def sdpa_no_cudnn_forward(
     """transformers' sdpa with cuDNN left out of every call (a compiled decode step: grouped, as above)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if torch.compiler.is_compiling() and _grouped_applies(module, query, key, attention_mask, kwargs):
-        return grouped_decode_attention(module, query, key, value, attention_mask, kwargs.get("scaling"))  # type: ignore[no-any-return]
-
+    grouped = _compiled_decode_step(query, key, value, attention_mask, kwargs)
+    if grouped is not None:
+        return grouped  # type: ignore[no-any-return]
     return _without_cudnn(sdpa_attention_forward, module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
 
 

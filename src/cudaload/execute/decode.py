@@ -147,14 +147,12 @@ def _dynamic(model: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": "dynamic"}
     gc = getattr(model, "generation_config", None)
     asked = getattr(gc, "cache_implementation", None)
-    if asked is None:
+    if gc is None or asked is None:
         return out
     # the names generate() builds a StaticCache for (5.17-5.24 generation/configuration_utils.py:47-57)
     from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
-    if (
-        gc is not None and asked in ALL_STATIC_CACHE_IMPLEMENTATIONS
-    ):  # "offloaded" or "quantized" are dynamic caches: kept
+    if asked in ALL_STATIC_CACHE_IMPLEMENTATIONS:  # "offloaded" or "quantized" are dynamic caches: kept
         gc.cache_implementation = None
         out["checkpoint_cache_implementation"] = asked
     return out
