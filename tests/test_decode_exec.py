@@ -142,6 +142,7 @@ def test_a_compiled_plan_sets_exactly_the_static_cache_and_the_compile_config(ti
         "cache_implementation": "static",
         "compile_config": {"backend": "aot_eager", "mode": None, "fullgraph": False, "dynamic": False},
         "max_cache_len": 64,
+        "stop_check": "late",  # generate() reads the stop one step late (cudaload.decode_loop)
         "compiles_on_device": False,  # a CPU model: transformers compiles there only with _compile_all_devices
     }
 

@@ -133,6 +133,11 @@ class DecodePlan:
                 f"    static cache of {self.max_cache_len:,} slots (buckets {', '.join(f'{b:,}' for b in self.cache_buckets)}); "
                 f"batch sizes {', '.join(str(b) for b in self.batch_sizes) or '-'}",
             )
+            lines.insert(
+                2,
+                "    generate(): greedy and sampling calls read the stop one step late, so the host queues the next "
+                "step while the GPU runs this one (cudaload.decode_loop)",
+            )
         lines[1:1] = [f"    assumed: {a}" for a in self.assumed]
         lines += [f"    note: {n}" for n in self.notes]
         return lines

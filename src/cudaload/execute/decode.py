@@ -3,7 +3,9 @@ through the model's generation config, its compile artifacts kept across process
 compile before the user's first ``generate()``.
 
 Nothing is patched: a compiled plan sets three fields of ``model.generation_config`` that ``generate()`` reads
-(transformers 5.17-5.24 all have them; see :func:`apply_decode`). transformers then builds a ``StaticCache`` and
+(transformers 5.17-5.24 all have them; see :func:`apply_decode`), and gives the model a ``generate`` that passes
+transformers' ``custom_generate`` hook the sampling loop with the stop read one step late
+(:mod:`cudaload.decode_loop`). transformers then builds a ``StaticCache`` and
 runs each decode step through ``model.get_compiled_call(compile_config)`` (5.17 generation/utils.py:2995-2998;
 modeling_utils.py:4676-4692); the prefill stays eager, so only calls that decode at least one token compile.
 
@@ -21,7 +23,7 @@ import time
 import warnings
 from typing import Any
 
-from .. import compile_cache
+from .. import compile_cache, decode_loop
 from ..decode_plan import DecodePlan
 from ..errors import ConfigurationError, CudaloadWarning
 
@@ -84,6 +86,10 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
     # GenerationConfig.max_cache_len: in every transformers cudaload supports (5.17 configuration_utils.py:409,
     # read by generation/utils.py:2122-2123; 5.22 and 5.24 the same)
     gc.max_cache_len = out["max_cache_len"] = settings["max_cache_len"]
+    # the compiled step leaves the host's per-token wait as the largest cost above the GPU's work: greedy and
+    # sampling calls read the stop one step late (cudaload.decode_loop), so the host queues the next step meanwhile
+    decode_loop.install(model)
+    out["stop_check"] = "late"
     device = getattr(model, "device", None)
     if getattr(device, "type", None) not in _COMPILING_DEVICES:
         # transformers does not compile there unless CompileConfig._compile_all_devices is set (its test switch)
@@ -160,6 +166,7 @@ def _dynamic(model: Any) -> dict[str, Any]:
 
 def undo_decode(model: Any) -> None:
     """The generation config as a dynamic plan leaves it: no static cache, no compile settings."""
+    decode_loop.uninstall(model)
     gc = getattr(model, "generation_config", None)
     if gc is None:
         return
