@@ -9,7 +9,8 @@ start (the interpreter's start time, so imports count). Methods:
 
 - ``plain``: ``from_pretrained(dtype=bfloat16, device_map="cuda")`` (sdpa), ``generate()`` as transformers
   defaults (dynamic cache).
-- ``cudaload``: ``load_model(path)``, no work declared (its default).
+- ``cudaload``: ``load_model(path)``, no work declared (its default); ``cudaload:nf4`` / ``cudaload:int8``: with
+  ``quantization=`` that bitsandbytes rung (needs bitsandbytes).
 - ``declared``: ``load_model(path, seq_len=S, batch_size=B, new_tokens=N, generate_calls=C)``: the work declared
   (the longest prompt + new tokens, the largest batch, one call's new tokens, the calls), the plan decides
   (``plan.decode``).
@@ -20,10 +21,15 @@ start (the interpreter's start time, so imports count). Methods:
   ``--artifacts`` (``torch.compiler.load_cache_artifacts`` / ``save_cache_artifacts``).
 
 Jobs (greedy, exactly ``new`` tokens each call, EOS off; prompts random ids, batches left-padded with a mask):
-``short``: 3 calls, 512+100 each (~300 new tokens); ``long``: 1 call 512+5,000 at batch 1; ``batched``: 2 calls
+``short``: 3 calls, 512+100 each (~300 new tokens); ``quant``: 2 calls of 512+128 (issue 35's quantized-rung
+comparison reads the second); ``long``: 1 call 512+5,000 at batch 1; ``batched``: 2 calls
 of batch 8, prompts 200-700 tokens left-padded, +128; ``probe``: a compile probe: 512+16 (the compile), then
 512+256, 900+256, 1500+128 (the same bucket: no recompile expected), each call timed, the prefill of each
-prompt timed apart (``max_new_tokens=1``) so ms per decode token = (call - prefill) / (new - 1).
+prompt timed apart (``max_new_tokens=1``) so ms per decode token = (call - prefill) / (new - 1). ``ab``: the
+probe's first call, then its other calls ``--reps`` times, each with both decode loops in rotated order, in one
+process: ``late`` (``custom_generate=cudaload.decode_loop.late_stop_sample``, the stop read one step late; what a
+compiled plan's ``generate()`` passes) and ``transformers`` (``custom_generate=None``: transformers' ``_sample``),
+their ms per decode token and whether their greedy ids are equal.
 
 Recorded per run: seconds from process start to the model ready and to the job's end, every call's seconds,
 ms per decode token, dynamo's compile counters, peak memory; ``--profile`` adds a torch.profiler table of 16
@@ -55,8 +61,14 @@ JOBS: dict[str, list[tuple[int, Any, int]]] = {
         (8, [260, 700, 450, 330, 590, 210, 640, 500], 128),
     ],
     "probe": [(1, 512, 16), (1, 512, 256), (1, 900, 256), (1, 1500, 128)],
+    # issue 35's quantized-rung comparison: the second call of 512 + 128 (run with cudaload:nf4 / cudaload:int8)
+    "quant": [(1, 512, 128), (1, 512, 128)],
+    # the probe's calls again, each timed with both decode loops in rotated order (see ``_ab``)
+    "ab": [(1, 512, 16), (1, 512, 256), (1, 900, 256), (1, 1500, 128)],
 }
 SMOKE_JOBS: dict[str, list[tuple[int, Any, int]]] = {
+    "ab": [(1, 16, 4), (1, 20, 8), (1, 30, 8)],
+    "quant": [(1, 16, 6), (1, 16, 6)],
     "short": [(1, 16, 6), (1, 16, 6)],
     "long": [(1, 16, 40)],
     "batched": [(2, [12, 7], 5)],
@@ -106,6 +118,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         import cudaload
 
         kw: dict[str, Any] = {}
+        if variant in ("nf4", "int8"):  # cudaload:nf4 / cudaload:int8: that bitsandbytes rung, forced
+            kw["quantization"] = variant
         if method in ("declared", "compiled"):
             # new_tokens: one call's new tokens (of seq_len); generate_calls: how many calls
             kw = {
@@ -158,11 +172,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             mask[i, L - n :] = 1
         return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
-    def timed(x: dict[str, Any], new: int) -> tuple[float, Any]:
+    def timed(x: dict[str, Any], new: int, **kw: Any) -> tuple[float, Any]:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        y = model.generate(**x, max_new_tokens=new, min_new_tokens=new)
+        y = model.generate(**x, max_new_tokens=new, min_new_tokens=new, **kw)
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0, y
@@ -170,6 +184,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     calls = []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    if spec["job"] == "ab":
+        _ab(out, jobs, timed, inputs, int(spec.get("reps") or 3))
+        jobs = []
     for b, lens, new in jobs:
         x = inputs(b, lens)
         s, y = timed(x, new)
@@ -185,7 +202,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         print(TAG + json.dumps({"progress": row}), flush=True)
     out["job_s"] = time.time() - t_start
     out["new_tokens"] = new_total
-    out["tokens_head"] = y[0, -8:].tolist()
+    if calls:
+        out["tokens_head"] = y[0, -8:].tolist()
     try:
         from torch._dynamo.utils import counters
 
@@ -215,13 +233,61 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _ab(out: dict[str, Any], jobs: list[tuple[int, Any, int]], timed: Any, inputs: Any, reps: int) -> None:
+    """Both decode loops on the same calls in one process (same model, same compiled graph), in rotated order."""
+    import statistics
+
+    from cudaload.decode_loop import late_stop_sample
+
+    loops: dict[str, dict[str, Any]] = {
+        "late": {"custom_generate": late_stop_sample},
+        "transformers": {"custom_generate": None},
+    }
+    b, lens, new = jobs[0]
+    first_s, _ = timed(inputs(b, lens), new)  # a compiled plan's first call (its compile, where not warmed)
+    ms: dict[str, list[float]] = {k: [] for k in loops}
+    rows, equal, turn = [], True, 0
+    diffs: list[int | None] = []
+    for rep in range(reps):
+        for b, lens, new in jobs[1:]:
+            x = inputs(b, lens)
+            prefill, _ = timed(x, 1)
+            names = list(loops)
+            names = names[turn % 2 :] + names[: turn % 2]
+            turn += 1
+            ids = {}
+            for name in names:
+                s, ids[name] = timed(x, new, **loops[name])
+                ms[name].append((s - prefill) / max(new - 1, 1) * 1000)
+                rows.append(
+                    {"rep": rep, "prompt": lens, "new": new, "loop": name, "seconds": s, "prefill_s": prefill}
+                )
+            a, t = ids["late"][0, -new:].tolist(), ids["transformers"][0, -new:].tolist()
+            # where the two parted (None: never): greedy ids of random bf16 weights part at near-ties, and
+            # cudaload_sdpa sends a prompt shape to cuDNN from its third meeting (so the second loop's prefill of
+            # a length can round differently from the first's)
+            diffs.append(next((i for i, (p, q) in enumerate(zip(a, t, strict=True)) if p != q), None))
+            equal = equal and a == t
+            print(TAG + json.dumps({"progress": rows[-1]}), flush=True)
+    out["ab"] = {
+        "first_s": first_s,
+        "rows": rows,
+        "ms_per_token": ms,
+        "median": {k: statistics.median(v) for k, v in ms.items() if v},
+        "spread": {k: [min(v), max(v)] for k, v in ms.items() if v},
+        "ids_equal": equal,
+        "first_difference": diffs,
+    }
+
+
 def _profile(out: dict[str, Any], timed: Any, inputs: Any) -> None:
     """Where 16 decode steps' time goes: torch.profiler's tables by GPU and by CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     x = inputs(1, 512)
+    timed(x, 17)  # the shapes of this call met once before the profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        timed(x, 17)
+        out["profile_wall_s"], _ = timed(x, 17)
     out["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     out["profile_cpu"] = prof.key_averages().table(sort_by="cpu_time_total", row_limit=15)
 
@@ -264,6 +330,17 @@ def write(out: Path, res: dict[str, Any]) -> None:
             f"| {secs} | {mspt} | {st.get('unique_graphs', '-')} | "
             f"{str(r.get('error') or '')[-160:].replace(chr(10), ' ')} |"
         )
+    for r in res["runs"]:
+        ab = r.get("ab")
+        if ab:
+            lines.append(
+                f"\n{r['spec']['label']}: ms per decode token, median [min, max]: "
+                + "; ".join(
+                    f"{k} {ab['median'][k]:.2f} {[round(x, 2) for x in ab['spread'][k]]}"
+                    for k in ab["median"]
+                )
+                + f"; greedy ids equal: {ab['ids_equal']} (first difference at new token: {ab.get('first_difference')})"
+            )
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -276,6 +353,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--profile", default="", help="labels of runs to profile (comma-separated)")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the ab job's calls")
     ap.add_argument("--child")
     a = ap.parse_args()
     if a.child:
@@ -334,6 +412,7 @@ def main() -> int:
             "smoke": a.smoke,
             "artifacts": str(work / "mega.bin"),
             "profile": label in a.profile.split(",") or item in a.profile.split(","),
+            "reps": a.reps,
         }
         left = a.budget_s - (time.perf_counter() - t0)
         if left < 30:

@@ -11,6 +11,12 @@
 #   benchmarks/gpu_decode_suite.sh 3   the compiled step with the grouped decode attention: probe profiled, the
 #      long job compiled cold then warm, the default on the long job, the short job default and declared
 #   benchmarks/gpu_decode_suite.sh 4   GPU parity tests, then short / probe / batched jobs (see the branch)
+#   benchmarks/gpu_decode_suite.sh 5   the late stop (cudaload.decode_loop): GPU parity tests, then both decode
+#      loops on the probe's calls in one process, compiled (profiled) and dynamic (the ab job)
+#   benchmarks/gpu_decode_suite.sh 7   (carry .whl with the quant group) the quantized rungs' decode and plain
+#      transformers on the long job
+#   benchmarks/gpu_decode_suite.sh 6   the long job compiled with the late stop, cold then warm, then the ab job
+#      again (where the two loops' greedy ids part)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -18,6 +24,32 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 7 ]; then
+  # carry .whl (../shared/device/wheels.sh quant): the quantized rungs' decode, then plain transformers on the
+  # long job (last: the budget may end it)
+  source .whl/env.sh
+  timeout 570 python benchmarks/bench_decode.py --out "$out/d8" --work "$work" \
+    --runs "cudaload:quant,cudaload:nf4:quant,cudaload:int8:quant,plain:long" --budget-s 565 2>&1 | log > "$out/d8.log"
+  rm -f "$out"/d*/results.md
+  exit 0
+fi
+if [ "${1:-1}" = 6 ]; then
+  timeout 560 python benchmarks/bench_decode.py --out "$out/d7" --work "$work" \
+    --runs "compiled:long,compiled~:long,compiled:ab" --reps 2 --budget-s 555 2>&1 | log > "$out/d7.log"
+  rm -f "$out"/d*/results.md
+  exit 0
+fi
+if [ "${1:-1}" = 5 ]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_decode_loop.py tests/test_decode_exec.py \
+    -k "late_loop or matches_the_dynamic or gpu_static or inside_the_bucket" > "$out/pytest.log" 2>&1
+  echo "pytest rc=$? $(date +%T)" >> "$out/pytest.log"
+  timeout 400 python benchmarks/bench_decode.py --out "$out/d6" --work "$work" --runs "compiled:ab,cudaload:ab" \
+    --reps 3 --profile 0:compiled:ab --budget-s 395 2>&1 | log > "$out/d6.log"
+  rm -f "$out"/d*/results.md
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+  python -c "import torch, transformers; print(torch.__version__, torch.version.cuda, transformers.__version__)" >> "$out/gpu.txt" 2>&1
+  exit 0
+fi
 if [ "${1:-1}" = 4 ]; then
   # the GPU parity tests (compiled vs dynamic greedy tokens on sdpa and on cudaload_sdpa's grouped attention, the
   # sdpa variants' bf16 logits), then: the short job after the padded/unpadded decode cuDNN thresholds, the probe
