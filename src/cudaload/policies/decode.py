@@ -5,9 +5,10 @@ compile cache is warm (:func:`cudaload.compile_cache.present` of :func:`decode_c
 cache lengths fit in memory.
 
 The compile is the price: ~58 s cold, 11-13 s from cudaload's saved artifacts on the H200 for the 8B shape,
-against decode steps ~4.5x faster after it (7.4-8.8 ms at 2,048 slots, 8.1-8.6 at 6,144, against the dynamic
-path's 30-44 ms; benchmarks/results/2026-12-03-h200, runs 43-45: the compiled step runs cudaload_sdpa's grouped
-decode attention, :mod:`cudaload.sdpa_decode`). So:
+against decode steps ~5.5x faster after it (6.0-6.3 ms at 2,048 slots, 6.2 at 6,144, a process's first calls
+8-10, against the dynamic path's 30-44 ms; benchmarks/results/2026-12-03-h200, runs 43-47: the compiled step runs
+cudaload_sdpa's grouped decode attention, :mod:`cudaload.sdpa_decode`, and generate() reads its stop one step
+late, :mod:`cudaload.decode_loop`). So:
 
 * no work declared: ``dynamic``; the default never pays a compile the process is not known to recover;
 * work declared (new tokens per call x calls, batch, the longest sequence): each mode's job seconds, and
@@ -61,9 +62,9 @@ MARGIN = 0.10
 #: handful of short buckets would each compile once
 BUCKET_MIN = 1024
 #: above this bucket the buckets grow by :data:`BUCKET_STEP` instead of doubling: the compiled step's time grows
-#: with the static cache's slots, used or not (H200, 8B, grouped decode attention: ~7.9 ms/token at 2,048 slots,
-#: ~8.3 at 6,144, ~0.1 ms per 1,000 slots; 1.6 ms per 1,000 with sdpa's memory-efficient kernel before it,
-#: benchmarks/results/2026-12-03-h200 runs 41-44), and a doubled bucket holds twice the static cache's memory
+#: with the static cache's slots, used or not (H200, 8B, grouped decode attention: ~0.1 ms per 1,000 slots in
+#: run42's kernel timings, below the calls' noise: 6.0-6.3 ms/token at 2,048 slots, 6.2 at 6,144, runs 46-47;
+#: 1.6 ms per 1,000 with sdpa's memory-efficient kernel before it, benchmarks/results/2026-12-03-h200 runs 41-44), and a doubled bucket holds twice the static cache's memory
 BUCKET_DOUBLING_UNTIL = 4096
 #: a decode measurement speaks for models whose weights are within this factor of the measured model's
 SCALE_LIMIT = 4.0
@@ -71,7 +72,7 @@ BUCKET_STEP = 2048
 #: transformers' CompileConfig keywords: ``fullgraph`` False is CompileConfig's default (transformers 5.17
 #: generation/configuration_utils.py:1659) and what generate() forces with flash attention anyway
 #: (generation/utils.py:2300-2308, flash attention breaks the graph); True would turn any graph break of a
-#: model's code into an error, and the measured 7.4-8.8 ms/token were with the default. ``dynamic`` False: the
+#: model's code into an error, and the measured 6.0-6.3 ms/token were with the default. ``dynamic`` False: the
 #: static cache fixes every shape, so one graph per bucket and batch. ``mode`` reduce-overhead: CUDA graphs,
 #: where the decode step's time goes on a GPU this fast (CompileConfig's default, configuration_utils.py:1662)
 COMPILE_CONFIG: Mapping[str, Any] = {"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"}
