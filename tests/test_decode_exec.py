@@ -142,7 +142,8 @@ def test_a_compiled_plan_sets_exactly_the_static_cache_and_the_compile_config(ti
         "cache_implementation": "static",
         "compile_config": {"backend": "aot_eager", "mode": None, "fullgraph": False, "dynamic": False},
         "max_cache_len": 64,
-        "stop_check": "late",  # generate() reads the stop one step late (cudaload.decode_loop)
+        # the late stop (cudaload.decode_loop) is for CUDA: a CPU model keeps transformers' loop, and says why
+        "stop_check": "transformers' (the model is on cpu, not CUDA: the host waits for nothing there)",
         "compiles_on_device": False,  # a CPU model: transformers compiles there only with _compile_all_devices
     }
 
@@ -387,7 +388,7 @@ def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(
         ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(top2[..., 0].abs())))
         dynamic.append((out.sequences[:, p.shape[1] :], top2[..., 0] - top2[..., 1], 4 * ulp))
     plan = _gpu_plan()
-    apply_decode(gpu_lm, plan)
+    assert apply_decode(gpu_lm, plan)["stop_check"] == "late"  # the compiled calls run cudaload.decode_loop
     warm = warm_decode(gpu_lm, plan)
     assert warm["compiled"]
     compared = 0

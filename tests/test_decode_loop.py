@@ -38,8 +38,9 @@ def _forced(
     **model_kwargs: Any,
 ) -> Any:
     """The late-stop loop on any device (what late_stop_sample runs on CUDA)."""
+    assert streamer is None  # transformers hands none to a callable
     return decode_loop._loop(
-        model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, model_kwargs
+        model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
     )
 
 
@@ -81,6 +82,14 @@ def test_the_late_loop_gives_transformers_greedy_ids_with_early_stops_in_a_padde
             **x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos, custom_generate=_forced
         )
         assert got.tolist() == want.tolist(), eos
+    # every row stopping, each at its own step: the loop ends on a stop it reads one step late and undoes that step
+    eos = [int(new[0, 2]), int(new[1, 4]), int(new[2, 6])]
+    want = lm.generate(**x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos)
+    got = lm.generate(
+        **x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos, custom_generate=_forced
+    )
+    assert want.shape[1] < x["input_ids"].shape[1] + 12  # it did stop early
+    assert got.tolist() == want.tolist()
     # a stop at the first decoded token, and a length limit of one token
     first = [int(new[0, 0]), int(new[1, 0]), int(new[2, 0])]
     for kw in ({"max_new_tokens": 5, "eos_token_id": first}, {"max_new_tokens": 1, "eos_token_id": None}):
@@ -90,44 +99,41 @@ def test_the_late_loop_gives_transformers_greedy_ids_with_early_stops_in_a_padde
 
 
 def test_the_late_loop_gives_transformers_sampled_ids_for_the_same_seed(lm: Any) -> None:
+    """Two seeded sampling calls in a row, stopping early at an EOS: the same ids as transformers' loop, the second
+    call too (the undone step's draw is put back)."""
     import torch
 
     x = _batch(lm.config.vocab_size)
-    kw = {"max_new_tokens": 9, "do_sample": True, "top_k": 20, "temperature": 0.8, "pad_token_id": 0}
-    torch.manual_seed(7)
-    want = lm.generate(**x, **kw)
-    torch.manual_seed(7)
-    got = lm.generate(**x, custom_generate=_forced, **kw)
-    assert got.tolist() == want.tolist()
+    for eos in (None, list(range(3, lm.config.vocab_size, 3))):  # a third of the vocabulary ends a row
+        kw = {"max_new_tokens": 9, "do_sample": True, "top_k": 20, "temperature": 0.8, "pad_token_id": 0}
+        kw["eos_token_id"] = eos
+        torch.manual_seed(7)
+        want = [lm.generate(**x, **kw) for _ in range(2)]
+        torch.manual_seed(7)
+        got = [lm.generate(**x, custom_generate=_forced, **kw) for _ in range(2)]
+        assert [g.tolist() for g in got] == [w.tolist() for w in want], eos
+        if eos is not None:
+            assert all(w.shape[1] < x["input_ids"].shape[1] + 9 for w in want)  # they stopped early
 
 
 def test_late_stop_stops_one_step_late_and_undoes_that_step() -> None:
     import torch
 
-    ids = torch.zeros((2, 4), dtype=torch.long)
-    streamer = _Collect()
-    stop = decode_loop.LateStop(ids, max_length=100, streamer=streamer)
-    ones = torch.ones(2, dtype=torch.long)
-    assert stop(ones, torch.tensor([5, 6]), 5) is False
-    assert (
-        stop(torch.tensor([0, 0]), torch.tensor([7, 8]), 6) is False
-    )  # everything stopped: seen one step later
-    assert stop(torch.tensor([0, 0]), torch.tensor([0, 0]), 7) is True
+    stop = decode_loop.LateStop(torch.zeros((2, 4), dtype=torch.long), max_length=100)
+    assert stop(torch.ones(2, dtype=torch.long), 5) is False
+    assert stop(torch.tensor([0, 0]), 6) is False  # everything stopped: seen one step later
+    assert stop(torch.tensor([0, 0]), 7) is True
     assert stop.finish() == 1
-    assert streamer.got == [[5, 6], [7, 8]]  # the undone step's tokens are never streamed
 
 
-def test_late_stop_stops_at_the_length_limit_at_once_and_streams_the_last_tokens() -> None:
+def test_late_stop_stops_at_the_length_limit_at_once() -> None:
     import torch
 
-    ids = torch.zeros((1, 4), dtype=torch.long)
-    streamer = _Collect()
-    stop = decode_loop.LateStop(ids, max_length=6, streamer=streamer)
+    stop = decode_loop.LateStop(torch.zeros((1, 4), dtype=torch.long), max_length=6)
     one = torch.ones(1, dtype=torch.long)
-    assert stop(one, torch.tensor([5]), 5) is False
-    assert stop(one, torch.tensor([9]), 6) is True
+    assert stop(one, 5) is False
+    assert stop(one, 6) is True
     assert stop.finish() == 0
-    assert streamer.got == [[5], [9]]
 
 
 def test_late_stop_sample_keeps_transformers_loop_where_it_must(lm: Any) -> None:
@@ -173,7 +179,6 @@ def test_the_refusals_name_their_reason() -> None:
     class UserCache:
         _is_user_defined = True
 
-    cuda_ids = torch.zeros((1, 2), dtype=torch.long, device="meta")
     cuda_ids = type("Ids", (), {"device": torch.device("cuda", 0)})()
     gc = GenerationConfig()
     assert decode_loop.late_stop_refusal(M(), cuda_ids, gc, False, {}) is None
@@ -192,7 +197,15 @@ def test_the_refusals_name_their_reason() -> None:
     assert str(decode_loop.late_stop_refusal(M(), torch.zeros(1), gc, False, {})).startswith("cpu:")
 
 
-def test_install_passes_the_loop_to_sampling_calls_only(lm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def on_cpu_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """install() refuses a CPU model (tested below with explicit facts); these tests bind it there anyway."""
+    monkeypatch.setattr(decode_loop, "install_refusal", lambda model: None)
+
+
+def test_install_passes_the_loop_to_sampling_calls_only(
+    lm: Any, monkeypatch: pytest.MonkeyPatch, on_cpu_too: None
+) -> None:
     seen: list[bool] = []
     real = decode_loop.late_stop_sample
 
@@ -203,26 +216,92 @@ def test_install_passes_the_loop_to_sampling_calls_only(lm: Any, monkeypatch: py
     monkeypatch.setattr(decode_loop, "late_stop_sample", spy)
     x = _batch(lm.config.vocab_size)
     want = lm.generate(**x, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    decode_loop.install(lm)
+    assert decode_loop.install(lm) is None
     assert decode_loop.installed(lm)
     assert lm.generate(**x, max_new_tokens=4, do_sample=False, pad_token_id=0).tolist() == want.tolist()
     assert seen == [True]
     lm.generate(**x, max_new_tokens=4, do_sample=True, pad_token_id=0)
     assert seen == [True, True]
-    # beams, a streamer, synced_gpus or the caller's own custom_generate: transformers' generate() untouched
+    # beams, a streamer, the caller's own custom_generate (None included) or criteria, a tokenizer (stop
+    # strings): transformers' generate() untouched
+    from transformers import StoppingCriteriaList
+
+    from cudaload.testing import make_tokenizer
+
+    tok = make_tokenizer(lm.config.vocab_size)
     lm.generate(**x, max_new_tokens=3, num_beams=2, do_sample=False, pad_token_id=0)
     lm.generate(input_ids=x["input_ids"][:1], max_new_tokens=3, pad_token_id=0, streamer=_Collect())
     lm.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0, custom_generate=_forced)
+    lm.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0, custom_generate=None)
+    lm.generate(**x, max_new_tokens=3, pad_token_id=0, stopping_criteria=StoppingCriteriaList())
+    lm.generate(**x, max_new_tokens=3, pad_token_id=0, stop_strings=["a"], tokenizer=tok)
     assert seen == [True, True]
     decode_loop.uninstall(lm)
     assert not decode_loop.installed(lm) and "generate" not in vars(lm)
 
 
-def test_an_installed_generate_follows_a_deep_copy(lm: Any) -> None:
+def test_the_sampling_check_merges_a_passed_config_with_the_models(lm: Any) -> None:
+    """transformers fills a passed generation config's unset fields from the model's (5.17
+    generation/utils.py:1936): a model whose config asks for beams makes such a call a beam search."""
+    from transformers import GenerationConfig
+
+    assert decode_loop._sampling_call(lm, (), {"generation_config": GenerationConfig(max_new_tokens=4)})
+    lm.generation_config.num_beams = 3
+    assert not decode_loop._sampling_call(lm, (), {"generation_config": GenerationConfig(max_new_tokens=4)})
+    assert decode_loop._sampling_call(
+        lm, (), {"generation_config": GenerationConfig(max_new_tokens=4, num_beams=1)}
+    )
+    lm.generation_config.num_beams = 1
+    lm.generation_config.stop_strings = ["x"]
+    assert not decode_loop._sampling_call(lm, (), {})
+
+
+def test_an_installed_generate_follows_a_deep_copy_and_pickles(lm: Any, on_cpu_too: None) -> None:
+    import pickle
+
     decode_loop.install(lm)
     twin = copy.deepcopy(lm)
     assert decode_loop.installed(twin)
-    assert twin.generate.__self__ is twin  # not the original's
+    assert twin.generate.args[0] is twin  # bound to the copy, not the original
+    try:
+        blob = pickle.dumps(lm)
+    except Exception as e:  # some transformers' models do not pickle at all (not cudaload's doing)
+        decode_loop.uninstall(lm)
+        try:
+            pickle.dumps(lm)
+        except Exception:
+            pytest.skip(f"this transformers' model does not pickle without cudaload either: {e}")
+        raise
+    back = pickle.loads(blob)
+    assert decode_loop.installed(back) and back.generate.args[0] is back
+
+
+def test_install_refuses_what_it_would_bypass_or_not_speed_up() -> None:
+    """Explicit facts: a CUDA decoder-only model of a class with transformers' own generate and _sample is
+    accepted; the CPU, an encoder-decoder, a class's own generate or _sample, or a generate already on the
+    instance are refused with the reason."""
+    import types
+
+    import torch
+    from transformers.generation.utils import GenerationMixin
+
+    def model(**over: Any) -> Any:
+        ns = {"generate": GenerationMixin.generate, "_sample": GenerationMixin._sample}
+        ns.update(over.pop("cls", {}))
+        m = type("Fake", (), ns)()
+        m.device = over.get("device", torch.device("cuda", 1))
+        m.config = types.SimpleNamespace(is_encoder_decoder=over.get("enc", False))
+        return m
+
+    assert decode_loop.install_refusal(model()) is None
+    assert "not CUDA" in str(decode_loop.install_refusal(model(device=torch.device("cpu"))))
+    assert "encoder-decoder" in str(decode_loop.install_refusal(model(enc=True)))
+    assert "own generate()" in str(decode_loop.install_refusal(model(cls={"generate": lambda self: 0})))
+    assert "own _sample()" in str(decode_loop.install_refusal(model(cls={"_sample": lambda self: 0})))
+    own = model()
+    own.generate = lambda: 0  # a checkpoint's custom_generate
+    assert "already has its own generate" in str(decode_loop.install(own))
+    assert not decode_loop.installed(own)
 
 
 def test_a_mode_moved_to_the_hub_is_refused_with_the_fix(lm: Any) -> None:
@@ -268,4 +347,17 @@ def test_gpu_the_late_loop_runs_on_cuda_and_gives_transformers_ids(
         want = model.generate(**x, **kw)
         got = model.generate(**x, custom_generate=decode_loop.late_stop_sample, **kw)
         assert got.tolist() == want.tolist(), eos
-    assert len(ran) == 2
+    # seeded sampling, two calls in a row, every row ending early at one of a third of the vocabulary
+    kw = {
+        "max_new_tokens": 10,
+        "do_sample": True,
+        "top_k": 50,
+        "pad_token_id": 0,
+        "eos_token_id": list(range(3, 512, 3)),
+    }
+    torch.manual_seed(5)
+    want2 = [model.generate(**x, **kw) for _ in range(2)]
+    torch.manual_seed(5)
+    got2 = [model.generate(**x, custom_generate=decode_loop.late_stop_sample, **kw) for _ in range(2)]
+    assert [g.tolist() for g in got2] == [w.tolist() for w in want2]
+    assert len(ran) == 4

@@ -15,7 +15,7 @@ decoding loop ("generate will perform the usual input preparation steps, then ca
 5.17 generation/utils.py:2472-2481, :2611-2612, :2802-2810). :func:`late_stop_sample` is that callable: the loop
 of ``GenerationMixin._sample`` (5.17 generation/utils.py:2917-3131; 5.22 and 5.24 differ only in the cache's
 name) for the calls where reading the stop late changes nothing that is returned; every other call goes to
-``GenerationMixin._sample`` itself (:func:`late_stop_refusal` says why). :func:`install` gives one model a
+the model class's ``_sample`` itself (:func:`late_stop_refusal` says why). :func:`install` gives one model a
 ``generate`` that passes it, for greedy and sampling calls only (:func:`_sampling_call`).
 """
 
@@ -55,24 +55,25 @@ def late_stop_refusal(
 
 class LateStop:
     """Whether to stop, read one step late: transformers' ``DeferredStopCheck`` (5.17 generation/utils.py:390-479)
-    for a cache that is never returned (so nothing to crop), on CUDA or, for tests, on the CPU (where copies are
-    synchronous and there is no event: the same decisions, nothing overlapped).
+    for a cache that is never returned (so nothing to crop) and no streamer, on CUDA or, for tests, on the CPU
+    (where copies are synchronous and there is no event: the same decisions, nothing overlapped).
 
-    Each step copies "every sequence has stopped" and the new tokens (for a streamer) into one of two pinned host
-    slots, records an event, and then reads the *other* slot: the previous step's, whose copy is done or nearly.
-    ``finish()`` says how many steps to undo (1 where a stop was seen late, 0 where the length limit ended the
-    loop: that one is known on the host, never late)."""
+    Each step copies "every sequence has stopped" into one of two pinned host slots, records an event on the
+    input device's stream (the copy's: with the model on ``cuda:1`` and ``cuda:0`` current, an event recorded
+    on the current device's stream would not order it), and then reads the *other* slot: the previous step's,
+    whose copy is done or nearly. ``finish()`` says how many steps to undo (1 where a stop was seen late, 0 where
+    the length limit ended the loop: that one is known on the host, never late)."""
 
-    def __init__(self, input_ids: Any, max_length: int | None, streamer: Any = None):
+    def __init__(self, input_ids: Any, max_length: int | None):
         import torch
 
-        self.streamer = streamer
         self.max_length = max_length
-        cuda = input_ids.device.type == "cuda"
+        device = input_ids.device
+        cuda = device.type == "cuda"
+        self.stream = torch.cuda.current_stream(device) if cuda else None
         self.slots = deque(
             (
                 torch.zeros((), dtype=torch.bool, pin_memory=cuda),
-                torch.zeros(input_ids.shape[0], dtype=torch.long, pin_memory=cuda),
                 torch.cuda.Event(blocking=True) if cuda else None,
             )
             for _ in range(2)
@@ -80,33 +81,25 @@ class LateStop:
         self.first = True
         self.stop_seen = False
 
-    def __call__(self, unfinished_sequences: Any, tokens: Any, length: int) -> bool:
-        flag, tokens_host, done = self.slots[0]
+    def __call__(self, unfinished_sequences: Any, length: int) -> bool:
+        flag, done = self.slots[0]
         flag.copy_(unfinished_sequences.max() == 0, non_blocking=True)
-        if self.streamer is not None:
-            tokens_host.copy_(tokens, non_blocking=True)
         if done is not None:
-            done.record()
+            done.record(self.stream)
         self.slots.rotate()
-        flag_before, tokens_before, done_before = self.slots[0]
+        flag_before, done_before = self.slots[0]
         if done_before is not None:
             done_before.synchronize()
         if not self.first:
-            if self.streamer is not None:
-                self.streamer.put(tokens_before.clone())
             self.stop_seen = bool(flag_before)
         self.first = False
         return self.stop_seen or (self.max_length is not None and length >= self.max_length)
 
     def finish(self) -> int:
-        for *_, done in self.slots:
+        for _, done in self.slots:
             if done is not None:
                 done.synchronize()
-        undo = 1 if self.stop_seen else 0
-        if self.streamer is not None and not undo:
-            # the last step's tokens: the loop ended on the length limit before reading them
-            self.streamer.put(self.slots[1][1].clone())
-        return undo
+        return 1 if self.stop_seen else 0
 
 
 def late_stop_sample(
@@ -120,18 +113,20 @@ def late_stop_sample(
     **model_kwargs: Any,
 ) -> Any:
     """A ``custom_generate`` callable: ``GenerationMixin._sample`` with the stop read one step late
-    (:class:`LateStop`) where :func:`late_stop_refusal` allows it, else ``GenerationMixin._sample`` itself.
+    (:class:`LateStop`) where :func:`late_stop_refusal` allows it and no streamer is given, else the model
+    class's ``_sample`` itself.
     Returns the generated ids, as ``_sample`` does without ``return_dict_in_generate``.
 
     A call that transformers' final generation config makes a beam or assisted search (a mode :func:`install`'s
     pre-check could not see) goes to that mode's own method with the same, already prepared, arguments."""
-    from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin
+    from transformers.generation.utils import GENERATION_MODES_MAPPING
 
     name = GENERATION_MODES_MAPPING[
         generation_config.get_generation_mode(model_kwargs.get("assistant_model"))
     ]
     if name != "_sample":
-        method = getattr(GenerationMixin, name, None)
+        # the class's own method, as generate() takes it (5.17 generation/utils.py:2615)
+        method = getattr(type(model), name, None)
         if method is None:  # a mode transformers moved to a Hub repo: generate() loads it only without ours
             raise ConfigurationError(
                 f"cudaload's decode loop serves greedy and sampling calls; this call's mode lives in {name}",
@@ -147,8 +142,9 @@ def late_stop_sample(
             **({"streamer": streamer} if streamer is not None else {}),
             **model_kwargs,
         )
-    if late_stop_refusal(model, input_ids, generation_config, synced_gpus, model_kwargs) is not None:
-        return GenerationMixin._sample(
+    refused = late_stop_refusal(model, input_ids, generation_config, synced_gpus, model_kwargs)
+    if refused is not None or streamer is not None:  # a streamer needs each token on the host: that same wait
+        return type(model)._sample(
             model,
             input_ids,
             logits_processor=logits_processor,
@@ -158,9 +154,7 @@ def late_stop_sample(
             streamer=streamer,
             **model_kwargs,
         )
-    return _loop(
-        model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, model_kwargs
-    )
+    return _loop(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
 
 
 def _loop(
@@ -169,11 +163,15 @@ def _loop(
     logits_processor: Any,
     stopping_criteria: Any,
     generation_config: Any,
-    streamer: Any,
     model_kwargs: dict[str, Any],
 ) -> Any:
     """The body of ``GenerationMixin._sample`` (5.17 generation/utils.py:2961-3105) without the outputs that
-    ``return_dict_in_generate`` collects, and with :class:`LateStop` as its stop check."""
+    ``return_dict_in_generate`` collects and without a streamer, with :class:`LateStop` as its stop check.
+
+    The step after a stop runs and is undone: its ids are dropped, and when sampling the random state is put back
+    to before its draw, so that the next seeded call samples what it would have after transformers' loop. What
+    it cannot undo: the logits processors and stopping criteria see that step (one call more than in
+    transformers' loop; :func:`install` keeps transformers' loop for calls that pass their own)."""
     import torch
 
     pad_token_id = generation_config._pad_token_tensor
@@ -188,7 +186,9 @@ def _loop(
         else model.__call__
     )
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
-    stop_check = LateStop(input_ids, stopping_criteria.max_length, streamer)
+    stop_check = LateStop(input_ids, stopping_criteria.max_length)
+    rng = _RandomState(input_ids.device) if do_sample else None
+    before_draw = None
     prefill_consumed = False
     stop = False
     with model._optimize_model_for_decode():
@@ -207,7 +207,8 @@ def _loop(
             # a copy, so that the graph's (or the prefill's large) logits are not kept alive (as _sample does)
             logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=input_ids.device)
             scores = logits_processor(input_ids, logits)
-            if do_sample:
+            if rng is not None:
+                before_draw = rng.get()
                 probs = torch.nn.functional.softmax(scores, dim=-1)
                 next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
             else:
@@ -216,29 +217,68 @@ def _loop(
                 next_tokens = next_tokens * unfinished_sequences + pad_token_id * (1 - unfinished_sequences)
             input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
             unfinished_sequences = unfinished_sequences & ~stopping_criteria(input_ids, None)
-            stop = stop_check(unfinished_sequences, next_tokens, input_ids.shape[1])
+            stop = stop_check(unfinished_sequences, input_ids.shape[1])
             del outputs
-    undo = stop_check.finish()
-    if undo:
-        input_ids = input_ids[..., :-undo]
-    if streamer is not None:
-        streamer.end()
+    if stop_check.finish():
+        input_ids = input_ids[..., :-1]
+        if rng is not None and before_draw is not None:
+            rng.set(before_draw)
     return input_ids
+
+
+class _RandomState:
+    """The random state ``torch.multinomial`` draws from on ``device`` (the default generator of that device:
+    generate() takes no generator), read and put back around the undone step. CUDA's is a seed and an offset
+    read on the host, no wait for the device."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        self.torch = torch
+        self.device = device
+
+    def get(self) -> Any:
+        if self.device.type == "cuda":
+            return self.torch.cuda.get_rng_state(self.device)
+        return self.torch.get_rng_state()
+
+    def set(self, state: Any) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.set_rng_state(state, self.device)
+        else:
+            self.torch.set_rng_state(state)
+
+
+#: generate() keywords whose call keeps transformers' loop: a tokenizer (transformers does not hand it to a
+#: ``custom_generate`` callable, 5.17 generation/utils.py:2373-2391, so ``stop_strings`` and token healing would
+#: fail), and the caller's own processors or criteria (they would see the late stop's extra step)
+_KEEP_TRANSFORMERS_LOOP = (
+    "tokenizer",
+    "assistant_tokenizer",
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "streamer",
+    "synced_gpus",
+    "assistant_model",
+    "custom_generate",
+)
 
 
 def _sampling_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether ``generate(*args, **kwargs)`` should get :func:`late_stop_sample`: a greedy or sampling call (the
-    modes ``_sample`` serves), read from the model's generation config (or the one passed) updated with the
-    call's keywords (``GenerationConfig.update`` is public; transformers' own merge, 5.17
-    generation/utils.py:1900-1941, is finer, and :func:`late_stop_sample` checks its result again).
+    modes ``_sample`` serves), read from the call's generation config merged as transformers merges it (the
+    one passed, its unset fields from the model's, then the call's keywords: 5.17 generation/utils.py:1927-1940;
+    :func:`late_stop_sample` checks transformers' result again).
 
-    Kept on transformers' ``generate()`` untouched: a ``custom_generate`` of the caller's, an assistant model, a
-    positional argument past ``inputs``, a ``streamer`` or ``synced_gpus`` (transformers hands neither to a
-    ``custom_generate`` callable: 5.17 generation/utils.py:2387-2391 replaces those keywords with the callable's
-    own), and a process of a multi-rank job (``synced_gpus`` is then decided inside generate())."""
-    if len(args) > 1 or "custom_generate" in kwargs or kwargs.get("assistant_model") is not None:
+    Kept on transformers' ``generate()`` untouched: a positional argument past ``inputs``; any keyword of
+    :data:`_KEEP_TRANSFORMERS_LOOP` given (a ``streamer`` or ``synced_gpus`` too: transformers hands neither to a
+    ``custom_generate`` callable, 5.17 generation/utils.py:2387-2391 replaces those keywords with the callable's
+    own); ``stop_strings`` or ``token_healing`` in the config (they need the tokenizer); a process of a
+    multi-rank job (``synced_gpus`` is then decided inside generate())."""
+    if len(args) > 1 or any(kwargs.get(k) is not None for k in _KEEP_TRANSFORMERS_LOOP):
         return False
-    if kwargs.get("streamer") is not None or kwargs.get("synced_gpus"):
+    if "custom_generate" in kwargs:  # custom_generate=None: the caller asks for transformers' own loop
         return False
     import torch
 
@@ -249,11 +289,17 @@ def _sampling_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
     from transformers.generation.configuration_utils import GenerationMode
 
-    base = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    own = getattr(model, "generation_config", None)
+    passed = kwargs.get("generation_config")
+    base = passed if passed is not None else own
     if base is None:
         return False
     gc = copy.deepcopy(base)
+    if passed is not None and own is not None:
+        gc.update(**own.to_dict(), defaults_only=True)
     gc.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
+    if getattr(gc, "stop_strings", None) or getattr(gc, "token_healing", False):
+        return False
     try:
         mode = gc.get_generation_mode(None)
     except Exception:  # an invalid combination: transformers' generate() raises its own error for it
@@ -262,28 +308,55 @@ def _sampling_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 
 def _generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``generate()`` of a model :func:`install` gave the late stop to (bound to it as a method, so that
-    ``copy.deepcopy`` of the model binds the copy's)."""
+    """``generate()`` of a model :func:`install` gave the late stop to (bound to it with ``functools.partial``:
+    ``copy.deepcopy`` of the model binds the copy's, and pickle stores a reference to this function)."""
     if _sampling_call(self, args, kwargs):
         kwargs["custom_generate"] = late_stop_sample
     return type(self).generate(self, *args, **kwargs)
 
 
-def install(model: Any) -> None:
+def install_refusal(model: Any) -> str | None:
+    """Why ``model`` keeps transformers' ``generate()`` as it is (None: :func:`install` may give it the late stop):
+    not on CUDA (the host waits for nothing elsewhere), an encoder-decoder model (transformers' own exclusion),
+    a model class with its own ``generate`` or ``_sample`` (audio and omni models: ours would bypass theirs), or a
+    ``generate`` already set on the instance (a checkpoint's ``custom_generate``, 5.17
+    generation/utils.py:568-573)."""
+    from transformers.generation.utils import GenerationMixin
+
+    device = getattr(model, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return (
+            f"the model is on {getattr(device, 'type', device)}, not CUDA: the host waits for nothing there"
+        )
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    cls = type(model)
+    if getattr(cls, "generate", None) is not GenerationMixin.generate:
+        return f"{cls.__name__} has its own generate()"
+    if getattr(cls, "_sample", None) is not GenerationMixin._sample:
+        return f"{cls.__name__} has its own _sample()"
+    if "generate" in vars(model) and not installed(model):
+        return "the model already has its own generate (a checkpoint's custom_generate)"
+    return None
+
+
+def install(model: Any) -> str | None:
     """Give ``model`` a ``generate`` that passes :func:`late_stop_sample` as ``custom_generate`` to its class's
     ``generate()`` for greedy and sampling calls (the instance-attribute route transformers takes for a
     checkpoint's own ``custom_generate``, 5.17 generation/utils.py:568-573). Every keyword still reaches
-    transformers; :func:`uninstall` removes it."""
-    import types
+    transformers; :func:`uninstall` removes it. Returns None, or why not (:func:`install_refusal`)."""
+    import functools
 
-    if not installed(model):
-        model.generate = types.MethodType(_generate, model)
+    why = install_refusal(model)
+    if why is None and not installed(model):
+        model.generate = functools.partial(_generate, model)
+    return why
 
 
 def installed(model: Any) -> bool:
     """Whether :func:`install` gave ``model`` its ``generate``."""
     own = vars(model).get("generate") if hasattr(model, "__dict__") else None
-    return getattr(own, "__func__", None) is _generate
+    return getattr(own, "func", None) is _generate
 
 
 def uninstall(model: Any) -> None:

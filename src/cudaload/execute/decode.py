@@ -88,8 +88,8 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
     gc.max_cache_len = out["max_cache_len"] = settings["max_cache_len"]
     # the compiled step leaves the host's per-token wait as the largest cost above the GPU's work: greedy and
     # sampling calls read the stop one step late (cudaload.decode_loop), so the host queues the next step meanwhile
-    decode_loop.install(model)
-    out["stop_check"] = "late"
+    why = decode_loop.install(model)
+    out["stop_check"] = "late" if why is None else f"transformers' ({why})"
     device = getattr(model, "device", None)
     if getattr(device, "type", None) not in _COMPILING_DEVICES:
         # transformers does not compile there unless CompileConfig._compile_all_devices is set (its test switch)
