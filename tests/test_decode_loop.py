@@ -1,9 +1,9 @@
 """cudaload.decode_loop: transformers' sampling loop with the stop read one step late (issue 35).
 
-The loop runs on the CPU here through a test ``custom_generate`` that calls it directly (``late_stop_sample``
-itself keeps transformers' loop on the CPU, where the host waits for nothing): the same ids as transformers'
-``_sample`` for greedy and seeded sampling, with early EOS stops in a padded batch, on every installed
-transformers."""
+The loop runs on the CPU here through ``late_stop_sample`` with its refusal of the CPU faked away (the
+``late_on_cpu`` fixture; on the CPU it otherwise keeps transformers' loop, where the host waits for nothing): the
+same ids as transformers' ``_sample`` for greedy and seeded sampling, with early EOS stops in a padded batch, on
+every installed transformers."""
 
 from __future__ import annotations
 
@@ -27,21 +27,23 @@ def lm(tiny_model: Callable[..., Path]) -> Iterator[Any]:
     yield model
 
 
-def _forced(
-    model: Any,
-    input_ids: Any,
-    logits_processor: Any,
-    stopping_criteria: Any,
-    generation_config: Any,
-    synced_gpus: bool = False,
-    streamer: Any = None,
-    **model_kwargs: Any,
-) -> Any:
-    """The late-stop loop on any device (what late_stop_sample runs on CUDA)."""
-    assert streamer is None  # transformers hands none to a callable
-    return decode_loop._loop(
-        model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
-    )
+@pytest.fixture
+def late_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """late_stop_sample runs its loop on the CPU too (its refusal of the CPU is tested below with explicit facts);
+    the list counts the loop's runs."""
+    ran: list[int] = []
+    real = decode_loop._loop
+
+    def counted(*a: Any, **k: Any) -> Any:
+        ran.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(decode_loop, "late_stop_refusal", lambda *a: None)
+    monkeypatch.setattr(decode_loop, "_loop", counted)
+    return ran
+
+
+_LATE = decode_loop.late_stop_sample
 
 
 def _batch(vocab: int) -> dict[str, Any]:
@@ -71,7 +73,9 @@ class _Collect:
         self.ended += 1
 
 
-def test_the_late_loop_gives_transformers_greedy_ids_with_early_stops_in_a_padded_batch(lm: Any) -> None:
+def test_the_late_loop_gives_transformers_greedy_ids_with_early_stops_in_a_padded_batch(
+    lm: Any, late_on_cpu: list[int]
+) -> None:
     x = _batch(lm.config.vocab_size)
     free = lm.generate(**x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
     new = free[:, x["input_ids"].shape[1] :]
@@ -79,14 +83,14 @@ def test_the_late_loop_gives_transformers_greedy_ids_with_early_stops_in_a_padde
     for eos in ([int(new[0, 2])], [int(new[1, 6]), int(new[2, 2])], [lm.config.vocab_size - 1]):
         want = lm.generate(**x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos)
         got = lm.generate(
-            **x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos, custom_generate=_forced
+            **x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos, custom_generate=_LATE
         )
         assert got.tolist() == want.tolist(), eos
     # every row stopping, each at its own step: the loop ends on a stop it reads one step late and undoes that step
     eos = [int(new[0, 2]), int(new[1, 4]), int(new[2, 6])]
     want = lm.generate(**x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos)
     got = lm.generate(
-        **x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos, custom_generate=_forced
+        **x, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos, custom_generate=_LATE
     )
     assert want.shape[1] < x["input_ids"].shape[1] + 12  # it did stop early
     assert got.tolist() == want.tolist()
@@ -94,11 +98,14 @@ def test_the_late_loop_gives_transformers_greedy_ids_with_early_stops_in_a_padde
     first = [int(new[0, 0]), int(new[1, 0]), int(new[2, 0])]
     for kw in ({"max_new_tokens": 5, "eos_token_id": first}, {"max_new_tokens": 1, "eos_token_id": None}):
         want = lm.generate(**x, do_sample=False, pad_token_id=0, **kw)
-        got = lm.generate(**x, do_sample=False, pad_token_id=0, custom_generate=_forced, **kw)
+        got = lm.generate(**x, do_sample=False, pad_token_id=0, custom_generate=_LATE, **kw)
         assert got.tolist() == want.tolist(), kw
+    assert len(late_on_cpu) == 6  # every late call ran cudaload's loop
 
 
-def test_the_late_loop_gives_transformers_sampled_ids_for_the_same_seed(lm: Any) -> None:
+def test_the_late_loop_gives_transformers_sampled_ids_for_the_same_seed(
+    lm: Any, late_on_cpu: list[int]
+) -> None:
     """Two seeded sampling calls in a row, stopping early at an EOS: the same ids as transformers' loop, the second
     call too (the undone step's draw is put back)."""
     import torch
@@ -110,10 +117,11 @@ def test_the_late_loop_gives_transformers_sampled_ids_for_the_same_seed(lm: Any)
         torch.manual_seed(7)
         want = [lm.generate(**x, **kw) for _ in range(2)]
         torch.manual_seed(7)
-        got = [lm.generate(**x, custom_generate=_forced, **kw) for _ in range(2)]
+        got = [lm.generate(**x, custom_generate=_LATE, **kw) for _ in range(2)]
         assert [g.tolist() for g in got] == [w.tolist() for w in want], eos
         if eos is not None:
             assert all(w.shape[1] < x["input_ids"].shape[1] + 9 for w in want)  # they stopped early
+    assert len(late_on_cpu) == 4
 
 
 def test_late_stop_stops_one_step_late_and_undoes_that_step() -> None:
@@ -231,7 +239,7 @@ def test_install_passes_the_loop_to_sampling_calls_only(
     tok = make_tokenizer(lm.config.vocab_size)
     lm.generate(**x, max_new_tokens=3, num_beams=2, do_sample=False, pad_token_id=0)
     lm.generate(input_ids=x["input_ids"][:1], max_new_tokens=3, pad_token_id=0, streamer=_Collect())
-    lm.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0, custom_generate=_forced)
+    lm.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0, custom_generate=_LATE)
     lm.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0, custom_generate=None)
     lm.generate(**x, max_new_tokens=3, pad_token_id=0, stopping_criteria=StoppingCriteriaList())
     lm.generate(**x, max_new_tokens=3, pad_token_id=0, stop_strings=["a"], tokenizer=tok)

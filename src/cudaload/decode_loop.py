@@ -124,37 +124,30 @@ def late_stop_sample(
     name = GENERATION_MODES_MAPPING[
         generation_config.get_generation_mode(model_kwargs.get("assistant_model"))
     ]
-    if name != "_sample":
-        # the class's own method, as generate() takes it (5.17 generation/utils.py:2615)
-        method = getattr(type(model), name, None)
-        if method is None:  # a mode transformers moved to a Hub repo: generate() loads it only without ours
-            raise ConfigurationError(
-                f"cudaload's decode loop serves greedy and sampling calls; this call's mode lives in {name}",
-                fix="pass custom_generate=" + repr(name) + " with trust_remote_code=True to generate()",
+    if name == "_sample":
+        refused = late_stop_refusal(model, input_ids, generation_config, synced_gpus, model_kwargs)
+        if refused is None and streamer is None:  # a streamer needs each token on the host: that same wait
+            return _loop(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
             )
-        return method(
-            model,
-            input_ids,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-            generation_config=generation_config,
-            synced_gpus=synced_gpus,
-            **({"streamer": streamer} if streamer is not None else {}),
-            **model_kwargs,
+    # transformers' own loop for this mode: the class's method, as generate() takes it (5.17
+    # generation/utils.py:2615)
+    method = getattr(type(model), name, None)
+    if method is None:  # a mode transformers moved to a Hub repo: generate() loads it only without ours
+        raise ConfigurationError(
+            f"cudaload's decode loop serves greedy and sampling calls; this call's mode lives in {name}",
+            fix="pass custom_generate=" + repr(name) + " with trust_remote_code=True to generate()",
         )
-    refused = late_stop_refusal(model, input_ids, generation_config, synced_gpus, model_kwargs)
-    if refused is not None or streamer is not None:  # a streamer needs each token on the host: that same wait
-        return type(model)._sample(
-            model,
-            input_ids,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-            generation_config=generation_config,
-            synced_gpus=synced_gpus,
-            streamer=streamer,
-            **model_kwargs,
-        )
-    return _loop(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+    return method(
+        model,
+        input_ids,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        generation_config=generation_config,
+        synced_gpus=synced_gpus,
+        **({"streamer": streamer} if streamer is not None else {}),
+        **model_kwargs,
+    )
 
 
 def _loop(
@@ -187,8 +180,8 @@ def _loop(
     )
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     stop_check = LateStop(input_ids, stopping_criteria.max_length)
-    rng = _RandomState(input_ids.device) if do_sample else None
-    before_draw = None
+    device = input_ids.device
+    before_draw = None  # the random state before the last step's draw (sampling only)
     prefill_consumed = False
     stop = False
     with model._optimize_model_for_decode():
@@ -207,8 +200,8 @@ def _loop(
             # a copy, so that the graph's (or the prefill's large) logits are not kept alive (as _sample does)
             logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=input_ids.device)
             scores = logits_processor(input_ids, logits)
-            if rng is not None:
-                before_draw = rng.get()
+            if do_sample:
+                before_draw = _random_state(device)
                 probs = torch.nn.functional.softmax(scores, dim=-1)
                 next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
             else:
@@ -221,32 +214,25 @@ def _loop(
             del outputs
     if stop_check.finish():
         input_ids = input_ids[..., :-1]
-        if rng is not None and before_draw is not None:
-            rng.set(before_draw)
+        if do_sample:
+            _random_state(device, before_draw)
     return input_ids
 
 
-class _RandomState:
-    """The random state ``torch.multinomial`` draws from on ``device`` (the default generator of that device:
-    generate() takes no generator), read and put back around the undone step. CUDA's is a seed and an offset
-    read on the host, no wait for the device."""
+def _random_state(device: Any, state: Any = None) -> Any:
+    """Read (``state`` None) or put back the random state ``torch.multinomial`` draws from on ``device``: the
+    device's default generator (generate() takes no generator). CUDA's is a seed and an offset kept on the host:
+    no wait for the device."""
+    import torch
 
-    def __init__(self, device: Any):
-        import torch
-
-        self.torch = torch
-        self.device = device
-
-    def get(self) -> Any:
-        if self.device.type == "cuda":
-            return self.torch.cuda.get_rng_state(self.device)
-        return self.torch.get_rng_state()
-
-    def set(self, state: Any) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.set_rng_state(state, self.device)
-        else:
-            self.torch.set_rng_state(state)
+    cuda = device.type == "cuda"
+    if state is None:
+        return torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+    if cuda:
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+    return state
 
 
 #: generate() keywords whose call keeps transformers' loop: a tokenizer (transformers does not hand it to a

@@ -64,7 +64,8 @@ BUCKET_MIN = 1024
 #: above this bucket the buckets grow by :data:`BUCKET_STEP` instead of doubling: the compiled step's time grows
 #: with the static cache's slots, used or not (H200, 8B, grouped decode attention: ~0.1 ms per 1,000 slots in
 #: run42's kernel timings, below the calls' noise: 6.0-6.3 ms/token at 2,048 slots, 6.2 at 6,144, runs 46-47;
-#: 1.6 ms per 1,000 with sdpa's memory-efficient kernel before it, benchmarks/results/2026-12-03-h200 runs 41-44), and a doubled bucket holds twice the static cache's memory
+#: 1.6 ms per 1,000 with sdpa's memory-efficient kernel before it, benchmarks/results/2026-12-03-h200 runs
+#: 41-44), and a doubled bucket holds twice the static cache's memory
 BUCKET_DOUBLING_UNTIL = 4096
 #: a decode measurement speaks for models whose weights are within this factor of the measured model's
 SCALE_LIMIT = 4.0
