@@ -153,6 +153,14 @@ def test_scan_cache_is_json_round_trip_safe(tmp_path: Path) -> None:
         ("torch-stable-abi212-cu130-x86_64-linux", False, "needs torch >= 2.12"),
         ("torch211-cxx11-rocm64-x86_64-linux", False, "rocm64"),
         ("garbage", False, "not a build variant"),
+        # kernels 0.19's names (_internals/variants.py:424-433): dotted versions, backend apart, minimum Python
+        ("torch-2.11-cxx11-cuda-13.0-cpython-3.9-abi3-x86_64-linux", True, "matches"),
+        ("torch-2.11-cuda-12.8-cpython-3.9-abi3-x86_64-linux", False, "CUDA 12.8"),
+        ("torch-2.10-cxx11-cuda-13.0-cpython-3.9-abi3-x86_64-linux", False, "torch 2.10"),
+        ("torch-stable-abi-2.9-cuda-13.0-cpython-3.9-abi3-x86_64-linux", True, "matches"),
+        ("torch-stable-abi-2.12-cuda-13.0-cpython-3.9-abi3-x86_64-linux", False, "needs torch >= 2.12"),
+        ("torch-2.11-cxx11-cuda-13.0-cpython-3.15-abi3t-x86_64-linux", False, "free-threaded"),
+        ("torch-2.11-cxx11-rocm-6.4-cpython-3.9-abi3-x86_64-linux", False, "rocm-6.4"),
     ],
 )
 def test_check_variant_mirrors_kernels_resolver(variant: str, ok: bool, why: str) -> None:
@@ -165,6 +173,14 @@ def test_check_variant_cpu_machine() -> None:
     assert check_variant("torch-cpu", _target(caps))[0]
     assert check_variant("torch213-cxx11-cpu-x86_64-linux", _target(caps))[0]
     assert not check_variant("torch-cuda", _target(caps))[0]
+    assert check_variant("torch-2.13-cxx11-cpu-cpython-3.9-abi3-x86_64-linux", _target(caps))[0]
+
+
+def test_check_variant_new_names_need_the_python_they_name() -> None:
+    caps = Capabilities(torch_version="2.13.0+cpu", cpu_arch="x86_64", python_version="3.11.7")
+    ok, why = check_variant("torch-2.13-cxx11-cpu-cpython-3.12-abi3-x86_64-linux", _target(caps))
+    assert not ok and "needs Python >= 3.12" in why
+    assert check_variant("torch-2.13-cxx11-cpu-cpython-3.11-abi3-x86_64-linux", _target(caps))[0]
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 
 Each run is a fresh interpreter (tests/fixtures/kernels/e2e_driver.py): kernels and huggingface_hub read
 HF_HUB_CACHE / HF_HUB_OFFLINE when imported, and loaded kernels stay in sys.modules.
-Covers both transformers/kernels pairs (5.17 + 0.16.x, 5.20-5.22 + 0.17.2); with the newest transformers
-kernels is out of range, those tests skip with that reason and the unpaired state is asserted instead.
+Covers every transformers/kernels pair the test sets install (5.17 + 0.16.2, 5.22 + 0.17.2, 5.24 + 0.18.x,
+5.25 + 0.19.x); in the unpaired set (5.24 + 0.17.2) kernels is out of range, those tests skip with that reason
+and the unpaired state is asserted instead.
 """
 
 from __future__ import annotations

@@ -263,46 +263,51 @@ def _extra(name: str) -> list[str]:
     )
 
 
-#: kernels releases on PyPI (`pip index versions kernels`, 2026-12-01)
-PUBLISHED_KERNELS = ("0.16.0", "0.16.1", "0.16.2", "0.17.0", "0.17.1", "0.17.2")
-
-
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")
-def test_kernels_extra_installs_a_pair_transformers_accepts() -> None:
+def test_kernels_extra_is_transformers_own_and_keeps_any_supported_transformers() -> None:
+    """The extra is transformers' own ``kernels`` extra over the whole supported range: pip keeps the installed
+    transformers (no downgrade of a 5.25 install, issue 41) and brings the kernels that release pairs with."""
+    import tomllib
     from packaging.requirements import Requirement
-    from packaging.version import Version
 
-    from cudaload.detection.versions import in_range, kernels_range_for
-
-    reqs = {r.name: r.specifier for r in map(Requirement, _extra("kernels"))}
-    kernels = [v for v in PUBLISHED_KERNELS if v in reqs["kernels"]]
-    assert kernels, "the extra allows no published kernels release"
-    minors = [f"5.{m}.0" for m in range(17, 40) if Version(f"5.{m}.0") in reqs["transformers"]]
-    assert minors, "the extra allows no transformers release"
-    for tv in minors:
-        rng = kernels_range_for(tv)
-        assert rng is not None
-        for kv in kernels:
-            assert in_range(kv, rng), (tv, kv, rng)
+    (req,) = map(Requirement, _extra("kernels"))
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (main,) = [Requirement(d) for d in deps if Requirement(d).name == "transformers"]
+    assert req.name == "transformers" and req.extras == {"kernels"}
+    assert req.specifier == main.specifier
     assert "cudaload[kernels,quant,peft]" in _extra("all")
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")
-def test_doctor_names_the_pair_the_extra_installs() -> None:
-    from cudaload.doctor import KERNELS_PAIR
+def test_installed_transformers_kernels_extra_is_its_accepted_window() -> None:
+    """What ``transformers[kernels]`` installs is the window this transformers accepts (checked on every set)."""
+    import importlib.metadata as md
 
-    assert set(KERNELS_PAIR) == set(_extra("kernels"))
+    import transformers
+    from packaging.requirements import Requirement
+
+    from cudaload.detection.versions import in_range, kernels_range_for
+
+    rng = kernels_range_for(transformers.__version__)
+    assert rng is not None
+    reqs = [Requirement(r) for r in md.requires("transformers") or []]
+    kernels = [
+        r for r in reqs if r.name == "kernels" and r.marker and r.marker.evaluate({"extra": "kernels"})
+    ]
+    assert kernels, "transformers has no kernels extra"
+    for r in kernels:
+        newest_allowed = [v for v in ("0.16.2", "0.17.2", "0.18.3", "0.19.1") if v in r.specifier]
+        assert newest_allowed and all(in_range(v, rng) for v in newest_allowed), (r, rng)
 
 
-def test_doctor_fix_for_out_of_range_kernels_is_installable() -> None:
-    from cudaload.doctor import NEWEST_KERNELS, diagnose
+def test_doctor_fix_for_out_of_range_kernels_is_an_upgrade() -> None:
+    from cudaload.doctor import diagnose
 
-    assert PUBLISHED_KERNELS[-1] == NEWEST_KERNELS
     caps = Capabilities.from_json((FIX / "kernels_out_of_range.json").read_text())
-    assert caps.package("kernels").accepted == ">=0.18.2,<0.19.0"  # transformers 5.24: nothing published
+    k = caps.package("kernels")
+    assert k.accepted == ">=0.18.2,<0.19.0" and k.version == "0.17.2"  # transformers 5.24 with an old kernels
     for c in (caps, Capabilities(source="cpu", packages=caps.packages, findings=caps.findings)):
         fixes = [v.fix or "" for v in diagnose(c).verdicts if "kernels" in (v.code or "")]
-        assert fixes and all(f.startswith("pip install 'cudaload[kernels]'") for f in fixes), fixes
+        assert fixes and all(f == "pip install -U 'kernels>=0.18.2,<0.19.0'" for f in fixes), fixes
 
 
 def test_doctor_fix_in_a_published_range_names_the_range() -> None:
@@ -345,9 +350,10 @@ def test_detected_out_of_range_finding_names_an_installable_fix() -> None:
 
     caps = detect(probe_hub=False)
     if caps.package("kernels").in_range is not False:
-        pytest.skip("kernels is in the range this transformers accepts here (only .venvs/newest is unpaired)")
+        pytest.skip("kernels is in the range this transformers accepts here (only .venvs/unpaired is not)")
     (f,) = [f for f in caps.findings if f.code == "kernels-out-of-range"]
-    assert f.fix and f.fix.startswith("pip install 'cudaload[kernels]'")
+    # the unpaired set: transformers 5.24 with kernels 0.17.2, older than its window -> upgrade kernels
+    assert f.fix and f.fix.startswith("pip install -U 'kernels>="), f.fix
 
 
 def test_doctor_on_a_profile_does_not_call_packages_uninstalled() -> None:

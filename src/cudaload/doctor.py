@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .capabilities import GPU, Capabilities
-from .detection.packages import KERNELS_PAIR, NEWEST_KERNELS, kernels_fix
+from .detection.packages import kernels_fix
 from .detection.support import FLASH_PACKAGES, bitsandbytes_support, flash_support
 
-__all__ = ["KERNELS_PAIR", "NEWEST_KERNELS", "Report", "Verdict", "diagnose", "kernels_fix"]
+__all__ = ["Report", "Verdict", "diagnose", "kernels_fix"]
 
 STATUSES = ("ok", "warn", "fail", "info")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "info"}
@@ -183,7 +183,7 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
             "hub kernels",
             "info",
             f"kernels {_absent(caps, 'kernels')}: Hub kernels are off",
-            kernels_fix(k.accepted),
+            kernels_fix(k.accepted, k.version if k.installed else None),
             code="kernels",
         )
     if k.in_range is False:
@@ -192,7 +192,7 @@ def _kernels_verdict(caps: Capabilities) -> Verdict:
             "warn",
             f"kernels {k.version} is outside the range this transformers accepts "
             f"({k.accepted}); transformers treats kernels as unavailable",
-            kernels_fix(k.accepted),
+            kernels_fix(k.accepted, k.version if k.installed else None),
             code="kernels-out-of-range",
         )
     if not k.usable:
@@ -264,7 +264,8 @@ def diagnose(caps: Capabilities) -> Report:
     for f in caps.findings:
         if f.code in handled and caps.gpus:
             continue  # already a per-GPU or kernels verdict
-        fix = kernels_fix(caps.package("kernels").accepted) if f.code == "kernels-out-of-range" else f.fix
+        k = caps.package("kernels")
+        fix = kernels_fix(k.accepted, k.version) if f.code == "kernels-out-of-range" else f.fix
         # the installation's bytecode is not a device or launch setting: kept apart so that it does not hide
         # the verdict that those look right
         subject = "environment" if f.code == "bytecode-uncached" else "configuration"

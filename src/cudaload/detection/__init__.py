@@ -297,7 +297,7 @@ def _findings(
                     "kernels-out-of-range",
                     f"kernels {p.version} is installed but this transformers accepts {p.accepted}; "
                     "transformers reports kernels as unavailable (use_kernels does nothing)",
-                    _packages.kernels_fix(p.accepted),
+                    _packages.kernels_fix(p.accepted, p.version),
                 )
             )
         elif (

@@ -69,39 +69,52 @@ def check_names(names: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-#: The newest kernels release published when this cudaload was made (`pip index versions kernels`,
-#: 2026-12-01), and the transformers/kernels pair ``pip install 'cudaload[kernels]'`` installs (pyproject's
-#: ``kernels`` extra; tests/test_newuser.py checks they agree). A fix must name a release that exists:
-#: transformers 5.23+ asks for kernels >=0.18.2, which did not.
-NEWEST_KERNELS = "0.17.2"
-KERNELS_PAIR = ("transformers>=5.20,<5.23", "kernels>=0.17.2,<0.18")
+def kernels_fix(accepted: str | None, installed: str | None = None) -> str:
+    """The command that puts a kernels this transformers accepts (``accepted``, e.g. ``">=0.19.1,<0.20.0"``)
+    beside it, given the ``installed`` kernels version (None: not installed).
 
+    Each transformers release accepts one kernels window (:data:`~cudaload.detection.versions._KERNELS_RANGE_TABLE`).
+    A kernels older than the window is upgraded into it. A kernels newer than the window means transformers is
+    the old one: the fix upgrades transformers to the releases whose window holds it (with its own ``kernels``
+    extra, so pip keeps them paired), and names the downgrade only as the other way out. Without a window
+    (transformers not installed) ``cudaload[kernels]`` installs transformers' own pair."""
+    from packaging.version import InvalidVersion, Version
 
-def kernels_fix(accepted: str | None) -> str:
-    """A command that installs a kernels this transformers accepts, naming only published releases."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    pair = "pip install 'cudaload[kernels]' (transformers 5.20-5.22 with kernels 0.17.x, a pair that works)"
     if not accepted:
-        return pair
-    try:
-        published = SpecifierSet(accepted).contains(NEWEST_KERNELS) or not any(
-            s.operator in (">=", ">") and _newer(s.version, NEWEST_KERNELS) for s in SpecifierSet(accepted)
-        )
-    except InvalidSpecifier:
-        return pair
-    if published:
+        return "pip install 'cudaload[kernels]' (transformers with the kernels release it pairs with)"
+    if installed is None:
         return f"pip install 'kernels{accepted}'"
-    return (
-        f"{pair}; this transformers asks for kernels {accepted}, which had no release when this cudaload "
-        f"was made (newest: {NEWEST_KERNELS}): once one is published, pip install 'kernels{accepted}'"
-    )
+    try:
+        lo, hi = (Version(s.strip().lstrip("<>=")) for s in accepted.split(","))
+        have = Version(installed)
+    except (InvalidVersion, ValueError):
+        return f"pip install 'kernels{accepted}'"
+    if have < lo:
+        return f"pip install -U 'kernels{accepted}'"
+    releases = transformers_accepting(installed)
+    if releases is None:
+        # no transformers release known to this cudaload accepts it (a kernels newer than all of them)
+        return f"pip install 'kernels{accepted}' (no transformers release known to cudaload accepts kernels {have})"
+    if have >= hi:
+        return (
+            f"pip install -U 'transformers[kernels]{releases}' (the transformers releases that accept kernels "
+            f"{installed}); or keep this transformers with pip install 'kernels{accepted}'"
+        )
+    return f"pip install 'kernels{accepted}'"
 
 
-def _newer(a: str, b: str) -> bool:
-    from packaging.version import Version
+def transformers_accepting(kernels_version: str) -> str | None:
+    """The transformers releases (a pip specifier) whose kernels window holds ``kernels_version``, from the
+    newest window down; None when no release in the table accepts it."""
+    from .versions import _KERNELS_RANGE_TABLE
 
-    return Version(a) > Version(b)
+    upper: tuple[int, int] | None = None  # the first minor of the next newer window
+    for lower, rng in _KERNELS_RANGE_TABLE:
+        if in_range(kernels_version, rng):
+            top = f",<{upper[0]}.{upper[1]}" if upper else ",<6"
+            return f">={lower[0]}.{lower[1]}{top}"
+        upper = lower
+    return None
 
 
 _cache: dict[tuple[object, ...], PackageInfo] = {}

@@ -13,11 +13,15 @@ import re
 import sys
 from pathlib import Path
 
-#: transformers release -> the kernels range it accepts (KERNELS_MIN_VERSION, KERNELS_MAX_VERSION), for
-#: installs whose source cannot be read. Checked against the released wheels' utils/import_utils.py.
+#: transformers release -> the kernels range it accepts (KERNELS_MIN_VERSION, KERNELS_MAX_VERSION in
+#: utils/import_utils.py), for installs whose source cannot be read and for recorded machines and profiles. From
+#: the released wheels: 5.25.0 :177-178, 5.23.0 and 5.24.0 :177-178, 5.20.0 :169-170 (5.21.1 and 5.22.2 :170-171),
+#: 5.18.0 and 5.19.0 :169-170, 5.17.0 :165-166. tests/test_versions_table.py checks the installed release against it.
 _KERNELS_RANGE_TABLE: tuple[tuple[tuple[int, int], tuple[str, str]], ...] = (
+    ((5, 25), ("0.19.1", "0.20.0")),
     ((5, 23), ("0.18.2", "0.19.0")),
     ((5, 20), ("0.17.2", "0.18.0")),
+    ((5, 18), ("0.17.0", "0.18.0")),
     ((5, 17), ("0.16.0", "0.17.0")),
 )
 

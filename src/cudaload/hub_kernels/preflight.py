@@ -42,26 +42,65 @@ def _version_tuple(v: str | None) -> tuple[int, ...] | None:
     return tuple(int(x) for x in m.groups() if x is not None)
 
 
+#: transformers' FLASH_ATTN_KERNEL_VERSIONS (modeling_flash_attention_utils.py) per release: the ``v<N>`` branch of
+#: each Hub attention kernel it loads when ``attn_implementation`` names no revision. From the released wheels:
+#: 5.18.0 :74-81, 5.19.0 :73-80, 5.20.2/5.21.1 :75-82 (flash-attn2 v3); 5.22.0-5.24.0 :76-84 (flash-attn2 v4 on
+#: torch >= 2.10, "v4 was only tested on 2.10 and upwards", else v3); 5.25.0 :75-82 (flash-attn2 v4 always,
+#: flash-attn3 v2, flash-attn4 v1). An unlisted repo gets v1 (``get_attn_kernel_version``'s default, 5.25.0
+#: integrations/hub_kernels.py:351-353). tests/test_versions_table.py checks the installed release against it.
+#: A row's value for flash-attn2 is (torch >= 2.10, older torch).
+_ATTN_KERNEL_VERSIONS: tuple[tuple[tuple[int, int], dict[str, tuple[int, int]]], ...] = (
+    (
+        (5, 25),
+        {
+            "kernels-community/flash-attn2": (4, 4),
+            "kernels-community/flash-attn3": (2, 2),
+            "kernels-community/vllm-flash-attn3": (1, 1),
+            "kernels-community/aiter-flash-attn": (2, 2),
+            "kernels-community/flash-attn4": (1, 1),
+            "kernels-community/metal-flash-sdpa": (2, 2),
+        },
+    ),
+    (
+        (5, 22),
+        {
+            "kernels-community/flash-attn2": (4, 3),
+            "kernels-community/flash-attn3": (1, 1),
+            "kernels-community/vllm-flash-attn3": (1, 1),
+            "kernels-community/aiter-flash-attn": (2, 2),
+            "kernels-community/flash-attn4": (0, 0),
+            "kernels-community/metal-flash-sdpa": (2, 2),
+        },
+    ),
+    (
+        (5, 18),
+        {
+            "kernels-community/flash-attn2": (3, 3),
+            "kernels-community/flash-attn3": (1, 1),
+            "kernels-community/vllm-flash-attn3": (1, 1),
+            "kernels-community/aiter-flash-attn": (2, 2),
+            "kernels-community/flash-attn4": (0, 0),
+            "kernels-community/metal-flash-sdpa": (2, 2),
+        },
+    ),
+)
+
+
 def attention_kernel_version(
     repo_id: str, transformers_version: str | None, torch_version: str | None
 ) -> int:
     """The major version (``v<N>`` branch) transformers asks for when ``attn_implementation=repo_id`` names
-    no revision. Mirrors ``transformers.integrations.hub_kernels.get_attn_kernel_version``: the table
-    changed between releases (5.17: flash-attn2 -> 3; 5.22: flash-attn2 -> 4 on torch >= 2.10)."""
+    no revision: ``transformers.integrations.hub_kernels.get_attn_kernel_version`` of that release, from
+    :data:`_ATTN_KERNEL_VERSIONS` (5.18 and newer) or 5.17's rule by name."""
     tv = _version_tuple(transformers_version) or (0,)
     torch_v = _version_tuple(torch_version) or (0,)
     name = repo_id.split("@", 1)[0]
-    if tv >= (5, 20):
-        table = {
-            "kernels-community/flash-attn2": 4 if torch_v >= (2, 10) else 3,
-            "kernels-community/flash-attn3": 1,
-            "kernels-community/vllm-flash-attn3": 1,
-            "kernels-community/aiter-flash-attn": 2,
-            "kernels-community/flash-attn4": 0,
-            "kernels-community/metal-flash-sdpa": 2,
-        }
-        return table.get(name, 1)
-    # 5.17-5.19 match by flash version in the name: "...flash-attn2" -> 3, "...flash-attn4" -> 0
+    for lower, table in _ATTN_KERNEL_VERSIONS:
+        if tv >= lower:
+            new_torch, old_torch = table.get(name, (1, 1))
+            return new_torch if torch_v >= (2, 10) else old_torch
+    # 5.17 matches by flash version in the name (integrations/hub_kernels.py:652-657 and its
+    # _FLASH_ATTN_KERNEL_VERSION_MAPPING): "...flash-attn2" -> 3, "...flash-attn4" -> 0, else 1
     if re.search(r"flash[-_]?attn[-_]?2$|flash[-_]attention[-_]2$", name):
         return 3
     if re.search(r"flash[-_]?attn[-_]?4$|flash[-_]attention[-_]4$", name):
@@ -78,6 +117,7 @@ class _Target:
     torch: tuple[int, int] | None
     cpu_arch: str | None
     os: str = "linux"
+    python: tuple[int, int] | None = None  # None: not recorded (a profile), not held against a build
 
 
 def kernels_device(caps: Capabilities) -> str:
@@ -95,11 +135,13 @@ def _target(caps: Capabilities, device: str | None = None) -> _Target:
     cuda_v = _version_tuple(caps.torch_cuda_version)
     backend = device or kernels_device(caps)
     tv = _version_tuple(caps.torch_version)
+    py = _version_tuple(caps.python_version)
     return _Target(
         backend=backend,
         cuda=(cuda_v[0], cuda_v[1] if len(cuda_v) > 1 else 0) if cuda_v else None,
         torch=(tv[0], tv[1] if len(tv) > 1 else 0) if tv else None,
         cpu_arch=caps.cpu_arch,
+        python=(py[0], py[1]) if py and len(py) > 1 else None,
     )
 
 
@@ -108,6 +150,14 @@ _ARCH_VARIANT = re.compile(
 )
 _STABLE_VARIANT = re.compile(
     r"^torch-stable-abi(?P<tmaj>\d)(?P<tmin>\d+)-(?P<backend>[a-z]+[0-9]*)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)$"
+)
+#: kernels 0.19's new variant names (kernels 0.19.1 _internals/variants.py:424-433, parse at :439-480): dotted
+#: versions, the backend spelt out with its version apart, and the minimum Python with its ABI, e.g.
+#: ``torch-2.10-cxx11-cuda-12.8-cpython-3.9-abi3-x86_64-linux`` or ``torch-stable-abi-2.11-cpu-cpython-3.12-abi3-...``.
+_NEW_VARIANT = re.compile(
+    r"^torch-(?P<stable>stable-abi-)?(?P<tmaj>\d+)\.(?P<tmin>\d+)(?:-(?P<abi>cxx11|cxx98))?"
+    r"-(?P<bname>[a-z]+)(?:-(?P<bmaj>\d+)\.(?P<bmin>\d+))?"
+    r"-cpython-(?P<pymaj>\d+)\.(?P<pymin>\d+)-(?P<pyabi>abi3t?)-(?P<cpu>[a-z0-9_]+)-(?P<os>[a-z]+)$"
 )
 
 
@@ -122,42 +172,108 @@ def _backend_version(backend: str) -> tuple[str, tuple[int, int] | None]:
     return backend, None
 
 
-def check_variant(variant: str, target: _Target) -> tuple[bool, str]:
-    """Whether one build variant directory name runs on ``target``, mirroring kernels' resolver
-    (``kernels/variants.py``): noarch ``torch-universal`` / ``torch-<backend>``; arch builds need the same
-    CPU, OS, torch minor, cxx11 ABI and a CUDA of the same major with a minor not above the system's."""
-    if variant.startswith("torch-") and not variant.startswith("torch-stable-abi"):
-        backend = variant[len("torch-") :]
-        if backend in ("universal", target.backend):
-            return True, f"{variant}: noarch build for {backend}"
-        return False, f"{variant}: noarch build for {backend}, this machine runs {target.backend}"
+@dataclass(frozen=True)
+class _Variant:
+    """One arch build variant's name, in either naming (legacy ``torch210-cxx11-cu128-x86_64-linux`` or
+    kernels 0.19's ``torch-2.10-cxx11-cuda-12.8-cpython-3.9-abi3-x86_64-linux``)."""
+
+    stable: bool
+    torch: tuple[int, int]
+    abi: str | None
+    backend: str  # "cuda", "cpu", "rocm", ...
+    backend_version: tuple[int, int] | None
+    backend_text: str  # as written, for the reasons
+    cpu: str
+    os: str
+    python: tuple[int, int] | None  # the minimum Python; None in legacy names (always 3.9, abi3)
+    python_abi: str = "abi3"
+
+
+def _parse_variant(variant: str) -> _Variant | None:
+    m = _NEW_VARIANT.match(variant)
+    if m:
+        bver = (int(m["bmaj"]), int(m["bmin"])) if m["bmaj"] else None
+        return _Variant(
+            stable=bool(m["stable"]),
+            torch=(int(m["tmaj"]), int(m["tmin"])),
+            abi=m["abi"],
+            backend=m["bname"],
+            backend_version=bver,
+            backend_text=m["bname"] + (f"-{bver[0]}.{bver[1]}" if bver else ""),
+            cpu=m["cpu"],
+            os=m["os"],
+            python=(int(m["pymaj"]), int(m["pymin"])),
+            python_abi=m["pyabi"],
+        )
     m = _ARCH_VARIANT.match(variant) or _STABLE_VARIANT.match(variant)
     if not m:
+        return None
+    kind, bver = _backend_version(m["backend"])
+    return _Variant(
+        stable=variant.startswith("torch-stable-abi"),
+        torch=(int(m["tmaj"]), int(m["tmin"])),
+        abi=m.groupdict().get("abi"),
+        backend=kind,
+        backend_version=bver,
+        backend_text=m["backend"],
+        cpu=m["cpu"],
+        os=m["os"],
+        python=None,
+    )
+
+
+def _noarch(variant: str) -> str | None:
+    """The backend of a noarch variant (``torch-universal``, ``torch-cuda``), None for an arch variant."""
+    if not variant.startswith("torch-") or variant.startswith("torch-stable-abi"):
+        return None
+    rest = variant[len("torch-") :]
+    return rest if re.fullmatch(r"[a-z]+", rest) else None
+
+
+def check_variant(variant: str, target: _Target) -> tuple[bool, str]:
+    """Whether one build variant directory name runs on ``target``, mirroring kernels' resolver
+    (kernels 0.19.1 ``_internals/variants.py`` ``_check_variants`` :696-788; 0.16-0.18 ``kernels/variants.py``):
+    noarch ``torch-universal`` / ``torch-<backend>``; arch builds need the same CPU, OS, torch minor, cxx11 ABI,
+    a CUDA of the same major with a minor not above the system's, and (new names) a Python at least the one
+    named, with the GIL's ``abi3``."""
+    noarch = _noarch(variant)
+    if noarch is not None:
+        if noarch in ("universal", target.backend):
+            return True, f"{variant}: noarch build for {noarch}"
+        return False, f"{variant}: noarch build for {noarch}, this machine runs {target.backend}"
+    v = _parse_variant(variant)
+    if v is None:
         return False, f"{variant}: not a build variant name kernels understands"
-    if target.cpu_arch and m["cpu"] != target.cpu_arch:
-        return False, f"{variant}: built for CPU {m['cpu']}, this machine is {target.cpu_arch}"
-    if m["os"] != target.os:
-        return False, f"{variant}: built for {m['os']}, this machine runs {target.os}"
-    tver = (int(m["tmaj"]), int(m["tmin"]))
-    stable = variant.startswith("torch-stable-abi")
+    if v.python_abi != "abi3":
+        return False, f"{variant}: built for a free-threaded Python ({v.python_abi})"
+    if v.python is not None and target.python is not None and target.python < v.python:
+        return False, (
+            f"{variant}: needs Python >= {v.python[0]}.{v.python[1]}, this machine has "
+            f"{target.python[0]}.{target.python[1]}"
+        )
+    if target.cpu_arch and v.cpu != target.cpu_arch:
+        return False, f"{variant}: built for CPU {v.cpu}, this machine is {target.cpu_arch}"
+    if v.os != target.os:
+        return False, f"{variant}: built for {v.os}, this machine runs {target.os}"
+    tver = v.torch
     if target.torch is None:
         return (
             False,
             f"{variant}: the torch version is unknown (a profile records none), so no build can be matched",
         )
-    if stable and tver > target.torch:
+    if v.stable and tver > target.torch:
         return False, f"{variant}: stable-ABI build needs torch >= {tver[0]}.{tver[1]}"
-    if not stable and tver != target.torch:
+    if not v.stable and tver != target.torch:
         return False, (
             f"{variant}: built for torch {tver[0]}.{tver[1]}, "
             f"this machine has torch {target.torch[0]}.{target.torch[1]}"
         )
-    if not stable and m["abi"] == "cxx98":
+    if not v.stable and v.abi == "cxx98":
         return False, f"{variant}: pre-C++11 ABI build; torch wheels use the C++11 ABI"
-    kind, bver = _backend_version(m["backend"])
-    if kind != target.backend:
-        return False, f"{variant}: built for {m['backend']}, this machine runs {target.backend}"
-    if kind == "cuda":
+    if v.backend != target.backend:
+        return False, f"{variant}: built for {v.backend_text}, this machine runs {target.backend}"
+    bver = v.backend_version
+    if v.backend == "cuda":
         if target.cuda is None or bver is None:
             return False, f"{variant}: CUDA build, torch here has no CUDA"
         if bver[0] != target.cuda[0] or bver[1] > target.cuda[1]:
@@ -165,7 +281,7 @@ def check_variant(variant: str, target: _Target) -> tuple[bool, str]:
                 f"{variant}: built for CUDA {bver[0]}.{bver[1]}, torch here uses CUDA "
                 f"{target.cuda[0]}.{target.cuda[1]}"
             )
-    return True, f"{variant}: matches torch {tver[0]}.{tver[1]} / {m['backend']} / {m['cpu']}"
+    return True, f"{variant}: matches torch {tver[0]}.{tver[1]} / {v.backend_text} / {v.cpu}"
 
 
 def _cuda_arch_supports(arch: str, cc: tuple[int, int]) -> bool | None:

@@ -42,8 +42,12 @@ def _transformers_checks(name: str, impl: str, info: ModelInfo, dtype: str) -> l
             f"attn_implementation={name!r} fails with KeyError when the model is built"
         )
     if getattr(info, "alibi", False):
-        # modeling_falcon.py (5.17) FalconFlashAttention2.forward:476-477 raises on an ALiBi bias
-        bad.append(f"{cls} uses ALiBi, which transformers' flash path refuses ('`alibi` is not supported')")
+        # modeling_falcon.py raises on an ALiBi bias with any flash attention: 5.17 FalconFlashAttention2.forward
+        # :476-477 ('`alibi` is not supported'), 5.25 FalconModel.forward :567-571 ('flash attention does not use')
+        bad.append(
+            f"{cls} uses ALiBi, which transformers' flash path refuses (it adds the bias to the mask, which "
+            "flash kernels do not read)"
+        )
     if dtype not in ("bfloat16", "float16"):
         bad.append(f"flash attention needs float16 or bfloat16; the plan's dtype is {dtype}")
     qk, v = _qk_dim(info), _v_dim(info)
