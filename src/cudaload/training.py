@@ -255,6 +255,11 @@ def sft_config_arguments(plan: Plan) -> dict[str, Any]:
         ConfigurationError: not a Plan, or a plan for inference or serving.
     """
     args = training_arguments(plan)
+    # TRL's SFTTrainer computes the loss through its own fused, chunked LM head and refuses Liger's fused
+    # linear cross-entropy (trl 1.16 sft_trainer.py:1135-1147, 1.15 :1128-1140): where the plan chose Liger's
+    # loss, TRL's own head does that job, so neither Liger keyword is passed on
+    args.pop("use_liger_kernel", None)
+    args.pop("liger_kernel_config", None)
     t = plan.training
     if t is not None and t.packed:
         args.update(
