@@ -98,14 +98,58 @@ class CudaloadWarning(UserWarning):
     the message ends with what to do. ``warnings.simplefilter("error", CudaloadWarning)`` makes them errors."""
 
 
+#: words users type for a name cudaload spells otherwise, meant before any spelling that merely looks alike
+#: ("finetune" is closer in letters to "inference" than to "training"; "rank" to "rank_pattern" than to "r").
+#: A synonym counts only where its names are among the names asked about.
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    # intent=
+    "finetune": ("training", "lora"),
+    "fine-tune": ("training", "lora"),
+    "fine_tune": ("training", "lora"),
+    "fine-tuning": ("training", "lora"),
+    "finetuning": ("training", "lora"),
+    "sft": ("training", "lora"),
+    "train": ("training",),
+    "full": ("training",),
+    "peft": ("lora",),
+    "adapter": ("lora",),
+    "adapters": ("lora",),
+    "4bit": ("qlora",),
+    "serve": ("serving",),
+    "server": ("serving",),
+    "vllm": ("serving",),
+    "infer": ("inference",),
+    "generate": ("inference",),
+    "generation": ("inference",),
+    "eval": ("inference",),
+    "predict": ("inference",),
+    # lora={...}: LoraConfig's names
+    "rank": ("r",),
+    "lora_r": ("r",),
+    "lora_rank": ("r",),
+    "alpha": ("lora_alpha",),
+    "dropout": ("lora_dropout",),
+    "target": ("target_modules",),
+    "targets": ("target_modules",),
+    "modules": ("target_modules",),
+    "target_module": ("target_modules",),
+}
+
+
 def close_names(word: str, known: Iterable[str], n: int = 5) -> list[str]:
-    """Up to ``n`` names in ``known`` close to ``word`` (difflib ratio >= 0.6, best first): what an error
-    about an unknown name shows instead of the whole list."""
+    """Up to ``n`` names in ``known`` close to ``word``, best first: its :data:`SYNONYMS` first, then
+    difflib's (ratio >= 0.6) and names that contain it: what an error about an unknown name shows instead of
+    the whole list."""
     import difflib
 
     names = sorted(set(known))
     lowered = {k.lower(): k for k in names}
-    hits = difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.6)
+    meant = [s for s in SYNONYMS.get(word.strip().lower(), ()) if s in lowered]
+    hits = meant + [
+        h
+        for h in difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.6)
+        if h not in meant
+    ]
     # a prefix or substring match ("qwen" -> qwen2, qwen3...) counts too: difflib ranks short words low
     hits += [k for k in lowered if word and word.lower() in k and k not in hits]
     return [lowered[h] for h in hits[:n]]

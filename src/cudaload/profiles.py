@@ -106,7 +106,8 @@ def _resolve(name: str) -> str:
     shown = [c for c in candidates if _key(c) in close] or names()
     raise ConfigurationError(
         f"unknown hardware profile {name!r}; close names: {', '.join(shown)}",
-        fix="run `cudaload profiles` for the list, or pass a snapshot file from `cudaload env --json`",
+        fix="run `cudaload profiles` for the list (several GPUs: NxNAME, e.g. '8xH100'), or pass a snapshot file "
+        "from `cudaload env --json`",
     )
 
 
@@ -156,7 +157,17 @@ def hardware(spec: str | os.PathLike[str]) -> Capabilities:
             1-64, or a snapshot file that does not exist, is not a ``cudaload env --json`` snapshot (a model's
             config.json) or is damaged.
     """
+    if not isinstance(spec, (str, os.PathLike)):
+        # os.fspath would raise a bare TypeError: hardware=8 (a GPU count), hardware=["H100"] (a list)
+        raise ConfigurationError(
+            f"hardware={spec!r} ({type(spec).__name__}) is not a profile name or a snapshot file",
+            fix=_not_a_name_fix(spec),
+        )
     text = os.fspath(spec)
+    if not isinstance(text, str):  # a bytes path
+        raise ConfigurationError(
+            f"hardware={spec!r} is a bytes path", fix=f"pass it as text: hardware={os.fsdecode(text)!r}"
+        )
     path = Path(text)
     if isinstance(spec, os.PathLike) or text.endswith(".json") or os.sep in text:
         if not path.is_file():
@@ -168,11 +179,50 @@ def hardware(spec: str | os.PathLike[str]) -> Capabilities:
         return caps if caps.source.startswith("profile:") else replace(caps, source=f"file:{text}")
     m = _COMPOSE.match(text)
     if m:
-        count = int(m.group(1))
-        if not 1 <= count <= 64:
-            raise ConfigurationError(f"{text!r}: GPU count must be 1-64", fix="e.g. 8xH100-80GB")
-        return _profile(_resolve(m.group(2)), count)
-    return _profile(_resolve(text), 1)
+        count, name = int(m.group(1)), m.group(2)
+    else:
+        # "H100x8" (the count after the name, as cloud instance names write it): the same machine as 8xH100
+        m = _COMPOSE_AFTER.match(text)
+        if m and _known(m.group(1)):
+            count, name = int(m.group(2)), m.group(1)
+        else:
+            count, name = 1, text
+    if not 1 <= count <= 64:
+        raise ConfigurationError(
+            f"{text!r}: GPU count must be 1-64", fix=f"e.g. hardware='{min(max(count, 1), 64)}x{name}'"
+        )
+    return _profile(_resolve(name), count)
+
+
+#: NAMExN / NAME*N: the count after the name
+_COMPOSE_AFTER = re.compile(r"^\s*(.+?)\s*[x×*]\s*(\d+)\s*$", re.I)
+
+
+def _known(name: str) -> bool:
+    try:
+        _resolve(name)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def _not_a_name_fix(spec: object) -> str:
+    """The fix for a ``hardware=`` that is neither text nor a path: the form that says what was meant."""
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 1:
+        return (
+            f"name the GPUs with their count: hardware='{spec}xH100' (one GPU: hardware='H100'; `cudaload profiles` "
+            "lists the names)"
+        )
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(s, str) for s in spec):
+        if len(spec) == 1:
+            return f"pass the name itself: hardware={spec[0]!r}"
+        if len(set(spec)) == 1:
+            return f"pass one name with the count: hardware='{len(spec)}x{spec[0]}'"
+        return (
+            "a machine of different GPUs is a snapshot: record it with `cudaload env --json > box.json` and "
+            "pass hardware='box.json'"
+        )
+    return "pass a profile name (hardware='H100', '8xH100'), or a snapshot file from `cudaload env --json`"
 
 
 def _snapshot(path: Path, text: str) -> Capabilities:

@@ -34,6 +34,7 @@ from typing import Any
 from . import _env
 from .decode_plan import DECODE_MODES
 from .errors import (
+    SYNONYMS,
     CheckpointError,
     ConfigurationError,
     CudaloadWarning,
@@ -240,6 +241,17 @@ class Request:
             )
         for note in _env.check_all(self.env).notes:
             _warn(note)
+        if self.entry == "plan" and self.from_pretrained_kwargs:
+            # what load_model() makes of the same keywords (Request.build): torch_dtype / attn_implementation
+            # read as dtype= / attn=, the others cudaload decides refused; a plan must not differ from its load
+            passed, own = (
+                dict(_passed_on(self.from_pretrained_kwargs)),
+                {"dtype": self.dtype, "attn": self.attn},
+            )
+            _absorb_aliases(own, passed, entry="plan")
+            set_("dtype", own["dtype"])
+            set_("attn", own["attn"])
+            set_("from_pretrained_kwargs", passed)
         self._only_the_entry_options()
         set_("intent", _choice("intent", self.intent, INTENTS))
         for name in ("seq_len", "batch_size", "new_tokens", "generate_calls", "tokens_per_step"):
@@ -587,9 +599,10 @@ _PASSED_ON = frozenset(
 )
 
 
-def _absorb_aliases(given: dict[str, Any], fp: dict[str, Any]) -> None:
+def _absorb_aliases(given: dict[str, Any], fp: dict[str, Any], entry: str = "load_model") -> None:
     """load_model's reading of ``torch_dtype`` / ``attn_implementation`` while ``dtype`` / ``attn`` are auto,
-    and its refusal of the other keywords cudaload decides (execute/load.py, load_model's first lines)."""
+    and its refusal of the other keywords cudaload decides (execute/load.py, load_model's first lines); plan()'s
+    ``from_pretrained_kwargs`` the same way, so a plan is the plan of its load."""
     from .auto_classes import DECIDED_KWARGS as _DECIDED
 
     clash = sorted(_DECIDED & fp.keys())
@@ -600,9 +613,16 @@ def _absorb_aliases(given: dict[str, Any], fp: dict[str, Any]) -> None:
         given["attn"] = str(fp.pop("attn_implementation"))
         clash.remove("attn_implementation")
     if clash:
+        own = {"torch_dtype": "dtype", "attn_implementation": "attn", "use_kernels": "kernels"}
+        example = ", ".join(f"{own.get(k, k)}={fp[k]!r}" for k in clash if own.get(k, k) != "kernel_config")
+        where = (
+            "from_pretrained_kwargs" if entry == "plan" else f"{entry}() keywords passed to from_pretrained"
+        )
         raise ConfigurationError(
-            f"{', '.join(clash)} are decided by cudaload",
-            fix="use load_model's own options (dtype=, attn=, device_map=)",
+            f"{', '.join(clash)} in {where} {'is' if len(clash) == 1 else 'are'} decided by cudaload",
+            fix=f"use {entry}'s own options instead"
+            + (f": {entry}(model, {example})" if example else "")
+            + " (dtype=, attn=, device_map=, max_memory=, kernels=)",
         )
 
 
@@ -651,6 +671,14 @@ def _unknown(
     error: type[ConfigurationError] = ConfigurationError,
 ) -> ConfigurationError:
     close = _closest(str(value), names)
+    # a word with two meanings ("finetune": a full fine-tune or adapters) names both
+    meant = [s for s in SYNONYMS.get(str(value).strip().lower(), ()) if s in names]
+    if len(meant) > 1:
+        options = " or ".join(f"{name}={m!r}" for m in meant)
+        return error(
+            f"{name}={value!r} is not {what}; did you mean {' or '.join(repr(m) for m in meant)}?",
+            fix=f"use {options} (one of: {', '.join(names)})",
+        )
     hint = f"; did you mean {close[0]!r}?" if close else ""
     first = close[0] if close else names[0]
     return error(
@@ -691,16 +719,42 @@ def _positive_int(name: str, value: Any) -> int | None:
         raise ConfigurationError(
             f"{name}={value!r} must be 1 or more", fix=f"pass {name}=1 or more (or leave it out)"
         )
-    example = 1
-    if (isinstance(value, float) and value.is_integer() and value >= 1) or (
+    example, note = _EXAMPLES.get(name, 1), ""
+    if isinstance(value, bool):
+        example = 1  # True is 1 to Python: that is what was meant, if anything
+    elif (isinstance(value, float) and math.isfinite(value) and value >= 1) or (
         isinstance(value, str) and value.strip().isdigit() and int(value) >= 1
     ):
         example = int(value)
+    elif isinstance(value, str) and _SHORTHAND.match(value):
+        # "2k" is 2000 to some and 2048 to others: not read either way, the fix says both
+        m = _SHORTHAND.match(value)
+        assert m is not None
+        n, unit = float(m.group(1)), m.group(2).lower()
+        scale = {"k": (1000, 1024), "m": (1000**2, 1024**2)}[unit]
+        example = int(n * scale[1])
+        note = f" ({value!r} could be {int(n * scale[0])} or {example}: write the number)"
+    what = {"seq_len": "tokens", "new_tokens": "tokens", "tokens_per_step": "tokens"}.get(name, "")
     raise ConfigurationError(
         f"{name}={value!r} must be a whole number"
-        + (" (True is not a number here)" if isinstance(value, bool) else ""),
-        fix=f"pass {name}={example} (an int, 1 or more), or leave it out",
+        + (f" of {what}" if what else "")
+        + (" (True is not a number here)" if isinstance(value, bool) else "")
+        + note,
+        fix=f"pass an integer{f' number of {what}' if what else ''}, 1 or more: e.g. {name}={example}; or leave "
+        "it out",
     )
+
+
+#: what the fix of a number that is not one shows, per option: a value a caller would write
+_EXAMPLES = {
+    "seq_len": 2048,
+    "batch_size": 1,
+    "new_tokens": 256,
+    "generate_calls": 1,
+    "tokens_per_step": 16384,
+}
+#: "2k", "4K", "1.5k", "1m": a size in shorthand
+_SHORTHAND = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM])\s*$")
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -915,10 +969,11 @@ def _lora(value: Any) -> Mapping[str, Any] | None:
             raise ConfigurationError(f"lora[{key!r}] is filled in by peft", fix=f"drop {key!r} from lora=")
         if key not in LORA_KEYS:
             close = _closest(str(key), LORA_KEYS)
+            shown = repr(v) if close and isinstance(v, (int, float, str, list, tuple)) else "..."
             raise ConfigurationError(
                 f"lora[{key!r}] is not a LoraConfig keyword"
                 + (f"; did you mean {close[0]!r}?" if close else ""),
-                fix=f"use lora={{{(close[0] if close else 'r')!r}: ...}} (LoraConfig's keywords)",
+                fix=f"use lora={{{(close[0] if close else 'r')!r}: {shown}}} (LoraConfig's keywords)",
             )
         _lora_value(key, v)
     return out
@@ -1117,15 +1172,8 @@ def _hardware(value: Any, entry: str) -> Any:
 
     if value is None:
         return None
-    if isinstance(value, Capabilities):
-        caps = value
-    elif isinstance(value, (str, os.PathLike)):
-        caps = _snapshot(value)
-    else:
-        raise ConfigurationError(
-            f"hardware={value!r} is not a machine",
-            fix="pass a profile name (hardware='H100'), a `cudaload env --json` file, or leave it out (this machine)",
-        )
+    # _snapshot refuses what is neither a name nor a path, with the form that was meant
+    caps = value if isinstance(value, Capabilities) else _snapshot(value)
     if entry != "plan" and caps.source.startswith("profile:"):
         raise ConfigurationError(
             f"{entry}() runs on this machine, not on {caps.source}",
@@ -1152,6 +1200,9 @@ def _model(model: Any, entry: str, subfolder: str) -> Mapping[str, Any] | None:
             )
         if "model_type" not in model:
             raise CheckpointError("config dict has no model_type", fix="pass a full config.json dict")
+        from .model_info.config import check_values
+
+        check_values(model, "the config dict")
         return model
     tf = sys.modules.get("transformers")
     config_class = getattr(tf, "PretrainedConfig", None) if tf is not None else None
@@ -1230,6 +1281,9 @@ def _read_config(path: Path) -> Mapping[str, Any]:
         ) from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise CheckpointError(f"{path} has no model_type", fix="point at a transformers config.json")
+    from .model_info.config import check_values
+
+    check_values(data, str(path))  # before torch or transformers sees a value they would fail on
     return data
 
 

@@ -14,6 +14,128 @@ from ..errors import CheckpointError, ConfigurationError, ModelNotFoundError
 #: names of weight files, which are no config (a ``*.safetensors.index.json`` is JSON, but not a config either)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".index.json")
 
+#: size fields the planner and the model's constructor read as whole numbers of at least 1 (a string
+#: "320", a float, a bool or 0 is a damaged config: transformers 5.25's strict config dataclasses refuse a
+#: non-int with huggingface_hub's StrictDataclassFieldValidationError; older releases took it and a tensor
+#: shape failed later)
+_SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_positions",
+)
+#: the same, where null (and 0: no experts, no window) also means something
+_OPTIONAL_SIZE_FIELDS = (
+    "num_key_value_heads",
+    "head_dim",
+    "sliding_window",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
+#: the nested configs a composite model's config.json holds, checked like the top level
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder", "decoder")
+#: torch's dtype names (torch 2.13-2.15: every ``torch.dtype`` attribute of the module); a config's ``dtype``
+#: string is read by transformers as ``getattr(torch, name)`` (configuration_utils.py 5.25 line 448), so
+#: anything else raises torch's bare AttributeError
+TORCH_DTYPE_NAMES = (
+    "bfloat16",
+    "bool",
+    "cdouble",
+    "cfloat",
+    "chalf",
+    "complex128",
+    "complex32",
+    "complex64",
+    "double",
+    "float",
+    "float16",
+    "float32",
+    "float64",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+    "half",
+    "int",
+    "int16",
+    "int32",
+    "int64",
+    "int8",
+    "long",
+    "short",
+    "uint16",
+    "uint32",
+    "uint64",
+    "uint8",
+)
+
+
+def _torch_dtype_name(name: str) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")  # imported already: ask it (a newer torch may have more); else the table
+    if torch is not None:
+        return isinstance(getattr(torch, name, None), torch.dtype)
+    return name in TORCH_DTYPE_NAMES
+
+
+def check_values(config: Mapping[str, Any], where: str) -> None:
+    """Refuse a config whose values torch or transformers would fail on with their own bare errors: a size
+    field that is not a whole number (``"vocab_size": "320"``), a ``dtype`` / ``torch_dtype`` torch has no
+    dtype for (``"bfloat61"``). ``where``: the file (or "the config dict"), named in the error with the field."""
+    from ..errors import close_names
+
+    def check(d: Mapping[str, Any], prefix: str) -> None:
+        for key in (*_SIZE_FIELDS, *_OPTIONAL_SIZE_FIELDS):
+            if key not in d:
+                continue
+            v = d[key]
+            optional = key in _OPTIONAL_SIZE_FIELDS
+            if optional and v is None:
+                continue
+            least = 0 if optional else 1
+            if isinstance(v, int) and not isinstance(v, bool) and v >= least:
+                continue
+            numeric = (isinstance(v, str) and v.strip().isdigit()) or (
+                isinstance(v, float) and v.is_integer() and v >= least
+            )
+            example = int(v) if numeric else None
+            raise CheckpointError(
+                f"{where}: {prefix}{key}={v!r} is not a whole number"
+                + (f" of at least {least}" if least else " (or null)"),
+                fix=(f'set "{key}": {example}' if example is not None else f'correct "{key}" (an integer)')
+                + f" in {where}",
+            )
+        for key in ("dtype", "torch_dtype"):
+            v = d.get(key)
+            if not isinstance(v, str):
+                continue  # null, a per-module dict, or an int some vocabularies keep under this name (Emu3)
+            name = v.strip().removeprefix("torch.")
+            if name == v and _torch_dtype_name(name):
+                continue
+            close = [name] if _torch_dtype_name(name) else close_names(name, TORCH_DTYPE_NAMES, n=1)
+            raise CheckpointError(
+                f"{where}: {prefix}{key}={v!r} is not a torch dtype"
+                + (f"; did you mean {close[0]!r}?" if close else ""),
+                fix=f'set "{key}": "{close[0] if close else "bfloat16"}" in {where} (the dtype the weights are '
+                "stored in), or delete the field",
+            )
+        for sub in _SUB_CONFIGS:
+            if isinstance(d.get(sub), Mapping):
+                check(d[sub], f"{prefix}{sub}.")
+
+    check(config, "")
+
 
 def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | None]:
     """(config, display name, local directory or None)."""
@@ -26,7 +148,7 @@ def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | Non
         mt = d.pop("model_type", None)
         if mt is None:
             raise CheckpointError("config dict has no model_type", fix="pass a full config.json dict")
-        return _config_for(mt, d), str(d.get("_name_or_path") or mt), None
+        return _config_for(mt, d, "the config dict"), str(d.get("_name_or_path") or mt), None
     path = Path(os.fspath(model)).expanduser()
     try:
         is_file, is_dir = path.is_file(), path.is_dir()
@@ -54,7 +176,7 @@ def _load_config(model: Any, revision: str | None) -> tuple[Any, str, Path | Non
     return _config_from_cache(name, revision)
 
 
-def _config_for(model_type: str, d: dict[str, Any]) -> Any:
+def _config_for(model_type: str, d: dict[str, Any], where: str = "config.json") -> Any:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # type: ignore[attr-defined]
 
@@ -63,12 +185,23 @@ def _config_for(model_type: str, d: dict[str, Any]) -> Any:
     if model_type not in CONFIG_MAPPING_NAMES:
         # transformers' own message lists every model type it knows (~10 KB): name the close ones instead
         raise unknown_model_type(model_type, CONFIG_MAPPING_NAMES, transformers.__version__)
+    check_values(d, where)
     try:
         return transformers.AutoConfig.for_model(model_type, **d)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        # ValueError covers huggingface_hub's StrictDataclass*Error (transformers 5.25's config dataclasses check
+        # each field's type and the class's validators): its message starts "Validation error for field 'x'"
+        import re
+
+        field = re.search(r"field '([^']+)'", str(e))
+        what = f"its {field.group(1)!r} " if field else ""
+        first = str(e).strip().splitlines()
+        detail = first[-1].strip() if first else type(e).__name__
         raise CheckpointError(
-            f"config.json does not make a {model_type} config for transformers {transformers.__version__}: {e}",
-            fix="check config.json's values against the model's config class",
+            f"{where} does not make a {model_type} config for transformers {transformers.__version__}: "
+            f"{what}is refused ({detail})",
+            fix=f"correct {('the ' + repr(field.group(1)) + ' value') if field else 'the values'} in {where} "
+            "(the model's config class documents each field)",
         ) from None
 
 
@@ -100,7 +233,7 @@ def _config_from_file(path: Path) -> Any:
         raise CheckpointError(f"{path} has no model_type", fix="point at a transformers config.json")
     d.pop("transformers_version", None)
     mt = d.pop("model_type")
-    return _config_for(mt, d)
+    return _config_for(mt, d, str(path))
 
 
 def _config_from_cache(repo_id: str, revision: str | None) -> tuple[Any, str, Path | None]:
