@@ -161,13 +161,20 @@ class TimingCache:
         except ImportError:  # pragma: no cover - not POSIX: the atomic rename still prevents corruption
             yield
             return
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path + ".lock", "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        d = os.path.dirname(self.path) or "."
+        os.makedirs(d, exist_ok=True)
+        # the lock is the cache's folder itself (flock works on a directory's descriptor on Linux): a lock file
+        # beside the cache would stay behind after every run, and unlinking it after use would let a waiter and
+        # a newcomer hold two different files' locks at once
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def put(self, entry: Entry) -> bool:
         """Store ``entry`` (replacing one with the same key). False when the file cannot be written: a

@@ -311,6 +311,12 @@ def tune(
         stored=stored,
         cache_path=store.path,
         elapsed_s=time.perf_counter() - t0,
+        notes=[]
+        if on_gpu
+        else [
+            "measured on the CPU (float32): these timings serve plans made on this machine without a GPU; "
+            "no GPU plan reads them (run cudaload tune on that GPU)"
+        ],
     )
 
 
