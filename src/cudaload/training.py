@@ -8,6 +8,7 @@ TRL's ``SFTConfig`` options.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,17 @@ from typing import Any
 from .detection.versions import version_tuple
 from .errors import ConfigurationError
 from .plans import Plan
-from .training_data import PackedCollator, PackedDataset, PaddedCollator, as_rows, checked, collator_for, pack
+from .training_data import (
+    PackedCollator,
+    PackedDataset,
+    PaddedCollator,
+    as_rows,
+    check_ids,
+    check_rows,
+    checked,
+    collator_for,
+    pack,
+)
 
 #: the only Liger kernel the plan turns on: the fused linear cross-entropy (``loss="liger"``); Liger's RoPE,
 #: RMSNorm and SwiGLU are off because they were not what the plan weighed (TrainingArguments.liger_kernel_config
@@ -200,6 +211,11 @@ def training_setup(
             most the plan's sequences and tokens (:func:`cudaload.training_data.pack`); a padded plan checks
             their lengths (a list of the rows); a model that is no causal LM gets them as given. None: only the
             arguments and the collator.
+            For a causal LM every example is checked in the pass that reads it: integer ``input_ids`` (whole
+            floats are refused, not truncated) inside the vocabulary (the model's input embeddings, else its
+            config's ``vocab_size``), ``labels`` of the same length (ids or -100) and ``attention_mask`` too, and
+            at least one label to learn in the whole set (a warning where a tenth of the examples have none).
+            Otherwise the ``input_ids`` alone (:func:`cudaload.training_data.check_ids`).
         truncate: cut sequences longer than the plan's ``seq_len`` to it (default: refuse them, naming the
             longest, since the plan's memory holds up to that length).
         shuffle, seed: the packed steps are made in a random order fixed by ``seed`` (Trainer shuffles the
@@ -209,8 +225,10 @@ def training_setup(
         A :class:`TrainingSetup`.
 
     Raises:
-        ConfigurationError: not a plan or a cudaload-loaded model, a plan for inference, an untokenized example,
-            or a sequence longer than the plan's ``seq_len`` without ``truncate``.
+        ConfigurationError: not a plan or a cudaload-loaded model, a plan for inference, keywords of the wrong
+            type, a data set that is not one example a row (a ``DatasetDict``, a dict of columns, text), an
+            untokenized or malformed example (named by its index and column), no label to learn, or a sequence
+            longer than the plan's ``seq_len`` without ``truncate``.
     """
     plan = model_or_plan if isinstance(model_or_plan, Plan) else getattr(model_or_plan, "cudaload_plan", None)
     if not isinstance(plan, Plan):
@@ -218,13 +236,20 @@ def training_setup(
             f"training_setup() takes a model from cudaload.load_model or a Plan, not {type(model_or_plan).__name__}",
             fix="load with cudaload.load_model(path, intent='lora') and pass the model",
         )
+    _check_options(truncate=truncate, shuffle=shuffle, seed=seed)
     args = training_arguments(plan)
     t = plan.training
     ds: Any = train_dataset
     if t is not None and t.causal_lm and t.packed:
         args["per_device_train_batch_size"] = 1  # each item of the packed data set is a whole step
-    if t is None or not t.causal_lm or train_dataset is None:
-        pass  # not a causal LM (its own labels): the data set as given, Trainer's collator
+    vocab = vocab_bound(model_or_plan, plan) if train_dataset is not None else None
+    if train_dataset is None:
+        pass
+    elif t is None or not t.causal_lm:
+        # not a causal LM (its own labels: classes, spans, a target sequence): the data set as given, Trainer's
+        # collator; only its rows and token ids are checked
+        check_rows(train_dataset)
+        check_ids(train_dataset, vocab)
     elif t.packed:
         ds = pack(
             train_dataset,
@@ -234,11 +259,48 @@ def training_setup(
             truncate=truncate,
             shuffle=shuffle,
             seed=seed,
+            vocab_size=vocab,
         )
     else:
         # padded steps are planned for sequences up to seq_len too: checked (or cut) the same way
-        ds = as_rows(checked(train_dataset, t.step.longest, truncate)[0])
+        ds = as_rows(checked(train_dataset, t.step.longest, truncate, vocab)[0])
     return TrainingSetup(plan=plan, arguments=args, data_collator=collator_for(plan), train_dataset=ds)
+
+
+def _check_options(*, truncate: Any, shuffle: Any, seed: Any) -> None:
+    """training_setup's own keywords: ``truncate="yes"`` would be true and ``seed="abc"`` would reach
+    random.Random, which seeds from any string, without a word."""
+    for name, value in (("truncate", truncate), ("shuffle", shuffle)):
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                f"training_setup({name}={value!r}): {name} is True or False, not {type(value).__name__}",
+                fix=f"pass {name}=True or {name}=False",
+            )
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ConfigurationError(
+            f"training_setup(seed={seed!r}): the seed is a whole number, not {type(seed).__name__}",
+            fix="pass seed=0 (any int)",
+        )
+
+
+def vocab_bound(model_or_plan: Any, plan: Plan) -> int | None:
+    """The bound token ids must stay below: a model's input embedding rows (what the lookup indexes; it differs
+    from the config's ``vocab_size`` after ``resize_token_embeddings`` or where the config is padded), else its
+    config's ``vocab_size``, else the plan's. None where none is known."""
+    if not isinstance(model_or_plan, Plan):
+        try:
+            n = model_or_plan.get_input_embeddings().num_embeddings
+        except (AttributeError, NotImplementedError, TypeError):
+            n = None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+        config = getattr(model_or_plan, "config", None)
+        get_text = getattr(config, "get_text_config", None)
+        text = get_text() if callable(get_text) else config
+        n = getattr(text, "vocab_size", None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return plan.model.vocab_size or None
 
 
 def sft_config_arguments(plan: Plan) -> dict[str, Any]:
