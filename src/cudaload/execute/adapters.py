@@ -3,26 +3,91 @@ adapters' input cast as planned, and gradient checkpointing switched on where th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
-from ..errors import ConfigurationError, DependencyError
+from ..errors import ConfigurationError, DependencyError, close_names
 from ..plans import Plan
+from ..request import _warn
 
 #: non-reentrant checkpointing: inputs need not require grad (no enable_input_require_grads hook), and it is what
 #: the memory estimate measured (cudaload.training.memory_arguments passes the same to Trainer)
 _CHECKPOINT_KWARGS = {"use_reentrant": False}
 
 
+#: peft's task types whose PeftModel class assumes a kind of model (peft 0.21.2 peft/mapping.py
+#: MODEL_TYPE_TO_PEFT_MODEL_MAPPING: PeftModelForCausalLM, ...ForSequenceClassification...): the model classes of
+#: each (transformers' auto mappings), and the class-name ending of those the mapping misses (remote code)
+_TASK_MODELS: dict[str, tuple[str, str | None, str]] = {
+    "CAUSAL_LM": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "ForCausalLM", "AutoModelForCausalLM"),
+    "SEQ_CLS": (
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+        "ForSequenceClassification",
+        "AutoModelForSequenceClassification",
+    ),
+    "TOKEN_CLS": (
+        "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+        "ForTokenClassification",
+        "AutoModelForTokenClassification",
+    ),
+    "QUESTION_ANS": (
+        "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+        "ForQuestionAnswering",
+        "AutoModelForQuestionAnswering",
+    ),
+    "SEQ_2_SEQ_LM": ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", None, "AutoModelForSeq2SeqLM"),
+}
+#: peft's TaskType values (peft 0.21.2 peft/utils/peft_types.py TaskType)
+_TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")
+#: peft's word for every linear layer but the output head (peft 0.21.2 utils/constants.py:404
+#: INCLUDE_LINEAR_LAYERS_SHORTHAND)
+ALL_LINEAR = "all-linear"
+#: the texts of peft's "matched no module" errors, for a peft without NoMatchingPeftModuleError (it raised a plain
+#: ValueError with these words: peft 0.21.2 tuners/tuners_utils.py:1054-1086 keeps them in the new class)
+_NO_MATCH_TEXTS = (
+    "not found in the base model",
+    "No modules were targeted",
+    "All modules were excluded",
+    "no `target_parameters` found",
+)
+
+
 def _lora_config(plan: Plan) -> Any:
-    """The plan's LoraConfig (one for the whole-model and the sharded path alike)."""
+    """The plan's LoraConfig (one for the whole-model and the sharded path alike).
+
+    Raises:
+        DependencyError: no peft.
+        ConfigurationError: peft's LoraConfig refuses the keywords (its message among the reasons).
+    """
     try:
         from peft import LoraConfig
     except ImportError as e:
         raise DependencyError(
             f"intent {plan.intent!r} needs peft", reasons=[str(e)], fix="pip install 'cudaload[peft]'"
         ) from None
-    return LoraConfig(**(plan.peft or {"target_modules": "all-linear"}))
+    kwargs = dict(plan.peft or {"target_modules": ALL_LINEAR})
+    task = kwargs.get("task_type")
+    if isinstance(task, str) and task not in _TASK_TYPES:
+        close = close_names(task, _TASK_TYPES, n=1)
+        raise ConfigurationError(
+            f"lora['task_type']={task!r} is no peft task type ({', '.join(_TASK_TYPES)})",
+            fix=f"pass lora={{'task_type': {(close[0] if close else 'CAUSAL_LM')!r}}}, or leave task_type out "
+            "(the plan sets it from the model class)",
+        )
+    try:
+        return LoraConfig(**kwargs)
+    except (TypeError, ValueError) as e:
+        # LoraConfig.__post_init__ checks combinations request.py cannot see alone (layers_pattern without
+        # layers_to_transform, DoRA with other options...): its message says which
+        raise ConfigurationError(
+            "peft's LoraConfig refused the plan's LoRA keywords", reasons=[str(e)], fix=_lora_fix(kwargs)
+        ) from None
+
+
+def _lora_fix(kwargs: dict[str, Any]) -> str:
+    given = ", ".join(f"{k!r}: {v!r}" for k, v in kwargs.items() if k != "lora_dropout")
+    return f"correct lora= as peft's message above says (the plan's keywords: {given})"
 
 
 def _checkpointing(plan: Plan) -> bool:
@@ -30,10 +95,174 @@ def _checkpointing(plan: Plan) -> bool:
     return plan.checkpoint_every > 0
 
 
+def model_task_types(model: Any) -> set[str]:
+    """The peft task types ``model``'s class is made for (empty: unknown, e.g. a class no auto mapping holds)."""
+    name = type(model).__name__
+    auto: Any = None
+    with contextlib.suppress(ImportError):  # transformers is there wherever a model is
+        from transformers.models.auto import modeling_auto as auto
+    out: set[str] = set()
+    for task, (mapping, ending, _) in _TASK_MODELS.items():
+        classes = getattr(auto, mapping, None) or {}
+        if name in classes.values() or (ending is not None and name.endswith(ending)):
+            out.add(task)
+    return out
+
+
+def check_task_type(model: Any, config: Any) -> None:
+    """Refuses a LoRA ``task_type`` made for another kind of model than ``model`` (``SEQ_CLS`` on a causal LM
+    would wrap it in peft's classification model, which trains the language-model loss without a word).
+
+    Raises:
+        ConfigurationError: the task type, the model's class and the task type it takes.
+    """
+    task = getattr(config, "task_type", None)
+    task = getattr(task, "value", task)  # peft's TaskType is a str enum
+    if task not in _TASK_MODELS:
+        return  # None (a plain PeftModel) or FEATURE_EXTRACTION: any model's hidden states
+    kinds = model_task_types(model)
+    if not kinds or task in kinds:
+        return
+    if task == "CAUSAL_LM" and callable(getattr(model, "can_generate", None)) and model.can_generate():
+        return  # a generating class no mapping lists under causal LMs (a multimodal one): trains as one
+    fits = sorted(kinds)
+    auto = _TASK_MODELS[task][2]
+    raise ConfigurationError(
+        f"lora task_type {task!r} is for {auto} models, and {type(model).__name__} is a {' / '.join(fits)} model",
+        fix=f"pass lora={{'task_type': {fits[0]!r}}} or leave task_type out (the plan sets it from the model "
+        f"class); to train a {task} head, load with model_class={auto!r}",
+    )
+
+
+def _no_match_errors() -> tuple[type[Exception], ...]:
+    """peft's "the adapter matched no module" exception class (peft 0.21.2 peft/utils/error.py:20
+    NoMatchingPeftModuleError, a ValueError); a peft without it (cudaload takes peft>=0.15) raised a plain
+    ValueError there, told apart by its text (:func:`_is_no_match`, the documented fallback)."""
+    try:
+        from peft.utils.error import NoMatchingPeftModuleError
+    except ImportError:
+        return (ValueError,)
+    return (NoMatchingPeftModuleError,)
+
+
+def _is_no_match(e: Exception) -> bool:
+    name = type(e).__name__
+    return name == "NoMatchingPeftModuleError" or any(t in str(e) for t in _NO_MATCH_TEXTS)
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The leaf names of ``model``'s linear layers (q_proj, k_proj, ...), the output head left out: what
+    ``target_modules`` may name (peft matches a name or a dotted suffix), as peft's ``all-linear`` finds them
+    (peft 0.21.2 tuners/tuners_utils.py:2430-2484 _maybe_include_all_linear_layers: torch Linear and
+    transformers' Conv1D, minus the output embeddings)."""
+    import torch
+
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        kinds: tuple[type[Any], ...] = (torch.nn.Linear, Conv1D)
+    except ImportError:
+        kinds = (torch.nn.Linear,)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if name and isinstance(module, kinds) and module is not head
+    }
+    return sorted(names)
+
+
+def no_match_error(model: Any, config: Any, error: Exception) -> ConfigurationError:
+    """peft's "matched no module" error as a ConfigurationError naming the model's linear layers, and peft's
+    ``"all-linear"`` where that is what ``target_modules`` meant."""
+    names = linear_module_names(model)
+    target = getattr(config, "target_modules", None)
+    shown = ", ".join(names) if names else "none"
+    message = f"LoRA's target_modules={_shown(target)} matches no layer of {type(model).__name__}"
+    if isinstance(target, str) and target.lower().replace("_", "-").replace(" ", "-") == ALL_LINEAR:
+        return ConfigurationError(
+            message + f"; did you mean {ALL_LINEAR!r}? (its linear layers: {shown})",
+            reasons=[str(error)],
+            fix=f"pass lora={{'target_modules': {ALL_LINEAR!r}}} (peft's word for every linear layer)",
+        )
+    if isinstance(target, (list, tuple, set, frozenset)) and names:
+        wanted = sorted(str(t) for t in target)
+        fixed = [t if t in names else (close_names(t, names, n=1) or [t])[0] for t in wanted]
+        guess = [f"{t!r} -> {f!r}" for t, f in zip(wanted, fixed, strict=True) if f != t]
+        if guess:
+            return ConfigurationError(
+                message + f" (did you mean {', '.join(guess)}? its linear layers: {shown})",
+                reasons=[str(error)],
+                fix=f"pass lora={{'target_modules': {sorted(set(fixed))!r}}}, or {ALL_LINEAR!r} for every "
+                "linear layer",
+            )
+    return ConfigurationError(
+        message + f" (its linear layers: {shown})",
+        reasons=[str(error)],
+        fix=f"name some of them in lora={{'target_modules': [...]}}, or pass {ALL_LINEAR!r} for every linear "
+        "layer; check exclude_modules and layers_to_transform too",
+    )
+
+
+def warn_unmatched_targets(model: Any, config: Any) -> None:
+    """Warns where some names of a ``target_modules`` list match no module while others do: peft adapts the
+    ones that match and says nothing of the rest (where none matches it raises: :func:`no_match_error`). A name
+    matches a module named so, or ending in ``.name`` (peft 0.21.2 tuners/tuners_utils.py:2372-2376
+    check_target_module_exists)."""
+    target = getattr(config, "target_modules", None)
+    if isinstance(target, str) or not isinstance(target, (list, tuple, set, frozenset)) or not target:
+        return
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
+    full = {name for name, _ in model.named_modules() if name}
+    missing = sorted(
+        str(t) for t in target if t not in leaves and not any(n == t or n.endswith(f".{t}") for n in full)
+    )
+    if not missing or len(missing) == len(target):
+        return
+    names = linear_module_names(model)
+    guesses = [
+        f"{t!r} (did you mean {close[0]!r}?)" if (close := close_names(t, names, n=1)) else repr(t)
+        for t in missing
+    ]
+    _warn(
+        f"LoRA's target_modules names {', '.join(guesses)}, which match no layer of {type(model).__name__}: "
+        f"only the others get adapters (its linear layers: {', '.join(names)}); correct or drop "
+        f"{'it' if len(missing) == 1 else 'them'} in lora={{'target_modules': [...]}}"
+    )
+
+
+def _shown(target: Any) -> str:
+    if isinstance(target, (set, frozenset)):
+        return repr(sorted(target))
+    return repr(target)
+
+
+def get_peft_model_checked(model: Any, config: Any) -> Any:
+    """``peft.get_peft_model`` with the model-aware checks first (:func:`check_task_type`) and peft's "matched
+    no module" error translated (:func:`no_match_error`).
+
+    Raises:
+        ConfigurationError: a task type for another kind of model, or target modules that match no layer.
+    """
+    from peft import get_peft_model
+
+    check_task_type(model, config)
+    warn_unmatched_targets(model, config)
+    try:
+        return get_peft_model(model, config)
+    except _no_match_errors() as e:
+        if not _is_no_match(e):
+            raise
+        raise no_match_error(model, config, e) from None
+
+
 def _wrap_peft(model: Any, plan: Plan) -> Any:
     config = _lora_config(plan)
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import prepare_model_for_kbit_training
 
+    # refused before prepare_model_for_kbit_training changes the model (it casts, and freezes every parameter)
+    check_task_type(model, config)
     if plan.quantization.choice in ("nf4", "int8"):
         t = plan.training
         upcast = t is None or t.kbit_upcast is None or t.kbit_upcast.choice == "fp32"
@@ -48,7 +277,7 @@ def _wrap_peft(model: Any, plan: Plan) -> Any:
                 gradient_checkpointing_kwargs=dict(_CHECKPOINT_KWARGS),
             )
         # bf16: the base stays as loaded; get_peft_model freezes it (peft tuners_utils _mark_only_adapters_as_trainable)
-    return get_peft_model(model, config)
+    return get_peft_model_checked(model, config)
 
 
 def apply_adapter_cast(model: Any, plan: Plan) -> int:
