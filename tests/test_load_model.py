@@ -75,7 +75,10 @@ def test_encoder_defaults_to_automodel(tiny_model: Any, caps: Capabilities) -> N
 
 
 def test_task_option_picks_the_auto_class(tiny_model: Any, caps: Capabilities) -> None:
-    model = cudaload.load_model(str(tiny_model("bert")), hardware=caps, task="sequence-classification")
+    # a base checkpoint: the classifier head is new, and said to be (tests/test_checkpoint_coverage.py)
+    model = cudaload.load_model(
+        str(tiny_model("bert")), hardware=caps, task="sequence-classification", new_weights=["classifier"]
+    )
     assert type(model).__name__ == "BertForSequenceClassification"
     with pytest.raises(ConfigurationError, match="not a valid task"):
         cudaload.load_model(str(tiny_model("bert")), hardware=caps, task="telepathy")

@@ -11,6 +11,7 @@ the fix.
     │   └── DeviceSelectionError              CUDA_VISIBLE_DEVICES / device index that matches no GPU
     ├── ModelNotFoundError (FileNotFoundError) path missing, Hub id not cached while offline
     ├── CheckpointError (ValueError)           corrupt or truncated safetensors, unknown model type
+    │   └── CheckpointCoverageError (+ LoadError) its tensors do not cover the model (missing, extra, reshaped)
     ├── DependencyError (ImportError)          an optional package is missing, broken or out of range
     ├── DoesNotFitError (MemoryError)          nothing in the fit ladder fits; says what would
     └── LoadError (RuntimeError)               transformers failed, or verification found a mismatch
@@ -92,6 +93,31 @@ class VerificationError(LoadError):
     """The loaded model differs from the plan (device, dtype, attention, offloaded modules)."""
 
 
+class CheckpointCoverageError(CheckpointError, LoadError):
+    """The checkpoint's tensors do not cover the model: some are missing (they would be randomly initialised),
+    have no place in the model's architecture, or have another shape. ``missing``, ``unexpected`` and
+    ``mismatched`` name them (model names, as transformers reports them). The fix names ``new_weights=``, the
+    keyword for weights meant to be new (:mod:`cudaload.checkpoint_coverage`).
+
+    Also a :class:`LoadError` (a ``RuntimeError``): ``from_pretrained`` raises ``RuntimeError`` for mismatched
+    shapes, and code that catches it keeps working."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        reasons: Sequence[str] = (),
+        missing: Sequence[str] = (),
+        unexpected: Sequence[str] = (),
+        mismatched: Sequence[str] = (),
+    ) -> None:
+        self.missing = tuple(missing)
+        self.unexpected = tuple(unexpected)
+        self.mismatched = tuple(mismatched)
+        super().__init__(message, fix=fix, reasons=reasons)
+
+
 class CudaloadWarning(UserWarning):
     """A legal input that is probably not what was meant: a context longer than the model's, a device that is
     not there, an option with no effect in this call. Warned once, at the request (:mod:`cudaload.request`);
@@ -146,9 +172,7 @@ def close_names(word: str, known: Iterable[str], n: int = 5) -> list[str]:
     lowered = {k.lower(): k for k in names}
     meant = [s for s in SYNONYMS.get(word.strip().lower(), ()) if s in lowered]
     hits = meant + [
-        h
-        for h in difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.6)
-        if h not in meant
+        h for h in difflib.get_close_matches(word.lower(), list(lowered), n=n, cutoff=0.6) if h not in meant
     ]
     # a prefix or substring match ("qwen" -> qwen2, qwen3...) counts too: difflib ranks short words low
     hits += [k for k in lowered if word and word.lower() in k and k not in hits]

@@ -127,7 +127,7 @@ _PLAN_ONLY = frozenset(
         "timings",
     }
 )
-_LOAD_ONLY = frozenset({"task", "warmup", "prefetch", "tune"})
+_LOAD_ONLY = frozenset({"task", "warmup", "prefetch", "tune", "new_weights"})
 _TUNE_OPTIONS = frozenset({"hardware", "batch_size", "seq_len", "new_tokens", "padded", "tune_budget_s"})
 
 
@@ -178,6 +178,8 @@ class Request:
     tokens_per_step: int | None = None
     lora: Mapping[str, Any] | None = None
     loss: str | None = "auto"
+    #: checked by cudaload.checkpoint_coverage.new_weights_option: False, True or name patterns
+    new_weights: bool | tuple[str, ...] = False
     timings: Any = None
     from_pretrained_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: the environment checked (None: ``os.environ``); not a wish, so not compared or shown
@@ -285,6 +287,9 @@ class Request:
         set_("prefetch", _prefetch(self.prefetch))
         set_("tune_budget_s", _seconds("tune_budget_s", self.tune_budget_s))
         set_("lora", _lora(self.lora))
+        from .checkpoint_coverage import new_weights_option  # pure: errors and the standard library only
+
+        set_("new_weights", new_weights_option(self.new_weights))
         set_("from_pretrained_kwargs", _passed_on(self.from_pretrained_kwargs))
         set_("max_memory", _max_memory(self.max_memory))
         set_("device_map", _device_map(self.device_map))
@@ -522,6 +527,7 @@ class Request:
             "prefetch": self.prefetch,
             "tune": self.tune,
             "tune_budget_s": self.tune_budget_s,
+            "new_weights": self.new_weights,
             **self.from_pretrained_kwargs,
         }
 

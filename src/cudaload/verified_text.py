@@ -10,7 +10,7 @@ from .units import file_size
 
 def verified_lines(ver: dict[str, Any]) -> list[str]:
     """The load path and its seconds, devices, attention and quantization, parameters by dtype, the attention
-    fallbacks taken, notes, the ranks, trainable parameters, each phase's seconds, the prefetch, the GPU start."""
+    fallbacks taken, notes, the tensors the checkpoint did not give, the ranks, trainable parameters, each phase's seconds, the prefetch, the GPU start."""
     out = [
         "verified after loading:",
         f"    load path {ver.get('load_path')} in {ver.get('load_seconds', 0):.3f} s ({ver.get('auto_class')})",
@@ -23,6 +23,7 @@ def verified_lines(ver: dict[str, Any]) -> list[str]:
         out.append(f"    attention fell back {f['from']} -> {f['to']}: {f['reason']}")
     for note in ver.get("notes", []):
         out.append(f"    note: {note}")
+    out += _checkpoint_lines(ver.get("checkpoint"))
     if ver.get("ranks"):
         out.append(f"    ranks: {ver['ranks']}")
     if "trainable_parameters" in ver:
@@ -45,6 +46,29 @@ def verified_lines(ver: dict[str, Any]) -> list[str]:
     if ver.get("fa4_compile_cache"):
         out.append(f"    {ver['fa4_compile_cache']}")
     return out
+
+
+def _checkpoint_lines(cov: dict[str, Any] | None) -> list[str]:
+    """What the checkpoint did not give the model, accepted (new_weights=, ignore_mismatched_sizes=, a head
+    the class does not build): cudaload.checkpoint_coverage."""
+    if not cov:
+        return []
+    out = []
+    new, unused = cov.get("new_weights") or [], cov.get("unused") or []
+    reshaped = {m[0] for m in cov.get("mismatched") or []}
+    if new:
+        out.append(
+            f"    {len(new)} tensors initialised anew, not read from the checkpoint: {_names(new)}"
+            + (f" ({len(reshaped)} of them of another shape there)" if reshaped else "")
+        )
+    if unused:
+        out.append(f"    {len(unused)} checkpoint tensors unused: {_names(unused)}")
+    return out
+
+
+def _names(names: list[str], shown: int = 5) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _prefetch_lines(pre: dict[str, Any] | None) -> list[str]:

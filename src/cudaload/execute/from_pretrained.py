@@ -44,7 +44,14 @@ def _torch_dtype(name: str) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
-def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> Any:
+def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(the model, transformers' load report after its own adjustments: ``missing_keys``,
+    ``unexpected_keys``, ``mismatched_keys``), for cudaload's coverage check (execute.load_path).
+
+    ``output_loading_info=True`` returns the report (transformers 5.25 modeling_utils.py:4530-4531, 5.17 the
+    same: ``loading_info.to_dict()``). ``ignore_mismatched_sizes=True`` lets a reshaped tensor reach the report
+    instead of a RuntimeError that names it only in a logged table (5.25 utils/loading_report.py:236-239);
+    the coverage check refuses it unless the caller passed ignore_mismatched_sizes or new_weights naming it."""
     import transformers
 
     cls = getattr(transformers, auto_class, None)
@@ -52,8 +59,10 @@ def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> Any:
         raise ConfigurationError(
             f"transformers has no {auto_class}", fix="pass a transformers auto class name"
         )
+    kwargs = {**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}
     with _BUILD_LOCK:
-        return cls.from_pretrained(path, **kwargs)
+        model, info = cls.from_pretrained(path, **kwargs)
+    return model, dict(info)
 
 
 def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from .adapters import _wrap_peft, apply_adapter_cast, enable_planned_checkpointi
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback, replanned
 from .decode import ready_decode
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
-from .load_path import _load_once
+from .load_path import _load_covered
 from .phases import _Phases
 from .planning import Planned, plan_for_load
 from .ranks import _agree_on_gpus, _tell_ranks_before_planning, _tell_ranks_refused
@@ -66,6 +66,7 @@ def load_model(
     tokens_per_step: int | None = None,
     lora: dict[str, Any] | None = None,
     loss: str = "auto",
+    new_weights: bool | str | Sequence[str] = False,
     **from_pretrained_kwargs: Any,
 ) -> Any:
     """Detect the machine, plan, load, verify and return a ready transformers model.
@@ -140,6 +141,20 @@ def load_model(
             ``lora_dropout`` -- 0 unless given --, ``target_modules``...).
         loss: training: ``"auto"``, ``"transformers"`` or ``"liger"`` (Liger's fused linear cross-entropy,
             chosen automatically only where it alone avoids gradient checkpointing).
+        new_weights: the model tensors meant to be new, not read from the checkpoint (a new task head:
+            ``AutoModelForSequenceClassification`` on a base checkpoint makes ``score.weight`` or
+            ``classifier.*``). False (default): none; a load whose checkpoint lacks a tensor, holds one inside
+            the architecture that the model has no place for, or holds one of another shape raises
+            :class:`~cudaload.errors.CheckpointCoverageError` naming them, where transformers would initialise
+            them randomly and only log a table. True: any; or ``fnmatch`` patterns over the names transformers
+            reports (``["score.*"]``; a module name covers its tensors), which also cover checkpoint tensors
+            left unused on purpose (fewer layers than saved) and reshaped ones (as transformers'
+            ``ignore_mismatched_sizes=True``, which is honoured too). A head transformers creates new is not
+            accepted by default: it reports a head meant to be trained and one lost from a fine-tuned
+            checkpoint alike, and either gives random outputs. Accepted without it: what transformers itself
+            expects (tied weights, the class's ``_keys_to_ignore_on_load_*``), and checkpoint tensors of a
+            head this class does not build (``lm_head`` for ``AutoModel``). What was initialised anew or left
+            unused is in ``verified["checkpoint"]`` (``new_weights``, ``mismatched``, ``unused``).
         **from_pretrained_kwargs: passed to ``from_pretrained`` (``revision``, ``token``, ``subfolder``,
             ``trust_remote_code`` - False unless you say so...). The keywords cudaload decides (``dtype``,
             ``attn_implementation``, ``device_map``, ``max_memory``, ``use_kernels``, ``kernel_config``) are
@@ -160,7 +175,9 @@ def load_model(
         DeviceSelectionError: the GPUs this process may use are misconfigured (``CUDA_VISIBLE_DEVICES``,
             ``LOCAL_RANK``, ranks sharing a GPU).
         ModelNotFoundError: the path does not exist, or a Hub id is not cached while offline.
-        CheckpointError: a corrupt or truncated checkpoint, or an unknown model type.
+        CheckpointError: a corrupt or truncated checkpoint, or an unknown model type;
+            :class:`~cudaload.errors.CheckpointCoverageError` (also a LoadError) for tensors the checkpoint
+            lacks, holds in excess or in another shape (see ``new_weights``), raised after the model is freed.
         DependencyError: an optional package the plan needs is missing or broken (peft, bitsandbytes...).
         DoesNotFitError: nothing allowed fits, or (serving) too little memory is free after loading.
         LoadError: transformers failed to load, no attention backend passed its probe (or an explicit one
@@ -200,6 +217,7 @@ def load_model(
             tokens_per_step=tokens_per_step,
             lora=lora,
             loss=loss,
+            new_weights=new_weights,
             **from_pretrained_kwargs,
         )
     except CudaloadError as e:
@@ -281,6 +299,7 @@ class _Loaded:
     path_taken: str
     notes: list[str]
     seconds: float
+    coverage: dict[str, Any]  # what the checkpoint coverage check accepted (load_path._load_covered)
 
 
 def _load_checked(
@@ -317,6 +336,7 @@ def _load_checked(
             "load_seconds": round(got.seconds, 4),
             **checks,
             "notes": got.notes,
+            "checkpoint": got.coverage,
             "auto_class": planned.auto_class,
             "phases": phases.as_dict(getattr(got.model, "cudaload_fastload", None)),
             "fa4_compile_cache": planned.fa4_cache_note,
@@ -331,7 +351,9 @@ def _load_checked(
 def _load(req: Request, planned: Planned, phases: _Phases) -> _Loaded:
     plan = planned.plan
     t0 = time.perf_counter()
-    model, path_taken, notes = _load_once(plan, planned.auto_class, req.from_pretrained_kwargs)
+    model, path_taken, notes, coverage = _load_covered(
+        plan, planned.auto_class, req.from_pretrained_kwargs, new_weights=req.new_weights
+    )
     if plan.kernels.get("use_kernels"):
         # exactly the planned mapping, by kernels' kernelize after loading (see hub_kernels.plan_kernels:
         # from_pretrained's use_kernels also pulls transformers' default kernels from the Hub)
@@ -340,7 +362,7 @@ def _load(req: Request, planned: Planned, phases: _Phases) -> _Loaded:
         apply_kernels(model, plan.kernels)
     seconds = time.perf_counter() - t0
     phases.mark("load")
-    return _Loaded(model, path_taken, notes, seconds)
+    return _Loaded(model, path_taken, notes, seconds, coverage)
 
 
 def _checked_backend(

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import DependencyError, LoadError
+from ...checkpoint_coverage import coverage_error
+from ...errors import DependencyError
 from ..reader import CheckpointHeader
 from .checkpoint import Prepared, _step_aside
 
@@ -61,6 +62,8 @@ class KeyPlan:
     extra_state: list[str] = field(default_factory=list)
     # transformers' renamings/converters for this model (the ones used are kept on the model)
     conversions: list[Any] = field(default_factory=list)
+    model_name: str = "the model"  # the class, for messages
+    prefix: str | None = None  # its base_model_prefix
 
 
 def plan_keys(model: Any, header: CheckpointHeader) -> KeyPlan:
@@ -93,7 +96,7 @@ def plan_keys(model: Any, header: CheckpointHeader) -> KeyPlan:
     except ImportError:  # a transformers without the 5.x loading machinery: exact keys and the prefix only
         rename = None
 
-    plan = KeyPlan(conversions=[*renamings, *converters])
+    plan = KeyPlan(conversions=[*renamings, *converters], model_name=type(model).__name__, prefix=prefix)
     seen: set[str] = set()
     for key in sorted(header.tensors, key=order):
         if rename is not None:
@@ -156,12 +159,8 @@ def check_keys(keys: KeyPlan, prep: Prepared) -> None:
         )
     if keys.extra_state:
         raise _step_aside(root, f"module extra state is set by set_extra_state: {keys.extra_state[:4]}")
-    if keys.mismatched and not prep.options.ignore_mismatched_sizes:
-        # from_pretrained raises RuntimeError after its report (utils/loading_report.py log_state_dict_report);
-        # load_model reports that as LoadError
-        raise LoadError(
-            f"{root}: {len(keys.mismatched)} tensors have another shape than the model expects",
-            reasons=keys.mismatched[:8],
-            fix="check that config.json belongs to these weights, or pass ignore_mismatched_sizes=True to "
-            "re-initialise them",
-        )
+    if keys.mismatched_shapes and not prep.options.ignore_mismatched_sizes:
+        # from_pretrained raises RuntimeError after its report (5.25 utils/loading_report.py:236-239,
+        # log_state_dict_report); refused here before any storage is allocated, as a CheckpointCoverageError
+        # (also a LoadError, a RuntimeError) naming the tensors
+        raise coverage_error(root, keys.model_name, mismatched=keys.mismatched_shapes, prefix=keys.prefix)
