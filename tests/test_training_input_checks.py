@@ -273,15 +273,23 @@ def test_a_model_that_is_no_causal_lm_gets_its_ids_checked_and_its_labels_left_a
     _refused(cls, [*rows, {"input_ids": [5, vocab], "labels": 1}], "example 2", f"token id {vocab}")
     _refused(cls, [{"input_ids": [5.0], "labels": 1}], "example 0", "float")
     _refused(cls, {"input_ids": [[5, 6]], "labels": [1]}, "dict of columns")
+    # a stream is not read ahead of the trainer
+    check_ids(iter([{"input_ids": [-5]}]), vocab)
+
+
+def test_a_datasets_column_is_checked_by_arrow_and_a_failing_row_named() -> None:
     datasets = pytest.importorskip("datasets")
+    vocab = 1000
+    rows = [{"input_ids": [5, 6, 7], "labels": 1}, {"input_ids": [8], "labels": 0}]
     ds = datasets.Dataset.from_list([*rows, {"input_ids": [5, vocab + 3], "labels": 1}])
     with pytest.raises(ConfigurationError, match="example 2"):
         check_ids(ds, vocab)
     # select() keeps the bad row out: the Arrow check flags the column, the rows clear it
     check_ids(ds.select([0, 1]), vocab)
     check_ids(datasets.Dataset.from_list(rows), vocab)
-    # a stream is not read ahead of the trainer
-    check_ids(iter([{"input_ids": [-5]}]), vocab)
+    floats = datasets.Dataset.from_dict({"input_ids": [[5, 6], [7.5]]})
+    with pytest.raises(ConfigurationError, match="example 0"):
+        check_ids(floats, vocab)
 
 
 # -- training_setup's own keywords --------------------------------------------------------------------------------
@@ -375,3 +383,10 @@ def test_a_loraconfig_refusal_is_a_configuration_error(tiny: Path) -> None:
     with pytest.raises(ConfigurationError, match="peft's LoraConfig refused") as e:
         _wrap(tiny, layers_pattern="layers")
     assert "layers_pattern" in e.value.reasons[0]
+
+
+def test_load_model_refuses_the_typo_before_returning_a_model(tiny: Path) -> None:
+    with pytest.raises(ConfigurationError, match="did you mean 'all-linear'"):
+        cudaload.load_model(
+            str(tiny), intent="lora", lora={"target_modules": "all_linear"}, seq_len=64, dtype="float32"
+        )

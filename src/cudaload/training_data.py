@@ -18,6 +18,7 @@ Nothing here imports torch until a collator is called.
 
 from __future__ import annotations
 
+import array
 import itertools
 import numbers
 import random
@@ -61,8 +62,8 @@ def _float_ids(dtype: Any) -> bool | None:
 
 
 def _ids(value: Any, what: str, index: int) -> list[int]:
-    """A row's token ids as a list of ints (lists, tuples, tensors and numpy arrays are accepted). Floats are
-    refused, even whole ones: converting them would silently truncate what is not a token id."""
+    """A row's token ids as a list (lists, tuples, tensors and numpy arrays are accepted; a list is kept, not
+    copied). A tensor's or array's dtype is checked here; the values of a list by :func:`_check_range`."""
     if hasattr(value, "tolist"):
         dtype = getattr(value, "dtype", None)
         if dtype is not None and _float_ids(dtype):
@@ -79,12 +80,22 @@ def _ids(value: Any, what: str, index: int) -> list[int]:
             f"{_where(index, what)} must be a sequence of token ids, not {type(value).__name__}",
             fix=_TOKENIZE_FIX,
         )
-    # one C-level pass over the types; the slow path below runs only where something is not an int
-    if set(map(type, value)) <= {int}:
-        return value if isinstance(value, list) else list(value)
-    for j, v in enumerate(value):
-        if isinstance(v, numbers.Integral) and not isinstance(v, bool):
-            continue  # numpy integer scalars (a list made from an array)
+    return value if isinstance(value, list) else list(value)
+
+
+def _int64(ids: list[int], what: str, index: int) -> Any:
+    """``ids`` as an int64 numpy array, in one C pass (``array.array`` takes integers only: a float, a string or
+    a nested list raises, and is then named by its position); None for integers beyond int64 (left to the
+    range check). A float that is a whole number is refused too: converting it would hide a truncation."""
+    import numpy as np
+
+    try:
+        return np.frombuffer(array.array("q", ids), dtype=np.int64)  # a view of the array's buffer: no copy
+    except (OverflowError, TypeError):
+        pass  # named below
+    for j, v in enumerate(ids):
+        if isinstance(v, numbers.Integral):
+            continue
         at = f"{_where(index, what)}, position {j}"
         if isinstance(v, (list, tuple)) or hasattr(v, "tolist"):
             raise ConfigurationError(
@@ -97,25 +108,27 @@ def _ids(value: Any, what: str, index: int) -> list[int]:
                 f"{at}: {v!r} is a token string, not a token id",
                 fix="convert with tokenizer.convert_tokens_to_ids",
             )
-        if isinstance(v, float):
-            whole = " (a whole number, still refused)" if v.is_integer() else ""
+        if isinstance(v, numbers.Real):
+            whole = " (a whole number, still refused)" if float(v).is_integer() else ""
             raise ConfigurationError(f"{at}: {v!r} is a float, not an integer token id{whole}", fix=_INT_FIX)
         raise ConfigurationError(f"{at}: {v!r} ({type(v).__name__}) is not an integer token id", fix=_INT_FIX)
-    return [int(v) for v in value]
+    return None
 
 
 def _check_range(ids: list[int], what: str, index: int, vocab_size: int | None, labels: bool) -> None:
-    """Token ids in ``[0, vocab_size)`` (labels may also be -100): min and max at C speed, the offending
-    position searched only on a failure."""
+    """Integer token ids in ``[0, vocab_size)`` (labels may also be -100): the types and the bounds at C speed
+    (:func:`_int64`, numpy's min and max), the offending position searched only on a failure."""
     if not ids:
         return
-    lo, hi = min(ids), max(ids)
-    if labels and lo == IGNORE_INDEX:
-        rest = set(ids)
-        rest.discard(IGNORE_INDEX)
-        lo = min(rest, default=0)
-    too_high = vocab_size is not None and hi >= vocab_size
-    if lo >= 0 and not too_high:
+    values = _int64(ids, what, index)
+    if values is not None:
+        if labels:
+            values = values[values != IGNORE_INDEX]
+        lo, hi = (int(values.min()), int(values.max())) if len(values) else (0, 0)
+    else:
+        rest = [v for v in ids if not (labels and v == IGNORE_INDEX)] or [0]
+        lo, hi = min(rest), max(rest)
+    if lo >= 0 and (vocab_size is None or hi < vocab_size):
         return
 
     def bad(v: int) -> bool:
@@ -124,7 +137,7 @@ def _check_range(ids: list[int], what: str, index: int, vocab_size: int | None, 
         return v < 0 or (vocab_size is not None and v >= vocab_size)
 
     j = next(j for j, v in enumerate(ids) if bad(v))
-    v = ids[j]
+    v = int(ids[j])
     at = f"{_where(index, what)}, position {j}"
     bound = f"[0, {vocab_size})" if vocab_size is not None else "0 or more"
     if labels:
