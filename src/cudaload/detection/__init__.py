@@ -211,8 +211,12 @@ def _findings(
                 "cvd-no-gpu",
                 f"CUDA_VISIBLE_DEVICES={cvd!r} selects GPUs, but this machine has no NVIDIA GPU that NVML can "
                 f"see ({nvml_error or 'none found'}): models load on the CPU",
-                "to run on the CPU, unset CUDA_VISIBLE_DEVICES (or set it empty: no GPU); if this machine has a "
-                "GPU, install the NVIDIA driver until `nvidia-smi` lists it",
+                "unset CUDA_VISIBLE_DEVICES (or set it empty: no GPU) to run on the CPU without this error"
+                + (
+                    "; this machine has no NVIDIA driver (NVML's library is missing): a GPU needs one"
+                    if nvml_error and "Library Not Found" in nvml_error
+                    else ""
+                ),
                 severity="error",
             )
         )
