@@ -224,6 +224,34 @@ def test_a_columnar_dict_or_a_tokenizers_batch_gets_what_to_pass(packed: Plan) -
     _refused(packed, {"text": ["a", "b"]}, "without 'input_ids'")
 
 
+def test_torch_data_sets_and_a_generator_keep_working(packed: Plan) -> None:
+    rows = _rows(12, seed=5)
+
+    class MapStyle(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return len(rows)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": torch.tensor(rows[i]["input_ids"])}
+
+    class Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            return iter(rows)
+
+    want = list(cudaload.training_setup(packed, rows, seed=1).train_dataset)
+    for data in (MapStyle(), Stream(), (r for r in rows)):
+        assert list(cudaload.training_setup(packed, data, seed=1).train_dataset) == want
+    bad = [*rows[:3], {"input_ids": [5, VOCAB + 1]}]
+    _refused(packed, (r for r in bad), "example 3", f"token id {VOCAB + 1}")
+
+
+def test_a_dataframe_gets_its_rows_named() -> None:
+    pd = pytest.importorskip("pandas")
+    p = plan(Q8, hardware=h200(), intent="lora", seq_len=64, batch_size=4)
+    e = _refused(p, pd.DataFrame({"input_ids": [[5, 6], [7, 8]]}), "DataFrame")
+    assert "df.to_dict('records')" in (e.fix or "")
+
+
 def test_text_instead_of_token_ids_gets_the_tokenizer_call(packed: Plan) -> None:
     for data, match in (
         ("a whole text", "the data set is text"),
@@ -360,6 +388,18 @@ def test_a_target_modules_typo_names_the_models_layers_and_all_linear(tiny: Path
     with pytest.warns(CudaloadWarning, match="'q_prj' \\(did you mean 'q_proj'\\?\\)"):
         model = _wrap(tiny, target_modules=["q_prj", "v_proj"])
     assert type(model).__name__ == "PeftModelForCausalLM"
+
+
+def test_names_that_exist_but_adapt_nothing_or_cannot_be_adapted(tiny: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"adapts no layer.*its layers: 0 to 1") as e:
+        _wrap(tiny, target_modules=["q_proj"], layers_to_transform=[7])
+    assert "layers_to_transform" in (e.value.fix or "")
+    with pytest.raises(ConfigurationError, match="adapts no layer"):
+        _wrap(tiny, target_modules=["q_proj"], exclude_modules=["q_proj"])
+    # a norm: peft's plain ValueError (no class of its own) told apart by its text
+    with pytest.raises(ConfigurationError, match=f"LoRA cannot adapt.*{LINEARS}") as e:
+        _wrap(tiny, target_modules=["input_layernorm"])
+    assert "is not supported" in e.value.reasons[0]
 
 
 def test_a_task_type_for_another_kind_of_model_is_refused(tiny: Path) -> None:

@@ -264,6 +264,12 @@ def check_rows(dataset: Any) -> None:
             "not one split",
             fix=f"pass dataset[{pick!r}]",
         )
+    if type(dataset).__name__ == "DataFrame" and hasattr(dataset, "to_dict"):
+        # iterating a pandas DataFrame gives its column names
+        raise ConfigurationError(
+            "the data set is a DataFrame, whose iteration gives its column names, not its rows",
+            fix="pass datasets.Dataset.from_pandas(df), or df.to_dict('records')",
+        )
     if isinstance(dataset, Mapping):
         keys = ", ".join(map(repr, dataset))
         ids = dataset.get("input_ids")

@@ -53,6 +53,11 @@ _NO_MATCH_TEXTS = (
 )
 
 
+#: peft's refusal of a module LoRA has no layer for, a plain ValueError (no class of its own: peft 0.21.2
+#: tuners/lora/model.py:558-562), told apart by its text
+_UNSUPPORTED_TEXT = "is not supported. Currently, only the following modules are supported"
+
+
 def _lora_config(plan: Plan) -> Any:
     """The plan's LoraConfig (one for the whole-model and the sharded path alike).
 
@@ -173,52 +178,86 @@ def linear_module_names(model: Any) -> list[str]:
     return sorted(names)
 
 
+def _names(target: Any) -> list[str] | None:
+    """A ``target_modules`` list (set, tuple) as sorted names; None for a regex string or nothing."""
+    if isinstance(target, (list, tuple, set, frozenset)) and target:
+        return sorted(str(t) for t in target)
+    return None
+
+
+def _missing(model: Any, wanted: list[str]) -> list[str]:
+    """The names in ``wanted`` that match no module of ``model``: peft matches a module named so, or ending in
+    ``.name`` (peft 0.21.2 tuners/tuners_utils.py:2372-2376 check_target_module_exists)."""
+    full = [name for name, _ in model.named_modules() if name]
+    leaves = {name.rsplit(".", 1)[-1] for name in full}
+    return [t for t in wanted if t not in leaves and not any(n == t or n.endswith(f".{t}") for n in full)]
+
+
 def no_match_error(model: Any, config: Any, error: Exception) -> ConfigurationError:
     """peft's "matched no module" error as a ConfigurationError naming the model's linear layers, and peft's
     ``"all-linear"`` where that is what ``target_modules`` meant."""
     names = linear_module_names(model)
     target = getattr(config, "target_modules", None)
     shown = ", ".join(names) if names else "none"
-    message = f"LoRA's target_modules={_shown(target)} matches no layer of {type(model).__name__}"
+    wanted = _names(target)
+    what = f"LoRA's target_modules={_shown(target)}"
     if isinstance(target, str) and target.lower().replace("_", "-").replace(" ", "-") == ALL_LINEAR:
         return ConfigurationError(
-            message + f"; did you mean {ALL_LINEAR!r}? (its linear layers: {shown})",
+            f"{what} matches no layer of {type(model).__name__}; did you mean {ALL_LINEAR!r}? (its linear "
+            f"layers: {shown})",
             reasons=[str(error)],
             fix=f"pass lora={{'target_modules': {ALL_LINEAR!r}}} (peft's word for every linear layer)",
         )
-    if isinstance(target, (list, tuple, set, frozenset)) and names:
-        wanted = sorted(str(t) for t in target)
-        fixed = [t if t in names else (close_names(t, names, n=1) or [t])[0] for t in wanted]
-        guess = [f"{t!r} -> {f!r}" for t, f in zip(wanted, fixed, strict=True) if f != t]
-        if guess:
+    missing = _missing(model, wanted) if wanted else []
+    if wanted and not missing:
+        # every name is there: exclude_modules, layers_to_transform or modules_to_save kept each match out
+        layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+        span = f" (its layers: 0 to {layers - 1})" if isinstance(layers, int) and layers > 0 else ""
+        return ConfigurationError(
+            f"{what} adapts no layer of {type(model).__name__}: exclude_modules, layers_to_transform or "
+            f"modules_to_save leave none of its matches{span}",
+            reasons=[str(error)],
+            fix="narrow exclude_modules, or pass layers_to_transform within the model's layers",
+        )
+    if missing and names:
+        fixed = {t: (close_names(t, names, n=1) or [t])[0] for t in missing}
+        guess = [f"{t!r} -> {f!r}" for t, f in fixed.items() if f != t]
+        if guess and wanted:
+            corrected = sorted({fixed.get(t, t) for t in wanted})
             return ConfigurationError(
-                message + f" (did you mean {', '.join(guess)}? its linear layers: {shown})",
+                f"{what} matches no layer of {type(model).__name__} (did you mean {', '.join(guess)}? its "
+                f"linear layers: {shown})",
                 reasons=[str(error)],
-                fix=f"pass lora={{'target_modules': {sorted(set(fixed))!r}}}, or {ALL_LINEAR!r} for every "
-                "linear layer",
+                fix=f"pass lora={{'target_modules': {corrected!r}}}, or {ALL_LINEAR!r} for every linear layer",
             )
     return ConfigurationError(
-        message + f" (its linear layers: {shown})",
+        f"{what} matches no layer of {type(model).__name__} (its linear layers: {shown})",
         reasons=[str(error)],
         fix=f"name some of them in lora={{'target_modules': [...]}}, or pass {ALL_LINEAR!r} for every linear "
-        "layer; check exclude_modules and layers_to_transform too",
+        "layer",
+    )
+
+
+def unsupported_error(model: Any, config: Any, error: Exception) -> ConfigurationError:
+    """peft's refusal of a targeted module LoRA has no layer for (a norm, an activation)."""
+    names = linear_module_names(model)
+    return ConfigurationError(
+        f"LoRA's target_modules={_shown(getattr(config, 'target_modules', None))} names a module of "
+        f"{type(model).__name__} that LoRA cannot adapt (it adapts linear, embedding and convolution layers; "
+        f"the linear ones here: {', '.join(names) or 'none'})",
+        reasons=[str(error)],
+        fix=f"name linear layers in lora={{'target_modules': [...]}}, or pass {ALL_LINEAR!r}",
     )
 
 
 def warn_unmatched_targets(model: Any, config: Any) -> None:
     """Warns where some names of a ``target_modules`` list match no module while others do: peft adapts the
-    ones that match and says nothing of the rest (where none matches it raises: :func:`no_match_error`). A name
-    matches a module named so, or ending in ``.name`` (peft 0.21.2 tuners/tuners_utils.py:2372-2376
-    check_target_module_exists)."""
-    target = getattr(config, "target_modules", None)
-    if isinstance(target, str) or not isinstance(target, (list, tuple, set, frozenset)) or not target:
+    ones that match and says nothing of the rest (where none matches it raises: :func:`no_match_error`)."""
+    wanted = _names(getattr(config, "target_modules", None))
+    if not wanted:
         return
-    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
-    full = {name for name, _ in model.named_modules() if name}
-    missing = sorted(
-        str(t) for t in target if t not in leaves and not any(n == t or n.endswith(f".{t}") for n in full)
-    )
-    if not missing or len(missing) == len(target):
+    missing = _missing(model, wanted)
+    if not missing or len(missing) == len(wanted):
         return
     names = linear_module_names(model)
     guesses = [
@@ -249,12 +288,15 @@ def get_peft_model_checked(model: Any, config: Any) -> Any:
 
     check_task_type(model, config)
     warn_unmatched_targets(model, config)
+    no_match = _no_match_errors()
     try:
         return get_peft_model(model, config)
-    except _no_match_errors() as e:
-        if not _is_no_match(e):
-            raise
-        raise no_match_error(model, config, e) from None
+    except ValueError as e:  # NoMatchingPeftModuleError is one
+        if isinstance(e, no_match) and _is_no_match(e):
+            raise no_match_error(model, config, e) from None
+        if _UNSUPPORTED_TEXT in str(e):
+            raise unsupported_error(model, config, e) from None
+        raise
 
 
 def _wrap_peft(model: Any, plan: Plan) -> Any:
