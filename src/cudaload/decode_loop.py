@@ -252,25 +252,35 @@ _KEEP_TRANSFORMERS_LOOP = (
 
 
 def _sampling_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether ``generate(*args, **kwargs)`` should get :func:`late_stop_sample`: a greedy or sampling call (the
-    modes ``_sample`` serves), read from the call's generation config merged as transformers merges it (the
-    one passed, its unset fields from the model's, then the call's keywords: 5.17 generation/utils.py:1927-1940;
-    :func:`late_stop_sample` checks transformers' result again).
+    """Whether ``generate(*args, **kwargs)`` should get :func:`late_stop_sample` (:func:`call_refusal` finds no
+    reason against it)."""
+    return call_refusal(model, args, kwargs)[0] is None
+
+
+def call_refusal(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, Any]:
+    """Why ``generate(*args, **kwargs)`` keeps transformers' ``generate()`` untouched (None: it is a greedy or
+    sampling call, the modes ``_sample`` serves), and the call's generation config merged as transformers merges
+    it (the one passed, its unset fields from the model's, then the call's keywords: 5.17
+    generation/utils.py:1927-1940; None where it was not built). :func:`late_stop_sample` checks transformers'
+    result again.
 
     Kept on transformers' ``generate()`` untouched: a positional argument past ``inputs``; any keyword of
     :data:`_KEEP_TRANSFORMERS_LOOP` given (a ``streamer`` or ``synced_gpus`` too: transformers hands neither to a
     ``custom_generate`` callable, 5.17 generation/utils.py:2387-2391 replaces those keywords with the callable's
     own); ``stop_strings`` or ``token_healing`` in the config (they need the tokenizer); a process of a
-    multi-rank job (``synced_gpus`` is then decided inside generate())."""
-    if len(args) > 1 or any(kwargs.get(k) is not None for k in _KEEP_TRANSFORMERS_LOOP):
-        return False
+    multi-rank job (``synced_gpus`` is then decided inside generate()); beams, assisted and the other modes."""
+    if len(args) > 1:
+        return "a positional argument past inputs", None
+    given = [k for k in _KEEP_TRANSFORMERS_LOOP if kwargs.get(k) is not None]
+    if given:
+        return f"{given[0]}= given", None
     if "custom_generate" in kwargs:  # custom_generate=None: the caller asks for transformers' own loop
-        return False
+        return "custom_generate= given", None
     import torch
 
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return False
+        return "a process of a multi-rank job", None
     import copy
 
     from transformers.generation.configuration_utils import GenerationMode
@@ -279,18 +289,20 @@ def _sampling_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     passed = kwargs.get("generation_config")
     base = passed if passed is not None else own
     if base is None:
-        return False
+        return "no generation config", None
     gc = copy.deepcopy(base)
     if passed is not None and own is not None:
         gc.update(**own.to_dict(), defaults_only=True)
     gc.update(**{k: v for k, v in kwargs.items() if k != "generation_config"})
     if getattr(gc, "stop_strings", None) or getattr(gc, "token_healing", False):
-        return False
+        return "stop strings or token healing (they need the tokenizer)", gc
     try:
         mode = gc.get_generation_mode(None)
     except Exception:  # an invalid combination: transformers' generate() raises its own error for it
-        return False
-    return mode in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+        return "an invalid generation config (transformers says why)", gc
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+        return f"{getattr(mode, 'value', mode)}: not a greedy or sampling call", gc
+    return None, gc
 
 
 def _generate(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -8,6 +8,10 @@ the compile caches).
 ``mode``: ``dynamic`` (transformers' default DynamicCache, nothing compiled) or ``compiled`` (a StaticCache of
 ``max_cache_len`` slots and the decode step compiled by transformers' own ``generate()`` path, CUDA graphs
 through torch.compile's ``reduce-overhead`` mode).
+
+With no work declared (issue 43) a dynamic plan may carry ``per_call`` (:class:`PerCallDecode`): what each
+``generate()`` call needs to decide its own decode (:mod:`cudaload.policies.decode_call`), so load_model()
+compiles nothing and a long call may still run compiled.
 """
 
 from __future__ import annotations
@@ -57,6 +61,61 @@ class DecodeWork:
 
 
 @dataclass(frozen=True)
+class PerCallDecode:
+    """What a ``generate()`` call's own decode decision needs beside the call (plain, serialisable data; the
+    policy is :func:`cudaload.policies.decode_call.choose_call_decode`, applied by :mod:`cudaload.execute.decode`).
+
+    ``facts``: the decode record that speaks for this GPU (``DecodeFacts.to_dict()``), ``weight_scale`` and
+    ``layer_scale`` its scales to this model and ``facts_text`` where it was measured; ``buckets``: the static
+    cache lengths a call may compile (:func:`cudaload.policies.decode.cache_lengths` up to the model's context
+    ``max_positions``); ``kv_bytes_per_slot``: one sequence's static-cache bytes per slot (every layer's keys and
+    values); ``compile``: transformers' ``CompileConfig`` keywords; ``key_parts`` and ``key_label``: the compile
+    cache key's call-independent parts (:func:`cudaload.policies.decode.decode_key_base`), so a call's artifact
+    has the key a declared plan or ``cudaload precompile --decode`` gives the same bucket and batch."""
+
+    facts: dict[str, Any]
+    weight_scale: float = 1.0
+    layer_scale: float = 1.0
+    facts_text: str = ""
+    buckets: tuple[int, ...] = ()
+    max_positions: int | None = None
+    kv_bytes_per_slot: int = 0
+    compile: dict[str, Any] = field(default_factory=dict)
+    key_parts: dict[str, Any] = field(default_factory=dict)
+    key_label: tuple[str, str] = ("", "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "facts": dict(self.facts),
+            "weight_scale": self.weight_scale,
+            "layer_scale": self.layer_scale,
+            "facts_text": self.facts_text,
+            "buckets": list(self.buckets),
+            "max_positions": self.max_positions,
+            "kv_bytes_per_slot": self.kv_bytes_per_slot,
+            "compile": dict(self.compile),
+            "key_parts": dict(self.key_parts),
+            "key_label": list(self.key_label),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PerCallDecode:
+        label = tuple(str(x) for x in d.get("key_label") or ("", ""))
+        return cls(
+            facts=dict(d["facts"]),
+            weight_scale=float(d.get("weight_scale", 1.0)),
+            layer_scale=float(d.get("layer_scale", 1.0)),
+            facts_text=str(d.get("facts_text") or ""),
+            buckets=tuple(int(x) for x in d.get("buckets", ())),
+            max_positions=None if d.get("max_positions") is None else int(d["max_positions"]),
+            kv_bytes_per_slot=int(d.get("kv_bytes_per_slot", 0)),
+            compile=dict(d.get("compile") or {}),
+            key_parts=dict(d.get("key_parts") or {}),
+            key_label=(label[0], label[1]) if len(label) == 2 else ("", ""),
+        )
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     """How generate() decodes, and why.
 
@@ -68,7 +127,9 @@ class DecodePlan:
     ``expected``: the costs the decision weighed, in seconds and ms (``ms_per_token_dynamic``,
     ``ms_per_token_compiled``, ``compile_s_cold``, ``compile_s_warm``, ``job_s_dynamic``, ``job_s_compiled``,
     ``breakeven_tokens``); ``cache_key``: the key of the persistent compile cache (torch, GPU, model shape,
-    bucket) or None; ``assumed``: what was taken for granted."""
+    bucket) or None; ``assumed``: what was taken for granted; ``per_call``: set on a dynamic plan whose
+    ``generate()`` calls each decide their decode (no work declared, ``decode='auto'``; None: every call is
+    dynamic, or the plan is compiled)."""
 
     mode: Decision
     work: DecodeWork = field(default_factory=DecodeWork)
@@ -80,6 +141,7 @@ class DecodePlan:
     cache_key: str | None = None
     assumed: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    per_call: PerCallDecode | None = None
 
     @property
     def compiled(self) -> bool:
@@ -107,6 +169,7 @@ class DecodePlan:
             "cache_key": self.cache_key,
             "assumed": list(self.assumed),
             "notes": list(self.notes),
+            "per_call": self.per_call.to_dict() if self.per_call is not None else None,
         }
 
     @classmethod
@@ -122,6 +185,7 @@ class DecodePlan:
             cache_key=d.get("cache_key"),
             assumed=tuple(d.get("assumed", ())),
             notes=tuple(d.get("notes", ())),
+            per_call=PerCallDecode.from_dict(d["per_call"]) if d.get("per_call") else None,
         )
 
     def explain_lines(self) -> list[str]:
@@ -137,6 +201,12 @@ class DecodePlan:
                 2,
                 "    generate(): greedy and sampling calls read the stop one step late, so the host queues the next "
                 "step while the GPU runs this one (cudaload.decode_loop)",
+            )
+        if self.per_call is not None:
+            lines.insert(
+                1,
+                "    per call: decided at each generate() call; after load_model(), each call's choice and why "
+                "in plan.verified['decode']['calls']",
             )
         lines[1:1] = [f"    assumed: {a}" for a in self.assumed]
         lines += [f"    note: {n}" for n in self.notes]

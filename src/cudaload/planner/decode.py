@@ -10,19 +10,22 @@ from dataclasses import replace
 from .. import compile_cache
 from ..capabilities import Capabilities
 from ..decision import Decision
-from ..decode_plan import DecodePlan, DecodeWork
+from ..decode_plan import DecodePlan, DecodeWork, PerCallDecode
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..policies.decode import (
+    COMPILE_CONFIG,
     bound_ms,
     cache_lengths,
     choose_decode,
     decode_cache_key,
+    decode_key_base,
     quant_decode_cost,
     scaled_facts,
     static_cache_length,
 )
-from ..policies.decode_facts import QuantDecodeCost
+from ..policies.decode_facts import QuantDecodeCost, Scaled
+from ..policies.dtype import dtype_bytes
 from ..policies.quantization import fit
 from ..request import Request
 from ..tuning import load_decode_facts
@@ -117,6 +120,12 @@ def decode_for(
             f"a decode step of {work.batch_size} sequences costs what the compiled path's measured batch-8 step "
             "says, for both paths (the dynamic path's batched step is not measured)"
         )
+    facts = scaled_facts(caps, load_decode_facts(), s, dtype)
+    per_call = (
+        _per_call(caps, info, dtype, at.choice, facts, work.seq_len)
+        if not dw.declared and (req.decode or "auto") == "auto" and facts is not None and caps.gpus
+        else None
+    )
     plan = choose_decode(
         intent=req.intent,
         can_generate=True,
@@ -125,7 +134,7 @@ def decode_for(
         offload=sized.placement.offload,
         gpu_devices=gpus,
         has_gpu=bool(caps.gpus),
-        facts=scaled_facts(caps, load_decode_facts(), s, dtype),
+        facts=facts,
         max_cache_len=length,
         cache_buckets=buckets,
         cache_len_reasons=length_why,
@@ -138,10 +147,35 @@ def decode_for(
         kv_cache=kv,
         length_declared=req.seq_len is not None,
         attention=at.choice,
+        per_call=per_call,
     )
     if plan is not None and plan.compiled and plan.max_cache_len in fits:
         sized = fits[plan.max_cache_len]
     return plan, sized
+
+
+def _per_call(
+    caps: Capabilities, info: ModelInfo, dtype: str, attention: str, facts: Scaled, seq_len: int
+) -> PerCallDecode:
+    """What each generate() call of an undeclared plan decides from (the policy keeps it only where the compiled
+    path can run): the facts as scaled here, the buckets up to the model's context, one sequence's static-cache
+    bytes per slot (keys and values of every layer: an upper bound for sliding-window layers, which hold less),
+    and the compile cache key's call-independent parts."""
+    s = info.summary
+    head_dim = s.head_dim or (s.hidden_size // s.num_heads if s.num_heads else 0)
+    parts, label = decode_key_base(caps, s, dtype=dtype, attention=attention)
+    return PerCallDecode(
+        facts=facts.facts.to_dict(),
+        weight_scale=facts.weights,
+        layer_scale=facts.layers,
+        facts_text=facts.text,
+        buckets=cache_lengths(s.max_position_embeddings, seq_len),
+        max_positions=s.max_position_embeddings,
+        kv_bytes_per_slot=int(2 * s.layers * s.num_kv_heads * head_dim * dtype_bytes(dtype)),
+        compile=dict(COMPILE_CONFIG),
+        key_parts=parts,
+        key_label=label,
+    )
 
 
 def _generates(req: Request, info: ModelInfo) -> bool:

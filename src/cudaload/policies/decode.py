@@ -10,7 +10,10 @@ against decode steps ~5.5x faster after it (6.0-6.3 ms at 2,048 slots, 6.2 at 6,
 cudaload_sdpa's grouped decode attention, :mod:`cudaload.sdpa_decode`, and generate() reads its stop one step
 late, :mod:`cudaload.decode_loop`). So:
 
-* no work declared: ``dynamic``; the default never pays a compile the process is not known to recover;
+* no work declared: ``dynamic`` at load, nothing compiled; with ``decode='auto'`` where the compiled path can run
+  here and a measurement speaks for the GPU, each ``generate()`` call then decides its own decode from the call
+  (``per_call``: :mod:`cudaload.policies.decode_call`), so only a call whose decode steps pay a compile back
+  compiles;
 * work declared (new tokens per call x calls, batch, the longest sequence): each mode's job seconds, and
   ``compiled`` only when it saves at least :data:`MARGIN` of the dynamic job (estimates, not a stopwatch);
 * ``compiled`` is refused where generate() would not compile (a bitsandbytes model, offload, weights on the CPU,
@@ -30,7 +33,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
-from ..decode_plan import DECODE_MODES, DecodePlan, DecodeWork
+from ..decode_plan import DECODE_MODES, DecodePlan, DecodeWork, PerCallDecode
 from ..errors import InvalidChoiceError, close_names
 from ..plans import ModelSummary
 from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
@@ -46,10 +49,12 @@ __all__ = [
     "DecodeFacts",
     "bound_ms",
     "bucket_for",
+    "cache_key_from",
     "cache_lengths",
     "choose_decode",
     "decode_cache_key",
     "decode_facts_for",
+    "decode_key_base",
     "quant_decode_cost",
     "scaled_facts",
     "static_cache_length",
@@ -133,8 +138,19 @@ def decode_cache_key(
     dtype, attention, bucket, batch, GPU) and a hash of everything a compiled graph depends on: torch, its CUDA,
     transformers, the GPU's name and compute capability, the model's shape, dtype, attention, bucket and batch.
     Another torch, GPU or shape never reuses an artifact."""
+    parts, label = decode_key_base(caps, model, dtype=dtype, attention=attention)
+    return cache_key_from(parts, label, max_cache_len=max_cache_len, batch=batch)
+
+
+def decode_key_base(
+    caps: Capabilities, model: ModelSummary, *, dtype: str, attention: str
+) -> tuple[dict[str, Any], tuple[str, str]]:
+    """What :func:`decode_cache_key` hashes that does not depend on the call (everything but the bucket and the
+    batch), as plain JSON values, and the readable prefix's two halves: what a per-call plan keeps
+    (:class:`cudaload.decode_plan.PerCallDecode`) to name each call's artifact with the key a declared plan or
+    ``cudaload precompile --decode`` gives the same bucket and batch."""
     gpu = caps.gpus[0] if caps.gpus else None
-    parts = {
+    parts: dict[str, Any] = {
         "torch": caps.torch_version,
         "cuda": caps.torch_cuda_version,
         "transformers": caps.transformers_version,
@@ -157,14 +173,24 @@ def decode_cache_key(
         "attention": attention,
         # cudaload's own attention code inside the compiled step (transformers' is covered by its version)
         "attention_code": COMPILED_STEP_REVISION if attention in SDPA_VARIANTS else None,
+    }
+    sm = f"sm{gpu.sm}" if gpu else "cpu"
+    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+    return parts, (f"{model.type}-L{model.layers}-{short}-{attention}", sm)
+
+
+def cache_key_from(parts: Mapping[str, Any], label: Sequence[str], *, max_cache_len: int, batch: int) -> str:
+    """:func:`decode_cache_key` from :func:`decode_key_base`'s parts and label (a JSON round trip of them gives
+    the same key: every value is a string, a number, None, a bool or a list)."""
+    full = {
+        **parts,
         "max_cache_len": max_cache_len,
         "batch": batch,
         "compile": sorted(COMPILE_CONFIG.items()),
     }
-    digest = hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()[:16]
-    sm = f"sm{gpu.sm}" if gpu else "cpu"
-    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
-    return f"{model.type}-L{model.layers}-{short}-{attention}-c{max_cache_len}-b{batch}-{sm}-{digest}"
+    digest = hashlib.sha256(repr(sorted(full.items())).encode()).hexdigest()[:16]
+    head, sm = label
+    return f"{head}-c{max_cache_len}-b{batch}-{sm}-{digest}"
 
 
 def scaled_facts(
@@ -231,6 +257,7 @@ def choose_decode(
     kv_cache: bool = True,
     length_declared: bool = True,
     attention: str | None = None,
+    per_call: PerCallDecode | None = None,
 ) -> DecodePlan | None:
     """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring).
 
@@ -244,7 +271,9 @@ def choose_decode(
     on a GPU (not the CPU of a GPU machine); ``kv_cache``: the model keeps an attention KV cache (not a
     state-space model); ``length_declared``: the caller declared ``seq_len``, the static cache's length;
     ``attention``: the plan's backend (the facts were measured on cudaload's sdpa variants, whose compiled step
-    runs the grouped decode attention: with another backend they speak for nothing; None: not checked). Raises
+    runs the grouped decode attention: with another backend they speak for nothing; None: not checked);
+    ``per_call``: what a call's own decision needs (the planner's), kept on the plan only where each call may
+    decide (no work declared, ``decode='auto'``, no blocker, the facts speak for the GPU and attention). Raises
     :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
     if intent != "inference" or not can_generate:
         return None
@@ -269,6 +298,9 @@ def choose_decode(
     unmeasured_attention = facts is not None and attention is not None and attention not in SDPA_VARIANTS
     if unmeasured_attention:
         facts = None
+    each_call = (
+        not explicit and not blockers and not work.declared and per_call is not None and facts is not None
+    )
     expected = _expected(work, quantization, facts, max_cache_len, warm, bound)
     dyn_why, comp_why = _costs(expected, warm, facts)
     notes: list[str] = []
@@ -283,6 +315,18 @@ def choose_decode(
         why = [f"requested explicitly (decode={req!r})"]
     elif blockers:
         choice, why = "dynamic", ["the compiled path cannot run here: " + "; ".join(blockers)]
+    elif each_call:
+        assert facts is not None
+        choice = "dynamic"
+        why = [
+            "no generate() work declared: load_model() compiles nothing, and each generate() call decides its own "
+            "decode from its batch, prompt length and max_new_tokens (cudaload.policies.decode_call): a static "
+            "cache with the compiled step only where the call's decode steps save more than the compile costs "
+            f"(~{facts.compile_s(False):.0f} s cold, ~{facts.compile_s(True):.0f} s from cudaload's saved "
+            "artifacts, nothing for a bucket the process compiled already); each call's choice and why in "
+            "plan.verified['decode']['calls']; to pay the compile at load instead, declare the work (new_tokens=, "
+            "generate_calls=, seq_len=, batch_size=), or decode='dynamic' to keep every call dynamic"
+        ]
     elif not work.declared:
         choice = "dynamic"
         why = [
@@ -324,6 +368,8 @@ def choose_decode(
         comp_why = [*blockers, *comp_why]
     elif not compiled and work.declared and facts is not None and not explicit:
         comp_why = [f"not {MARGIN:.0%} faster for the declared work", *comp_why]
+    elif each_call:
+        comp_why = ["at load: no work declared; at a generate() call that pays the compile back", *comp_why]
     elif not compiled and not work.declared and not explicit:
         comp_why = ["no work declared", *comp_why]
     elif not compiled and unmeasured_attention and not explicit:
@@ -374,6 +420,7 @@ def choose_decode(
         cache_key=cache_key if compiled else None,
         assumed=tuple(assumed),
         notes=tuple(notes),
+        per_call=per_call if each_call else None,
     )
 
 
