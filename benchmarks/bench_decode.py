@@ -9,8 +9,11 @@ start (the interpreter's start time, so imports count). Methods:
 
 - ``plain``: ``from_pretrained(dtype=bfloat16, device_map="cuda")`` (sdpa), ``generate()`` as transformers
   defaults (dynamic cache).
-- ``cudaload``: ``load_model(path)``, no work declared (its default); ``cudaload:nf4`` / ``cudaload:int8``: with
-  ``quantization=`` that bitsandbytes rung (needs bitsandbytes).
+- ``cudaload``: ``load_model(path)``, no work declared (its default: each generate() call decides its decode,
+  issue 43); ``cudaload:nf4`` / ``cudaload:int8``: with ``quantization=`` that bitsandbytes rung (needs
+  bitsandbytes).
+- ``dynamic``: ``load_model(path, decode="dynamic")``: every call on transformers' dynamic path (the default
+  before issue 43).
 - ``declared``: ``load_model(path, seq_len=S, batch_size=B, new_tokens=N, generate_calls=C)``: the work declared
   (the longest prompt + new tokens, the largest batch, one call's new tokens, the calls), the plan decides
   (``plan.decode``).
@@ -22,7 +25,9 @@ start (the interpreter's start time, so imports count). Methods:
 
 Jobs (greedy, exactly ``new`` tokens each call, EOS off; prompts random ids, batches left-padded with a mask):
 ``short``: 3 calls, 512+100 each (~300 new tokens); ``quant``: 2 calls of 512+128 (issue 35's quantized-rung
-comparison reads the second); ``long``: 1 call 512+5,000 at batch 1; ``batched``: 2 calls
+comparison reads the second); ``long``: 1 call 512+5,000 at batch 1; ``long3k``: 1 call 640+3,000; ``short64``: 2
+calls 640+64; ``mix``: 640+64, 640+3,000, 640+64 (issue 43: the per-call decode's short call before and after a
+long one); ``batched``: 2 calls
 of batch 8, prompts 200-700 tokens left-padded, +128; ``probe``: a compile probe: 512+16 (the compile), then
 512+256, 900+256, 1500+128 (the same bucket: no recompile expected), each call timed, the prefill of each
 prompt timed apart (``max_new_tokens=1``) so ms per decode token = (call - prefill) / (new - 1). ``ab``: the
@@ -65,6 +70,11 @@ JOBS: dict[str, list[tuple[int, Any, int]]] = {
     "quant": [(1, 512, 128), (1, 512, 128)],
     # the probe's calls again, each timed with both decode loops in rotated order (see ``_ab``)
     "ab": [(1, 512, 16), (1, 512, 256), (1, 900, 256), (1, 1500, 128)],
+    # issue 43: a notebook's short call, one long call, the short call again (the per-call decode's three cases:
+    # dynamic untouched, compiled in the call, compiled with no compile)
+    "mix": [(1, 640, 64), (1, 640, 3000), (1, 640, 64)],
+    "long3k": [(1, 640, 3000)],
+    "short64": [(1, 640, 64), (1, 640, 64)],
 }
 SMOKE_JOBS: dict[str, list[tuple[int, Any, int]]] = {
     "ab": [(1, 16, 4), (1, 20, 8), (1, 30, 8)],
@@ -73,6 +83,9 @@ SMOKE_JOBS: dict[str, list[tuple[int, Any, int]]] = {
     "long": [(1, 16, 40)],
     "batched": [(2, [12, 7], 5)],
     "probe": [(1, 16, 4), (1, 20, 8), (1, 30, 8)],
+    "mix": [(1, 16, 4), (1, 16, 40), (1, 16, 4)],
+    "long3k": [(1, 16, 40)],
+    "short64": [(1, 16, 4), (1, 16, 4)],
 }
 
 
@@ -120,6 +133,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         kw: dict[str, Any] = {}
         if variant in ("nf4", "int8"):  # cudaload:nf4 / cudaload:int8: that bitsandbytes rung, forced
             kw["quantization"] = variant
+        if method == "dynamic":  # every call dynamic: the undeclared default before issue 43
+            kw["decode"] = "dynamic"
         if method in ("declared", "compiled"):
             # new_tokens: one call's new tokens (of seq_len); generate_calls: how many calls
             kw = {
