@@ -228,6 +228,59 @@ def bnb_cuda_version(env: Mapping[str, str] | None = None) -> str | None:
     return raw if raw and raw.isdigit() else None
 
 
+def _checked_bnb_cuda_version(env: Mapping[str, str]) -> str | None:
+    """:func:`bnb_cuda_version`, refusing a value bitsandbytes cannot use: set at all, it must be digits
+    (bitsandbytes 0.50.2 cextension.py:42-43 raises RuntimeError otherwise, an empty value included, when the
+    quantized load imports it; it then loads ``libbitsandbytes_cuda{BNB_CUDA_VERSION}.so``)."""
+    raw = env.get("BNB_CUDA_VERSION")
+    if raw is None or raw.isdigit():
+        return bnb_cuda_version(env)
+    dotted = re.fullmatch(r"\s*(\d+)\.(\d)\s*", raw)  # "12.4": the version as CUDA writes it
+    raise _invalid(
+        "BNB_CUDA_VERSION",
+        raw,
+        "CUDA's version as digits",
+        dotted.group(1) + dotted.group(2) if dotted else "124",
+    )
+
+
+#: how huggingface_hub reads HF_HUB_OFFLINE (constants.py ``_is_true``: ``value.upper() in {"1", "ON", "YES",
+#: "TRUE"}``): anything else is online, a typo included
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _checked_offline(env: Mapping[str, str]) -> bool:
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        raw = env.get(name)
+        if raw is not None and raw.strip() and raw.strip().lower() not in _TRUE | _FALSE:
+            # huggingface_hub would go online on "ture" or "offline": a typo must not look like a choice
+            raise _invalid(name, raw, "1 (offline) or 0 (online)", "1")
+    return hub_offline(env)
+
+
+#: torch's switches for cuDNN's place in SDPA's dispatch, read with ``c10::utils::check_env`` (c10/util/env.cpp):
+#: exactly "0" or "1"; any other value (``true``, ``off``) is ignored with a C++ warning, as if unset
+CUDNN_SDPA_SWITCHES = ("TORCH_CUDNN_SDPA_PREFERRED", "TORCH_CUDNN_SDPA_DEPRIORITIZED")
+
+
+def _checked_cudnn_switches(env: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for name in CUDNN_SDPA_SWITCHES:
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        if raw not in ("0", "1"):
+            from .errors import ConfigurationError
+
+            meant = "0" if raw.strip().lower() in _FALSE else "1" if raw.strip().lower() in _TRUE else "0"
+            raise ConfigurationError(
+                f"{name}={raw!r} is not 0 or 1: torch reads exactly those and ignores anything else, as if unset",
+                fix=f"set {name}={meant}, or unset it",
+            )
+        out[name] = raw
+    return out
+
+
 def hub_probe_enabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether detection may probe the Hub: not when offline, not when ``CUDALOAD_HUB_TIMEOUT=0``."""
     return not hub_offline(env) and hub_probe_timeout(env) > 0
@@ -326,6 +379,69 @@ def _checked_cache_dir(env: Mapping[str, str]) -> str:
     return path
 
 
+def cache_unwritable(env: Mapping[str, str] | None = None) -> str | None:
+    """Why this user cannot keep files in ``CUDALOAD_CACHE`` (the folder, or the nearest folder above it that
+    exists, when it is still to be created); None where it can, or where the variable is unset (the default
+    folder is not second-guessed)."""
+    e = _environ(env)
+    if not e.get("CUDALOAD_CACHE"):
+        return None
+    path = os.path.abspath(os.path.expanduser(cache_dir(e)))
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK):
+        return None
+    return (
+        f"{probe!r} is not writable by this user"
+        if probe != path
+        else "the folder is not writable by this user"
+    )
+
+
+def _launcher(env: Mapping[str, str]) -> bool:
+    """Whether a launcher started this process: every one sets MASTER_ADDR for torch's ``env://`` rendezvous
+    (torchrun, accelerate launch and deepspeed; SLURM and MPI users export it for the same reason), torchrun also
+    TORCHELASTIC_RUN_ID; or a process group is initialised already (its store is what the ranks use)."""
+    if env.get("MASTER_ADDR") or env.get("TORCHELASTIC_RUN_ID"):
+        return True
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:  # a torch without distributed support
+        return False
+
+
+def _launch_notes(env: Mapping[str, str], got: LaunchEnv) -> tuple[str, ...]:
+    """LOCAL_RANK / WORLD_SIZE set by hand, with no launcher: a world of several ranks cannot form (an error); a
+    lone LOCAL_RANK picks cuda:LOCAL_RANK as if this were a rank (a note, warned)."""
+    if _launcher(env):
+        return ()
+    if got.world_size is not None and got.world_size > 1:
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"WORLD_SIZE={got.world_size} says this process is one of {got.world_size} ranks, and no launcher "
+            "started it (MASTER_ADDR is not set; torchrun, accelerate launch and deepspeed set it): the plan would "
+            "be one rank's share of a world that never forms",
+            fix=f"launch it: torchrun --nproc_per_node {got.world_size} your_script.py; or unset WORLD_SIZE (and "
+            "RANK, LOCAL_RANK) to run one process",
+        )
+    if got.local_rank is not None or got.rank is not None:
+        name = "LOCAL_RANK" if got.local_rank is not None else "RANK"
+        return (
+            f"{name}={env[name]} is set and no launcher started this process (MASTER_ADDR is not set): cudaload "
+            f"plans it as that rank (cuda:{got.local_rank or 0} where GPUs are visible); unset {name} to run one "
+            "process as one, or launch with torchrun",
+        )
+    return ()
+
+
 def _unread(env: Mapping[str, str]) -> tuple[str, ...]:
     """What to say about each ``CUDALOAD_*`` variable that is set and read by nothing."""
     from .errors import close_names
@@ -351,13 +467,28 @@ def check_all(env: Mapping[str, str] | None = None) -> Settings:
     :class:`~cudaload.errors.ConfigurationError` now, not on the one path that happens to read it.
     ``cudaload.request.Request.build`` calls it."""
     e = _environ(env)
+    launched = _checked_launch(e)
+    _checked_offline(e)
+    _checked_cudnn_switches(e)
+    _checked_bnb_cuda_version(e)
+    cache = _checked_cache_dir(e)
+    unwritable = cache_unwritable(e)
+    cache_note = (
+        (
+            f"CUDALOAD_CACHE={e['CUDALOAD_CACHE']!r} cannot be written ({unwritable}): cudaload keeps no attention "
+            "probe verdicts, tune timings or compile artifacts there, and measures or compiles again in every "
+            "process; set CUDALOAD_CACHE to a folder you can write, or unset it",
+        )
+        if unwritable
+        else ()
+    )
     return Settings(
         hub_timeout=hub_probe_timeout(e),
         ranks_timeout=ranks_timeout(e),
         gpu_start=gpu_start_enabled(e),
         trusted_kernels=trusted_kernel_repos(e),
-        cache_dir=_checked_cache_dir(e),
-        launch=_checked_launch(e),
+        cache_dir=cache,
+        launch=launched,
         device_order=_device_order(e),
-        notes=_unread(e),
+        notes=_unread(e) + cache_note + _launch_notes(e, launched),
     )

@@ -56,10 +56,12 @@ _TRISTATE = ("kernels", "fast", "gradient_checkpointing")
 _KEYWORD = re.compile(
     r"(?<![\w.-])("
     + "|".join(sorted(FLAGS, key=len, reverse=True))
-    + r")=('[^']*'|\"[^\"]*\"|\.\.\.|[\w.+-]+)?"
+    + r")=(\[[^\]]*\]|'[^']*'|\"[^\"]*\"|\.\.\.|[\w.+-]+)?"
 )
 
 
+#: the names of a Python list in a message: ['bitsandbytes', 'peft'] -> bitsandbytes, peft
+_LIST_ITEM = re.compile(r"[^\s,'\"\[\]]+")
 _KERNELS_WORD = {"True": "on", "False": "off", "None": "auto"}
 #: the CLI's spelling of a keyword that takes True / False / None (auto)
 _ON_OFF: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
@@ -74,6 +76,8 @@ def as_flags(text: str) -> str:
         flag, value = FLAGS[m.group(1)], m.group(2)
         if value is None:
             return flag
+        if value.startswith("["):  # a list of names: the flags take them comma-separated
+            return flag + " " + ",".join(_LIST_ITEM.findall(value))
         value = value.strip("'\"")
         if m.group(1) in _TRISTATE and value in ("True", "False", "None"):
             return f"{flag} {_KERNELS_WORD[value]}"
@@ -92,10 +96,30 @@ def _positive_int(value: str) -> int:
     try:
         n = int(value)
     except ValueError:
+        short = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM])\s*", value)
+        if short:
+            # "2k" is 2000 to some and 2048 to others (the request reads neither: cudaload.request._positive_int)
+            x = float(short.group(1))
+            scale = {"k": (1000, 1024), "m": (1000**2, 1024**2)}[short.group(2).lower()]
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a whole number: write it out ({int(x * scale[1])} or {int(x * scale[0])})"
+            ) from None
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
     return n
+
+
+def _intent(value: str) -> str:
+    """``--intent``: a name from cudaload.plans.INTENTS, or the request's refusal, which knows the words users type
+    for them (``finetune``, ``serve``: cudaload.errors.SYNONYMS)."""
+    from .plans import INTENTS
+    from .request import _choice
+
+    try:
+        return _choice("intent", value, INTENTS)
+    except CudaloadError as e:
+        raise argparse.ArgumentTypeError(as_flags(e.message + (f" ({e.fix})" if e.fix else ""))) from None
 
 
 def _packages(value: str) -> list[str]:
@@ -463,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--intent",
         default="inference",
-        choices=list(INTENTS),
+        type=_intent,
+        metavar="{" + ",".join(INTENTS) + "}",
         help="what the model is loaded for: inference (default), full training, LoRA adapters, QLoRA "
         "(LoRA on an nf4-quantized base), or serving (continuous batching)",
     )

@@ -412,6 +412,41 @@ class Request:
                 "cudaload tune counts seq_len as the prompt and the new tokens: it needs new_tokens= with it",
                 fix="pass new_tokens= too (e.g. new_tokens=32)",
             )
+        if self.entry == "tune":
+            unwritable = _env.cache_unwritable(self.env)
+            if unwritable:
+                raise ConfigurationError(
+                    f"cudaload tune stores what it measures under CUDALOAD_CACHE, and {unwritable}",
+                    fix="set CUDALOAD_CACHE to a folder you can write (it is created when needed), or unset it",
+                )
+        self._check_machine()
+
+    def _check_machine(self) -> None:
+        """What the machine planned for cannot do, where its snapshot (or a cheap look at this one) says so."""
+        caps = self.hardware
+        q = _auto(self.quantization)
+        profile = (
+            caps.source.removeprefix("profile:")
+            if caps is not None and caps.source.startswith("profile:")
+            else None
+        )
+        mentioned = {p.name for p in caps.packages} if caps is not None else set()
+        if (
+            profile is not None
+            and (self.intent == "qlora" or q in ("int8", "nf4"))
+            and "bitsandbytes" not in {*mentioned, *self.assume_installed, *self.assume_missing}
+        ):
+            # a profile lists no optional packages (profiles.py): the fit ladder would refuse every quantized rung
+            # and suggest something else, where the plan asked for only needs the packages assumed
+            need = ["bitsandbytes", "peft"] if self.intent == "qlora" else ["bitsandbytes"]
+            asked = "intent='qlora'" if self.intent == "qlora" else f"quantization={self.quantization!r}"
+            raise InvalidChoiceError(
+                f"{asked} needs bitsandbytes, and hardware={profile!r} is a profile, which lists no optional packages",
+                fix=f"plan as if they were installed: assume_installed={need!r}"
+                + (", or use intent='lora' (a bf16 base, no bitsandbytes)" if self.intent == "qlora" else ""),
+            )
+        if caps is not None:
+            check_devices(self, caps)
 
     def _warn_suspicious(self, config: Mapping[str, Any] | None) -> None:
         """Legal, and probably not what was meant: each warned once (module docstring)."""
@@ -459,11 +494,65 @@ class Request:
                 f"device_map={self.device_map!r} names a GPU, and this machine has none: the model loads on the "
                 "CPU; pass device_map='cpu' to say so, or run where a GPU is visible"
             )
+        self._warn_machine(config)
         for key, size in _sizes(self.max_memory).items():
             if 0 < size < _TINY_BYTES:
                 _warn(
                     f"max_memory[{key!r}] is {size} bytes, less than 1 MiB: sizes without a unit are bytes; "
                     f"write the unit ({size!r} -> '{size}GiB' or '{size}MiB')"
+                )
+
+    def _warn_machine(self, config: Mapping[str, Any] | None) -> None:
+        """Options with no effect on the machine planned for, and this machine's variables that point nowhere."""
+        here = self.hardware is None  # this machine, detected when planning
+        cvd = _env.cuda_visible_devices(self.env)
+        if (
+            here
+            and cvd
+            and cvd.strip()
+            and not cvd.strip().startswith("-")
+            and _this_machine_has_no_gpu(self.env)
+        ):
+            # detection finds the same (cvd-no-gpu) and the plan lists it among its warnings, which nobody sees
+            _warn(
+                f"CUDA_VISIBLE_DEVICES={cvd!r} selects GPUs, and this machine has no NVIDIA GPU (no NVIDIA driver is "
+                "loaded): the model loads on the CPU; unset CUDA_VISIBLE_DEVICES (or set it empty) to run on the "
+                "CPU, or run where a GPU is visible"
+            )
+        no_gpu = _no_gpu(self.hardware, self.env)
+        machine = "this machine" if here else f"hardware={self.hardware.source.split(':', 1)[-1]!r}"
+        if self.kernels is True and no_gpu:
+            _warn(
+                f"kernels=True: Hub layer kernels run on CUDA GPUs, and {machine} has none, so none is used; drop "
+                "kernels=, or plan for a GPU (hardware='H100')"
+            )
+        if self.tune and here and no_gpu:
+            _warn(
+                "tune=True times attention backends on a CUDA GPU, and this machine has none: nothing is measured "
+                "and the plan follows its rules; drop tune=True"
+            )
+        launch = _env.launch(self.env)
+        if here and (launch.local_rank is not None or (launch.world_size or 0) > 1) and no_gpu:
+            name = "LOCAL_RANK" if launch.local_rank is not None else "WORLD_SIZE"
+            _warn(
+                f"{name}={getattr(launch, name.lower())} makes this process a rank, and this machine has no GPU: "
+                "every rank loads its own whole copy on the CPU; run where each rank has a GPU, or unset "
+                "LOCAL_RANK and WORLD_SIZE for one process"
+            )
+        if self.revision is not None and self.entry != "tune" and _local(self.model):
+            _warn(
+                f"revision={self.revision!r} has no effect: model= is read from the local disk as it is; drop "
+                "revision=, or pass the Hub id (model='org/name') to read that revision"
+            )
+        if self.intent == "serving" and self.batch_size is not None:
+            from .policies.serving.kv_cache import TF_MAX_REQUESTS
+
+            if self.batch_size > TF_MAX_REQUESTS:
+                _warn(
+                    f"batch_size={self.batch_size} concurrent requests: transformers' continuous batching runs at "
+                    f"most {TF_MAX_REQUESTS} at once (transformers continuous_batching/initialization.py:32; max_batch_tokens "
+                    f"caps them further) and queues the rest; declare the requests served at once "
+                    f"(batch_size={TF_MAX_REQUESTS} or fewer)"
                 )
 
     # -- the keywords of each entry ----------------------------------------------------------------------------
@@ -1157,6 +1246,67 @@ def _names_cuda(device_map: Any) -> bool:
     return False
 
 
+def check_devices(req: Request, caps: Any) -> None:
+    """The GPUs ``req``'s device_map and max_memory name, against the machine ``caps`` it is planned for: an index
+    it lacks, or a GPU on a machine with none, refused with the indices it has (the request checks a snapshot it
+    was given; the planner the machine it detected)."""
+    named = _gpu_indices(req.device_map) | {
+        i for k, size in _sizes(req.max_memory).items() if size > 0 for i in _gpu_indices(_memory_key(k))
+    }
+    if not named:
+        return
+    from .errors import DeviceSelectionError
+
+    where = "max_memory" if not _gpu_indices(req.device_map) else f"device_map={req.device_map!r}"
+    machine = "this machine" if caps.source == "detected" else f"hardware={caps.source.split(':', 1)[-1]!r}"
+    if caps.gpus:
+        have = sorted(g.index for g in caps.gpus)
+        lacking = sorted(named - set(have))
+        if not lacking:
+            return
+        span = f"cuda:{have[0]}" if len(have) == 1 else f"cuda:{have[0]}..cuda:{have[-1]}"
+        profile = caps.source.removeprefix("profile:") if caps.source.startswith("profile:") else None
+        card = re.sub(r"^\d+x", "", profile) if profile else None
+        raise DeviceSelectionError(
+            f"{where} names cuda:{lacking[0]}, and {machine} has {len(have)} GPU{'s' if len(have) > 1 else ''} "
+            f"({span})",
+            fix=f"use {span}"
+            + (f", or plan for {lacking[-1] + 1} GPUs: hardware='{lacking[-1] + 1}x{card}'" if card else ""),
+        )
+    if where == "max_memory":
+        # placement refuses a GPU key here, and its "use the indices torch sees" led back to the same error; a
+        # device_map naming a GPU only warns (the model loads on the CPU: Request._warn_suspicious)
+        rest = {k: v for k, v in (req.max_memory or {}).items() if not _gpu_indices(_memory_key(k))}
+        raise DeviceSelectionError(
+            f"max_memory names cuda:{min(named)}, and {machine} has no GPU",
+            fix=(f"drop the GPU entries: max_memory={rest!r}" if rest else "leave max_memory out")
+            + " (the model loads on the CPU), or plan for a GPU: hardware='H100'",
+        )
+
+
+def _gpu_indices(device_map: Any) -> set[int]:
+    """The GPU indices a device_map (or one max_memory key, as _memory_key spells it) names: ``cuda`` is 0."""
+    if device_map is None:
+        return set()
+    values = device_map.values() if isinstance(device_map, Mapping) else [device_map]
+    out: set[int] = set()
+    for v in values:
+        if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            out.add(int(v))
+            continue
+        m = re.fullmatch(r"cuda(?::(\d+))?", str(v))
+        if m:
+            out.add(int(m.group(1) or 0))
+    return out
+
+
+def _this_machine_has_no_gpu(env: Mapping[str, str] | None) -> bool:
+    """No NVIDIA driver here (two stats): :func:`_no_gpu` for this machine, whatever CUDA_VISIBLE_DEVICES says."""
+    from .detection.nvml import driver_absent
+
+    return driver_absent()
+
+
 def _no_gpu(hardware: Any, env: Mapping[str, str] | None) -> bool:
     """Whether the machine planned for certainly has no GPU, where that is cheap to know."""
     if hardware is not None:
@@ -1242,6 +1392,16 @@ def _model(model: Any, entry: str, subfolder: str) -> Mapping[str, Any] | None:
             fix="check the path (a folder saved by save_pretrained), or pass a Hub id such as 'Qwen/Qwen3-8B'",
         )
     return None  # a Hub id: model_info finds it in the cache, or says how to download it
+
+
+def _local(model: Any) -> bool:
+    """Whether ``model`` is read from this disk (a folder, a file, a config dict or object): no Hub revision."""
+    if not isinstance(model, (str, os.PathLike)):
+        return True
+    try:
+        return Path(os.fspath(model)).expanduser().exists()
+    except (OSError, TypeError):
+        return False
 
 
 def _unreadable(path: Path, e: OSError) -> ModelNotFoundError:

@@ -22,9 +22,40 @@ def machine_for(req: Request) -> Capabilities:
         caps = caps.with_packages(req.assume_installed, req.assume_missing)
     if req.hardware is None:
         from ..detection import with_hub_answer
+        from ..request import check_devices
 
         caps = with_hub_answer(caps, hub_probe_for(caps))
+        check_devices(
+            req, caps
+        )  # the request checked a snapshot it was given; this machine is known only now
+    _one_gpu_parallelism(req, caps)
     return caps
+
+
+#: the strategies that share a model or a step among several GPUs (policies.parallelism.REQUESTS less "auto" and
+#: "single")
+_SEVERAL_GPUS = ("tp", "ddp", "fsdp2", "deepspeed", "layer_split")
+
+
+def _one_gpu_parallelism(req: Request, caps: Capabilities) -> None:
+    """``parallelism=`` naming a strategy over several GPUs, on a machine (or a world of ranks) of one GPU: the plan
+    would read "tensor parallel over 1 GPUs", one GPU doing all of it under another name."""
+    from ..policies.parallelism.topology import world
+
+    if req.parallelism not in _SEVERAL_GPUS or len(caps.gpus) != 1 or world(caps)[0] > 1:
+        return  # no GPU: the parallelism decision refuses it itself ("needs GPUs and none is visible")
+    from ..errors import InvalidChoiceError
+
+    g = caps.gpus[0]
+    several = (
+        f"hardware='2x{caps.source.removeprefix('profile:')}'"
+        if caps.source.startswith("profile:")
+        else "a machine with several GPUs (or torchrun ranks)"
+    )
+    raise InvalidChoiceError(
+        f"parallelism={req.parallelism!r} shares the work among several GPUs, and this plan has one ({g.name})",
+        fix=f"drop parallelism= (one GPU runs it whole), or plan for several: {several}",
+    )
 
 
 def resolve_hardware(hardware: Capabilities | str | os.PathLike[str] | None) -> Capabilities:

@@ -32,7 +32,62 @@ class WorkSize:
         return self.declared_batch, self.declared_seq
 
 
+#: A declared seq_len this many times the model's trained context (its RoPE scaling factor included) is no work the
+#: model can do: the largest factors configs ship are 4-8 (YaRN), 32 at most (LongRoPE); past them a plan would
+#: only size machines for positions the model never saw (seq_len=10**9 asked for 2 H100s of "seq_len <= 62500000")
+ABSURD_CONTEXT_FACTOR = 64
+
+
+def _trained_context(info: ModelInfo) -> int | None:
+    """The longest sequence the model was made for: max_position_embeddings, times a RoPE scaling factor where the
+    config has one (generous: most configs state the scaled length already)."""
+    ctx = info.summary.max_position_embeddings
+    if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0:
+        return None
+    config = info.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    factor = 1.0
+    for name in ("rope_scaling", "rope_parameters"):
+        rope = getattr(text, name, None)
+        if isinstance(rope, dict) and isinstance(rope.get("factor"), (int, float)):
+            factor = max(factor, float(rope["factor"]))
+    return int(ctx * factor)
+
+
+def _check_intent(req: Request, info: ModelInfo) -> None:
+    """An intent the model's class cannot serve: continuous batching runs generate(), which an encoder has not."""
+    if req.intent == "serving" and not info.can_generate:
+        from ..errors import InvalidChoiceError
+
+        raise InvalidChoiceError(
+            f"intent='serving' serves generate() requests with continuous batching, and {info.summary.name} loads as "
+            f"{info.class_name or info.auto_class}, which has no generate() (an encoder: embeddings, classification)",
+            fix="use intent='inference' (the model's forward pass)",
+        )
+
+
+def _check_seq_len(req: Request, info: ModelInfo) -> None:
+    trained = _trained_context(info)
+    if req.seq_len is None or trained is None or req.seq_len <= ABSURD_CONTEXT_FACTOR * trained:
+        return
+    from ..errors import DoesNotFitError
+    from ..policies.quantization import Suggestion
+
+    ctx = info.summary.max_position_embeddings
+    assert ctx is not None
+    # a DoesNotFitError, as a seq_len too long for the machine is, with the one suggestion that makes sense
+    raise DoesNotFitError(
+        f"seq_len={req.seq_len} tokens is {req.seq_len // ctx:,}x {info.summary.name}'s context "
+        f"(max_position_embeddings {ctx:,}): no position past it was trained, and no machine is worth sizing for it",
+        fix=f"pass seq_len={ctx} (the model's context) or less: the longest sequence of the work, prompt and new "
+        "tokens together",
+        suggestions=(Suggestion("seq_len", ctx, f"seq_len={ctx} (the model's context)"),),
+    )
+
+
 def work_for(req: Request, info: ModelInfo) -> WorkSize:
+    _check_intent(req, info)
+    _check_seq_len(req, info)
     s = info.summary
     assumed: list[str] = []
     seq_len = req.seq_len
