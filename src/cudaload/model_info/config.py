@@ -186,11 +186,19 @@ def _config_for(model_type: str, d: dict[str, Any], where: str = "config.json") 
         # transformers' own message lists every model type it knows (~10 KB): name the close ones instead
         raise unknown_model_type(model_type, CONFIG_MAPPING_NAMES, transformers.__version__)
     check_values(d, where)
+    refused: tuple[type[Exception], ...] = (ValueError, KeyError, TypeError, AttributeError)
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+
+        refused = (*refused, StrictDataclassError)
+    except ImportError:  # a huggingface_hub before strict dataclasses (transformers 5.17's floor)
+        pass
     try:
         return transformers.AutoConfig.for_model(model_type, **d)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        # ValueError covers huggingface_hub's StrictDataclass*Error (transformers 5.25's config dataclasses check
-        # each field's type and the class's validators): its message starts "Validation error for field 'x'"
+    except refused as e:
+        # transformers 5.25's config classes are huggingface_hub strict dataclasses: each field's type and the
+        # class's validators are checked, and the error (an Exception, not a ValueError) starts "Validation error
+        # for field 'x'"
         import re
 
         field = re.search(r"field '([^']+)'", str(e))
