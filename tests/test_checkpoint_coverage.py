@@ -323,3 +323,17 @@ def test_check_coverage_reads_the_architecture() -> None:
         with pytest.raises(CheckpointCoverageError) as e:
             check_coverage({"unexpected_keys": [key]}, new_weights=False, base_names=base, **common)
         assert e.value.unexpected == (key,)
+
+
+def test_architecture_read_inside_a_peft_model(tiny_model: Callable[..., Path]) -> None:
+    """The sharded loader wraps LoRA before it shards: the report still names the model inside the PeftModel."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from cudaload.checkpoint_coverage import architecture_names
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model("llama"))
+    plain = architecture_names(model)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert architecture_names(wrapped) == plain
+    assert plain[0] == "model" and {"layers", "norm", "embed_tokens"} <= plain[1]

@@ -90,6 +90,10 @@ def architecture_names(model: Any) -> tuple[str | None, frozenset[str]]:
     """(the base model's prefix, the names of the base model's children, parameters and buffers): what a
     checkpoint key must start with, once the prefix is taken off, to lie inside the architecture this class
     builds. ``base_model`` is transformers' own property (the prefix's submodule, or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        # a PeftModel (the sharded loader wraps before sharding): the report names the model inside it
+        model = get_base()
     base = getattr(model, "base_model", None) or model
     names = {n for n, _ in base.named_children()}
     names |= {n for n, _ in base.named_parameters(recurse=False)}
