@@ -14,6 +14,12 @@ profiles) go through torch's portable "mega-cache", ``torch.compiler.save_cache_
 ``load_cache_artifacts`` (torch >= 2.7; torch 2.13 torch/compiler/__init__.py), into one file per plan
 ``cache_key`` under ``<CUDALOAD_CACHE>/compile`` (:mod:`cudaload.compile_cache`). Loading writes them into torch's
 own on-disk caches, where the next compile finds them; nothing there can make a load fail.
+
+With no work declared (issue 43) a dynamic plan's ``per_call`` gives the model a ``generate`` that decides each
+call (:func:`install_per_call`): the call read, :mod:`cudaload.policies.decode_call` asked, the choice recorded in
+``verified["decode"]["calls"]``. A dynamic call reaches transformers' ``generate()`` with the caller's arguments
+untouched; a compiled one passes the same three fields as keywords of that call (the model's generation config stays
+as the dynamic plan left it), after a warm-up of its bucket and batch the first time (:func:`warm_decode`).
 """
 
 from __future__ import annotations
@@ -489,7 +495,9 @@ def _read_call(
     bucket = call_bucket(prompt + int(new), pc.buckets, floor)
     free = None
     if ids.device.type == "cuda":
-        free = int(torch.cuda.mem_get_info(ids.device)[0])
+        # the driver's free memory and what torch's allocator holds unused (a static cache reuses its blocks)
+        held = torch.cuda.memory_reserved(ids.device) - torch.cuda.memory_allocated(ids.device)
+        free = int(torch.cuda.mem_get_info(ids.device)[0]) + max(int(held), 0)
     shape = (bucket, batch) if bucket is not None else None
     return (
         CallQuery(
