@@ -202,6 +202,25 @@ def test_max_memory_for_a_gpu_on_a_machine_without_one_has_a_fix_that_ends(
         assert p.placement.device_map == "cpu"
 
 
+@pytest.mark.parametrize("key", [0, "cuda:0"])
+def test_a_max_memory_too_small_names_a_cap_that_fits(key: Any, qwen: str) -> None:
+    # "raise max_memory" without an amount: raised a little, the same error again
+    with pytest.raises(DoesNotFitError) as e:
+        cudaload.plan(qwen, hardware=H100, max_memory={key: "1MiB"})
+    fix = e.value.fix or ""
+    assert fix.startswith("raise max_memory") and f"max_memory={{{key!r}: '" in fix, fix
+    followed = eval(fix.split("max_memory=", 2)[-1])  # the dict the fix writes
+    assert cudaload.plan(qwen, hardware=H100, max_memory=followed).placement.devices == ("cuda:0",)
+
+
+def test_a_max_memory_no_cap_can_satisfy_says_so() -> None:
+    from cudaload.testing.shapes import full_config
+
+    with pytest.raises(DoesNotFitError) as e:
+        cudaload.plan(full_config("Llama-3.1-70B"), hardware=H100, max_memory={0: "4GiB"})
+    assert "the whole GPU has" in (e.value.fix or "") and "to at least" not in (e.value.fix or "")
+
+
 # -- values with no effect, accepted in silence ---------------------------------------------------------------
 
 

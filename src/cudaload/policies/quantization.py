@@ -335,7 +335,13 @@ def fit(
             f"seq_len {seq_len} x batch {batch_size}) does not fit this machine",
             reasons=[f"{c.name}: {'; '.join(c.reasons)}" for c in candidates],
             fix=render_suggestions(
-                sugg, caps, max_memory, methods=[m for m in methods if not (m != "none" and bnb)]
+                sugg,
+                caps,
+                max_memory,
+                methods=[m for m in methods if not (m != "none" and bnb)],
+                # the least any rung lacked: what a max_memory cap must grow by (issue 41: "raise max_memory"
+                # without an amount led back to the same error)
+                shortfall=min((t[3].shortfall for t in tried if t[3].shortfall > 0), default=0),
             ),
             suggestions=sugg,
         )
@@ -638,9 +644,11 @@ def render_suggestions(
     max_memory: Mapping[Any, Any] | None = None,
     *,
     methods: list[str] | None = None,
+    shortfall: int = 0,
 ) -> str:
     """The fix a DoesNotFitError gives: the suggestions that were checked to fit, else what the situation
-    needs (no usable method here, a max_memory cap that is the limit, no GPU) before "more GPU memory"."""
+    needs (no usable method here, a max_memory cap that is the limit, no GPU) before "more GPU memory".
+    ``shortfall``: the bytes the closest rung lacked, which a single GPU cap is raised by."""
     tips = [t.text for t in sugg]
     if tips:
         return "try: " + "; or ".join(tips)
@@ -652,7 +660,24 @@ def render_suggestions(
         )
     capped = {str(k): v for k, v in (max_memory or {}).items() if str(k).strip() not in ("cpu", "disk")}
     if capped:
-        return f"raise max_memory ({', '.join(f'{k}: {v}' for k, v in capped.items())} is what caps the GPU here)"
+        text = f"raise max_memory ({', '.join(f'{k}: {v}' for k, v in capped.items())} is what caps the GPU here)"
+        if shortfall > 0 and len(capped) == 1:
+            from .placement import parse_size
+
+            key, value = next(
+                (k, v) for k, v in (max_memory or {}).items() if str(k).strip() not in ("cpu", "disk")
+            )
+            # rounded up to a tenth of a GiB: the cap that covers what the closest rung lacked
+            need = -(-(parse_size(value) + shortfall) * 10 // GiB) / 10
+            dev = next(iter(capped)).strip()
+            whole = (
+                budgets(caps, None).get(dev if dev.startswith("cuda") else f"cuda:{dev}") if caps else None
+            )
+            if whole is None or need * GiB <= whole:
+                text += f" to at least {need:.1f}GiB: max_memory={{{key!r}: '{need:.1f}GiB'}}"
+            else:  # no cap this GPU allows is enough
+                text += f"; it needs {need:.1f} GiB and the whole GPU has {whole / GiB:.1f}: use a machine with more"
+        return text
     if caps is not None and not caps.gpus:
         return "no GPU is visible here: plan for one with hardware='H100' (cudaload profiles), or load on a machine with a GPU"
     return "use a machine with more GPU memory"
