@@ -153,6 +153,21 @@ def test_a_gpu_index_the_profile_lacks_names_its_indices_and_the_profile_that_ha
     cudaload.plan(qwen, hardware="4xH100-SXM", **option)
 
 
+def test_a_gpu_index_this_machine_lacks_names_its_indices_and_the_variable_hiding_others(qwen: str) -> None:
+    from dataclasses import replace
+
+    from cudaload.capabilities import GPU
+    from cudaload.request import check_devices
+
+    gpu = GPU(0, "NVIDIA H100 80GB HBM3", (9, 0), 80 << 30, free_memory=79 << 30)
+    here = replace(Capabilities(source="detected"), gpus=(gpu,))
+    req = Request.build(qwen, device_map="cuda:1", env={"CUDA_VISIBLE_DEVICES": "2"})
+    with pytest.raises(DeviceSelectionError) as e:
+        check_devices(req, here)
+    assert "use cuda:0" in (e.value.fix or "") and "CUDA_VISIBLE_DEVICES='2'" in (e.value.fix or "")
+    check_devices(replace(req, device_map="cuda:0"), here)
+
+
 @pytest.mark.parametrize(
     "option,need",
     [

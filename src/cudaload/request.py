@@ -1267,11 +1267,14 @@ def check_devices(req: Request, caps: Any) -> None:
         span = f"cuda:{have[0]}" if len(have) == 1 else f"cuda:{have[0]}..cuda:{have[-1]}"
         profile = caps.source.removeprefix("profile:") if caps.source.startswith("profile:") else None
         card = re.sub(r"^\d+x", "", profile) if profile else None
+        cvd = _env.cuda_visible_devices(req.env) if caps.source == "detected" else None
         raise DeviceSelectionError(
             f"{where} names cuda:{lacking[0]}, and {machine} has {len(have)} GPU{'s' if len(have) > 1 else ''} "
             f"({span})",
             fix=f"use {span}"
-            + (f", or plan for {lacking[-1] + 1} GPUs: hardware='{lacking[-1] + 1}x{card}'" if card else ""),
+            + (f", or plan for {lacking[-1] + 1} GPUs: hardware='{lacking[-1] + 1}x{card}'" if card else "")
+            # torch numbers the GPUs CUDA_VISIBLE_DEVICES lets through from 0: the others are hidden, not absent
+            + (f", or let more GPUs through CUDA_VISIBLE_DEVICES={cvd!r}" if cvd else ""),
         )
     if where == "max_memory":
         # placement refuses a GPU key here, and its "use the indices torch sees" led back to the same error; a
