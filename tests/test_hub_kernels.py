@@ -460,3 +460,18 @@ def test_the_hub_is_asked_only_where_kernels_could_download() -> None:
     assert not needs_hub_answer(out)  # transformers would not use kernels: every Hub kernel is refused anyway
     missing = replace(online, packages=(PackageInfo("kernels", False),))
     assert not needs_hub_answer(missing)
+
+
+def test_load_model_never_lets_transformers_apply_its_default_hub_kernels(
+    tiny_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers 5.25 kernelizes every from_pretrained with its default Hub kernels unless use_kernels=False;
+    cudaload runs no Hub kernel it did not plan and trust (the CPU loads through from_pretrained; the fast
+    path's skeleton switches kernels off itself, fastload.materialize.skeleton)."""
+    import cudaload
+
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    model = cudaload.load_model(str(tiny_model("qwen3")), dtype="float32")
+    assert model.cudaload_plan.load_path.choice == "from_pretrained"
+    assert not getattr(model, "_use_kernels", False)
+    assert not model.cudaload_plan.kernels.get("use_kernels")

@@ -43,8 +43,9 @@ def bnb_config(method: str, **kw: Any) -> Any:
 
 
 def _reference(path: Path, auto_class: str, dtype: Any, cfg: Any, device: str = "cpu") -> Any:
+    # use_kernels=False, as cudaload asks: transformers 5.25 kernelizes with its default Hub kernels otherwise
     return getattr(transformers, auto_class).from_pretrained(
-        path, dtype=dtype, device_map=device, quantization_config=cfg
+        path, dtype=dtype, device_map=device, quantization_config=cfg, use_kernels=False
     )
 
 
@@ -222,7 +223,12 @@ def test_variant_file_is_resolved_as_from_pretrained(tiny_model: Callable[..., P
     t = _tensors(path / "model.safetensors")
     _save({k: v * 2 for k, v in t.items()}, path / "model.v1.safetensors")
     ref = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.bfloat16, device_map="cpu", quantization_config=bnb_config("int8"), variant="v1"
+        path,
+        dtype=torch.bfloat16,
+        device_map="cpu",
+        quantization_config=bnb_config("int8"),
+        variant="v1",
+        use_kernels=False,
     )
     got = quantized.load_quantized(
         path, quantization_config=bnb_config("int8"), device="cpu", dtype=torch.bfloat16, variant="v1"
@@ -236,7 +242,12 @@ def test_subfolder(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
     root = tmp_path / "repo"
     shutil.copytree(tiny_model("qwen3", "bfloat16"), root / "sub")
     ref = transformers.AutoModelForCausalLM.from_pretrained(
-        root, dtype=torch.bfloat16, device_map="cpu", quantization_config=bnb_config("nf4"), subfolder="sub"
+        root,
+        dtype=torch.bfloat16,
+        device_map="cpu",
+        quantization_config=bnb_config("nf4"),
+        subfolder="sub",
+        use_kernels=False,
     )
     got = quantized.load_quantized(
         root, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16, subfolder="sub"
@@ -279,6 +290,7 @@ def test_missing_key_initialised_and_reported_as_from_pretrained(
         device_map="cpu",
         quantization_config=bnb_config("nf4"),
         output_loading_info=True,
+        use_kernels=False,
     )
     got = quantized.load_quantized(
         path, quantization_config=bnb_config("nf4"), device="cpu", dtype=torch.bfloat16
@@ -436,6 +448,7 @@ def test_attn_implementation_passes_through(tiny_model: Callable[..., Path]) -> 
         device_map="cpu",
         quantization_config=bnb_config("int8"),
         attn_implementation="eager",
+        use_kernels=False,
     )
     got = quantized.load_quantized(
         path,

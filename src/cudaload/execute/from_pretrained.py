@@ -67,6 +67,10 @@ def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> tupl
 
 def _load_kwargs(plan: Plan, passthrough: Mapping[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {"trust_remote_code": False, **passthrough}
+    # transformers 5.25 kernelizes every load with its default Hub kernels unless told not to (use_kernels
+    # None -> True, modeling_utils.py:4415-4423; 5.17-5.24 default to False): Hub kernels run downloaded code,
+    # so cudaload applies only the kernels its plan trusted, after loading (execute.load)
+    kw["use_kernels"] = False
     kw["dtype"] = _torch_dtype(plan.dtype.choice or "float32")
     if plan.attention.choice:
         kw["attn_implementation"] = plan.attention.choice

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capabilities import Capabilities
+from ..detection.versions import version_tuple
 from .cache import _variant_archs
 from .preflight import (
     _HEX40,
@@ -257,6 +258,12 @@ def plan_kernels(
         "reasons": [],
     }
     reasons: list[str] = plan["reasons"]
+    if (version_tuple(caps.transformers_version) or (0,)) >= (5, 25):
+        # 5.25 turned from_pretrained's use_kernels on by default (None -> True, modeling_utils.py:4415-4423)
+        reasons.append(
+            f"transformers {caps.transformers_version} applies its default Hub kernels to every load unless told "
+            "not to: cudaload loads with use_kernels=False and applies only the kernels planned here"
+        )
     if request is False:
         reasons.append("kernels off (requested)")
         return plan

@@ -191,7 +191,11 @@ def tune(
     auto = transformers.AutoModelForCausalLM
 
     def load(b: str) -> Any:
-        m = auto.from_pretrained(model_path, dtype=dtype, device_map=device, attn_implementation=b)
+        # use_kernels=False: transformers 5.25 would otherwise kernelize with its default Hub kernels (see
+        # execute.from_pretrained), timing them and not the attention backend alone
+        m = auto.from_pretrained(
+            model_path, dtype=dtype, device_map=device, attn_implementation=b, use_kernels=False
+        )
         m.eval()
         return m
 
