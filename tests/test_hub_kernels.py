@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -463,7 +464,7 @@ def test_the_hub_is_asked_only_where_kernels_could_download() -> None:
 
 
 def test_load_model_never_lets_transformers_apply_its_default_hub_kernels(
-    tiny_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """transformers 5.25 kernelizes every from_pretrained with its default Hub kernels unless use_kernels=False;
     cudaload runs no Hub kernel it did not plan and trust (the CPU loads through from_pretrained; the fast
