@@ -616,3 +616,22 @@ def test_trainer_trains_and_saves_the_sharded_adapters(
     res = _spawn(2, "trainer", args, tmp_path)
     assert all(x["optimizer_holds_the_adapters"] for x in res), res
     assert res[0]["saved"] == res[0]["equal"] == res[0]["adapters"] > 0, res[0]
+
+
+def test_the_sharded_wrap_translates_peft_errors_with_load_models_wrapper(
+    tiny_model: Callable[..., Path],
+) -> None:
+    """load_model's FSDP2 path hands fastload its checked get_peft_model (execute.sharded): a target_modules
+    typo is a ConfigurationError naming the model's layers there too, not peft's raw error."""
+    import torch
+    import transformers
+    from peft import LoraConfig
+
+    from cudaload.errors import ConfigurationError
+    from cudaload.execute.adapters import get_peft_model_checked
+    from cudaload.fastload.sharded.lora import _wrap_lora
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model("qwen3")), dtype=torch.float32)
+    cfg = LoraConfig(r=4, target_modules=["q_prj"], task_type="CAUSAL_LM")
+    with pytest.raises(ConfigurationError, match="q_proj"):
+        _wrap_lora(model, cfg, torch.device("cpu"), "root", get_peft_model_checked)

@@ -88,6 +88,7 @@ def _load_fsdp2_for_plan(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     from ..fastload.sharded import load_fsdp2
+    from .adapters import get_peft_model_checked
 
     want = plan.dtype.choice or "float32"
     # LoRA: the frozen base stays in the plan's dtype (what load_model's whole-model path loads and accelerate
@@ -116,6 +117,7 @@ def _load_fsdp2_for_plan(
             # what fsdp_config asks accelerate for; training_arguments(plan) then leaves it out
             activation_checkpointing=bool(fsdp_config.get("activation_checkpointing")),
             peft_config=peft_config,
+            wrap_peft=get_peft_model_checked,
             attn_implementation=plan.attention.choice,
             **passthrough,
         )

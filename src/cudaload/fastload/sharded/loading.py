@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError, DependencyError
@@ -89,6 +90,7 @@ def load_fsdp2(
     reshard_after_forward: bool = True,
     activation_checkpointing: bool = False,
     peft_config: LoraConfig | None = None,
+    wrap_peft: Callable[[Any, Any], Any] | None = None,
     attn_implementation: str | None = None,
     threads: int | None = None,
     buffer_bytes: int | None = None,
@@ -108,7 +110,8 @@ def load_fsdp2(
     applied before ``fully_shard`` at accelerator.py:1696-1698; its wrap policy looks through the wrapper,
     fsdp_utils.py:959-962). A Trainer given the result must not wrap again (see
     ``cudaload.policies.parallelism.parallel_training_arguments``).
-    ``peft_config``: a peft ``LoraConfig``: the finished meta model is wrapped by ``peft.get_peft_model`` before
+    ``wrap_peft``: the function that wraps it (default ``peft.get_peft_model``; load_model passes its own, which
+    translates peft's errors). ``peft_config``: a peft ``LoraConfig``: the finished meta model is wrapped by ``peft.get_peft_model`` before
     sharding (see :func:`_wrap_lora`), and the PeftModel, sharded as the root, is returned. The frozen base
     weights keep ``dtype``; the LoRA weights are float32 (peft's ``autocast_adapter_dtype``), drawn by peft's
     own initialisation on rank 0 and broadcast, so every rank shards the same tensors (lora_B zero: the
@@ -196,7 +199,7 @@ def load_fsdp2(
             base_modules.setdefault(id(m), []).append(n)
         lora_tensors = 0
         if peft_config is not None:
-            model, lora_tensors = _wrap_lora(model, peft_config, dev, root)
+            model, lora_tensors = _wrap_lora(model, peft_config, dev, root, wrap_peft)
         _check_shared_within_units(model, layers, root)
         fingerprint = _fingerprint(model, keys, prep.header.tensors)
     except Exception as e:

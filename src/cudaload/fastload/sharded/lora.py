@@ -5,6 +5,7 @@ cannot yet train right (:func:`_check_lora_sharding`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import DependencyError
@@ -43,7 +44,9 @@ def _lora_blockers(cfg: Any) -> list[str]:
     return out
 
 
-def _wrap_lora(model: Any, cfg: Any, dev: torch.device, root: str) -> tuple[Any, int]:
+def _wrap_lora(
+    model: Any, cfg: Any, dev: torch.device, root: str, wrap: Callable[[Any, Any], Any] | None = None
+) -> tuple[Any, int]:
     """``peft.get_peft_model(model, cfg)`` on the finished meta model, the LoRA weights then given storage on
     the CPU and initialised by peft's own ``reset_lora_parameters`` (what ``update_layer`` runs for
     ``init_lora_weights`` True or "gaussian", peft 0.21 tuners/lora/layer.py:311-312: A by kaiming-uniform or
@@ -70,7 +73,9 @@ def _wrap_lora(model: Any, cfg: Any, dev: torch.device, root: str) -> tuple[Any,
     if blockers:
         raise _step_aside(root, f"the LoRA configuration: {'; '.join(blockers)}")
     before = {id(p) for p in model.parameters()}
-    wrapped = get_peft_model(model, cfg)
+    # ``wrap``: load_model passes its checked get_peft_model (execute.adapters: peft's errors translated at the
+    # boundary, a task type for another model refused); called directly, peft's own
+    wrapped = (wrap or get_peft_model)(model, cfg)
     made: set[int] = set()
     with torch.no_grad():
         for module in wrapped.modules():
