@@ -373,3 +373,23 @@ def test_quant_peak_parts_names_what_is_alive_at_the_peak() -> None:
         "bitsandbytes/nn/modules.py:9 _quantize": 50,
         "?": 10,
     }
+
+
+def test_choice_worker_times_cudaload_sdpa_variants(tiny_model: Any) -> None:
+    """The plan's choice on the H200 is often cudaload_sdpa: the worker registers cudaload's variants before
+    switching to them (unregistered, transformers refused the name and choice_vs_fastest was None)."""
+    from benchlib.choice import w_choice  # run.py put benchmarks/ on sys.path
+
+    res = w_choice(
+        {
+            "path": str(tiny_model("qwen3")),
+            "backends": ["sdpa", "cudaload_sdpa"],
+            "new_tokens": 3,
+            "works": [{"name": "bs1 p8", "batch": 1, "prompt": 8}],
+            "prefill_reps": 1,
+            "generate_reps": 1,
+        }
+    )
+    rows = {r["backend"]: r for r in res["rows"]}
+    assert "error" not in rows["cudaload_sdpa"], rows["cudaload_sdpa"]
+    assert rows["cudaload_sdpa"]["generate_s"] > 0

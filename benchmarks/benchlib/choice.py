@@ -22,6 +22,14 @@ def w_choice(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import transformers
 
+    from cudaload.policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
+
+    if any(b in SDPA_VARIANTS for b in spec["backends"]):
+        # cudaload's sdpa variants are attention functions it registers with transformers (as load_model and
+        # cudaload tune do): unregistered, set_attn_implementation refuses them and the plan's choice goes untimed
+        from cudaload.sdpa_decode import register
+
+        register()
     device = _device()
     cuda = device.startswith("cuda")
     model = transformers.AutoModelForCausalLM.from_pretrained(
