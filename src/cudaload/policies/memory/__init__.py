@@ -17,7 +17,9 @@ Where each part lives:
   ``optimizer_state_bytes`` (GPU and host bytes of the states).
 * :mod:`.activations`: a training step's activations by phase, ``TrainingPhases`` and
   ``training_activations``, and ``sdpa_math`` (when torch's sdpa materialises the scores).
-* :mod:`.terms`: :class:`Breakdown` and :func:`breakdown`, every term for one configuration and how it
+* :mod:`.shape`: :class:`MemoryShape`, one configuration as the memory model sees it (dtype, quantization,
+  intent, the work, attention, the training settings): what :func:`breakdown_of` takes.
+* :mod:`.terms`: :class:`Breakdown`, :func:`breakdown_of` and :func:`breakdown` (the same, as keywords), every term for one configuration and how it
   splits per layer, with the embedding, with the head and on every device (inference's working set is
   computed there).
 * :mod:`.totals`: ``gpu_terms`` and ``estimate`` (the terms for a number of GPUs, with the total),
@@ -55,7 +57,8 @@ from .constants import (
 )
 from .kv_cache import kv_cache_bytes
 from .optimizer import default_optimizer, master_weights, optimizer_state_bytes
-from .terms import Breakdown, breakdown
+from .shape import MemoryShape
+from .terms import Breakdown, breakdown, breakdown_of
 from .totals import allocated_bytes, estimate, gpu_terms, reserved_bytes
 from .weights import Split, adapter_params, param_split, weight_bytes
 
@@ -81,12 +84,14 @@ __all__ = [
     "TIED_GRAD_EXTRA_BYTES",
     "Breakdown",
     "GiB",
+    "MemoryShape",
     "MiB",
     "Split",
     "TrainingPhases",
     "adapter_params",
     "allocated_bytes",
     "breakdown",
+    "breakdown_of",
     "default_optimizer",
     "estimate",
     "gpu_terms",

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ...model_info import ModelInfo
 from ...training_plan import StepShape
 from .constants import CUDA_CONTEXT_BYTES
-from .terms import Breakdown, breakdown
+from .shape import MemoryShape
+from .terms import Breakdown, breakdown_of
 
 
 def estimate(
@@ -24,9 +25,8 @@ def estimate(
     step: StepShape | None = None,
 ) -> dict[str, int]:
     """The terms for ``devices`` GPUs (each with a CUDA context and its own activations), with ``total``.
-    ``step``: a training step's shape (see :func:`breakdown`)."""
-    bd = breakdown(
-        info,
+    ``step``: a training step's shape (see :class:`MemoryShape`)."""
+    shape = MemoryShape(
         dtype=dtype,
         quantization=quantization,
         intent=intent,
@@ -37,7 +37,7 @@ def estimate(
         gradient_checkpointing=gradient_checkpointing,
         step=step,
     )
-    terms = gpu_terms(bd, devices)
+    terms = gpu_terms(breakdown_of(info, shape), devices)
     terms["total"] = sum(terms.values())
     return terms
 
