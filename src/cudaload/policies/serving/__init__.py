@@ -71,6 +71,8 @@ Where each part lives (``from cudaload.policies.serving import X`` finds every o
 * :mod:`.kv_cache`: the cache's memory, transformers' polynomial and the masked kernels' transient, and
   :func:`settle` (the planned cache fitted to the memory measured after loading);
 * :mod:`.batching`: block size, ``max_batch_tokens``, CUDA graphs, async batching;
+* :mod:`.budget`: the device's room for the cache (weights, context, working set, headroom), the declared work in
+  cache tokens, and the cache sized from both (a request the device cannot hold is refused here);
 * :mod:`.plan`: :func:`plan_serving`, the section from those decisions;
 * the section itself, :class:`~cudaload.serving_plan.ServingPlan`, is plan data: it lives below the policies in
   :mod:`cudaload.serving_plan`.
@@ -98,6 +100,7 @@ from .batching import (
     decide_graphs,
     hbm_bandwidth,
 )
+from .budget import HEADROOM_FRACTION, HEADROOM_MIN
 from .kv_cache import (
     TF_DEFAULT_MAX_BATCH_TOKENS,
     TF_FIFO_SAFETY_MARGIN,
@@ -126,7 +129,7 @@ from .paged_attention import (
     transformers_name,
 )
 from .paged_attention import _eager_to_sdpa as _eager_to_sdpa  # tests check the fallback's record
-from .plan import HEADROOM_FRACTION, HEADROOM_MIN, plan_serving
+from .plan import plan_serving
 
 __all__ = [
     "BLOCK_SIZES",
