@@ -77,6 +77,140 @@ def adapter_input_bytes(act_bytes: int, step: StepShape, kbit: bool = False) -> 
     return kept + (1.0 if step.lora_dropout > 0 else 0.0), False
 
 
+@dataclass(frozen=True)
+class _Dims:
+    """A decoder layer's widths, as the per-token terms read them."""
+
+    hidden: int
+    inter: int  # the MLP's intermediate size
+    q: int  # the query heads' width
+    kv: int  # the key/value heads' width
+
+    @classmethod
+    def of(cls, info: ModelInfo) -> _Dims:
+        s = info.summary
+        h = s.hidden_size
+        return cls(
+            h,
+            info.intermediate_size or 4 * h,
+            s.num_heads * s.head_dim or h,
+            s.num_kv_heads * s.head_dim or h,
+        )
+
+
+@dataclass(frozen=True)
+class _LayerBytes:
+    """One decoder layer's activations for the whole step: ``saved`` for backward, its backward's transients,
+    ``one_layer`` (one layer's recompute and backward at their peak) and ``mask_kept`` (made once per forward and
+    read by every layer)."""
+
+    saved: int
+    backward: int
+    one_layer: int
+    mask_kept: int = 0
+
+
+def _saved_per_token(
+    info: ModelInfo, d: _Dims, *, intent: str, step: StepShape, a: int, r: int, attn: str
+) -> int:
+    """Bytes one layer saves for backward per token, before any attention scores."""
+    h, inter, q, kv = d.hidden, d.inter, d.q, d.kv
+    if intent in ("lora", "qlora"):
+        # frozen base: autograd saves an operand only for the gradient of another operand that requires grad,
+        # so a frozen nn.Linear keeps no input and a frozen RMSNorm weight keeps no output. Each RMSNorm keeps
+        # its fp32 input; the MLP keeps gate, up and act(gate) (SiLU's and the product's inputs) but not the
+        # product, which only the frozen down_proj reads. Calibrated on the H200's peaks
+        # (benchmarks/results/2026-12-01-h200/run1-memtrain, and 2026-12-03-h200/README.md "Memory").
+        layer = 2 * 4 * h + a * (3 * q + 3 * kv) + 3 * a * inter
+        per_elem, shared = adapter_input_bytes(a, step, kbit=intent == "qlora")
+        if shared:
+            # the adapters read the norms' outputs (shared by q/k/v and by gate/up) and the product, which the
+            # frozen layers alone would not keep; o_proj's input is the attention output, kept already
+            layer += a * (2 * h + inter)
+        else:
+            # one copy per adapted layer: q, k, v, gate, up read h each, o_proj q, down_proj inter
+            layer += int(per_elem * (5 * h + q + inter))
+    else:
+        layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
+    if info.counts.qk_norms and a < 4:
+        # a q/k RMSNorm (Qwen3, Gemma3, OLMo2...) keeps its fp32 input where the terms above count the
+        # projection's output in the activations' dtype (benchmarks/results/2026-12-03-h200/README.md, "Memory")
+        layer += (4 - a) * (q + kv)
+    if _packed_sdpa(info, step, attn, a) and kv < q:
+        layer += a * 2 * (q - kv)  # the repeated key/value heads sdpa keeps
+    return layer
+
+
+def _packed_sdpa(info: ModelInfo, step: StepShape, attn: str, a: int) -> bool:
+    """A packed row under sdpa's fused kernels (transformers' block-diagonal mask, no scores)."""
+    return step.packed and attn == "sdpa" and not sdpa_math(info, a)
+
+
+def _layer_bytes(
+    info: ModelInfo, d: _Dims, *, step: StepShape, layer: int, a: int, r: int, attn: str
+) -> tuple[_LayerBytes, list[str]]:
+    """One layer's activations over the step's tokens, with the score matrices or bias its attention keeps."""
+    s = info.summary
+    tokens = step.tokens
+    layer_saved = tokens * layer
+    backward = tokens * (2 * a * d.inter + 4 * r * d.hidden)
+    if step.packed:
+        scores = s.num_heads * tokens * tokens
+    else:
+        scores = step.sequences * s.num_heads * step.longest * step.longest
+    #: one layer's recompute + backward; with materialised scores its peak is the larger of the MLP's backward
+    #: (every saved tensor of the layer alive) and the attention's (the MLP's freed, the scores' gradients live)
+    one_layer = layer_saved + backward
+    if attn == "eager" or (attn == "sdpa" and sdpa_math(info, a)):
+        # in fp32 (QLoRA's fp32 stream) the softmax is already fp32: no copy in the dtype; in bf16 see
+        # EAGER_BACKWARD_BYTES, in fp32 FP32_SCORES_BACKWARD_BYTES
+        saved = EAGER_SAVED_FP32 + (a if a < 4 else 0)
+        score_bwd = EAGER_BACKWARD_BYTES if a < 4 else FP32_SCORES_BACKWARD_BYTES
+        layer_saved += scores * saved
+        backward += scores * score_bwd
+        one_layer = max(
+            layer_saved + tokens * (2 * a * d.inter + 4 * r * d.hidden),
+            tokens * ATTENTION_BACKWARD_ACTS * a * (3 * d.q + 3 * d.kv) + scores * (saved + score_bwd),
+        )
+        how = (
+            "eager attention" if attn == "eager" else "sdpa's math kernel (fp32 q/k/v with grouped kv heads)"
+        )
+        rows = f"one packed row of {tokens}" if step.packed else f"{step.longest}"
+        note = (
+            f"activations: {how} keeps {s.num_heads} x {rows}^2 scores per layer "
+            f"({saved} bytes each), {scores * saved / GiB:.2f} GiB a layer"
+        )
+        return _LayerBytes(layer_saved, backward, one_layer), [note]
+    if _packed_sdpa(info, step, attn, a):
+        bias = tokens * (-(-tokens // 16) * 16) * a
+        note = (
+            f"activations: sdpa on a packed row keeps a {tokens} x {tokens} attention bias per layer "
+            f"({bias / GiB:.2f} GiB each): flash attention's varlen kernels need none"
+        )
+        # the boolean mask, made once per forward and read by every layer
+        return _LayerBytes(layer_saved + bias, backward, one_layer + bias, tokens * tokens), [note]
+    return _LayerBytes(layer_saved, backward, one_layer), []
+
+
+def _loss_bytes(info: ModelInfo, step: StepShape, a: int) -> tuple[int, str]:
+    """The loss's bytes at the forward's end, and how the notes say it."""
+    s = info.summary
+    if not info.can_generate:
+        loss = 0
+    elif step.fused_loss:
+        # Liger's fused linear cross-entropy (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py:103-108):
+        # the gradient of its input (tokens x hidden) and one chunk of logits sized to about the same
+        loss = 2 * step.tokens * s.hidden_size * a
+    else:
+        loss = step.tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT
+    what_loss = (
+        f"Liger's fused loss {loss / GiB:.2f} GiB (no fp32 logits)"
+        if step.fused_loss
+        else f"the fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
+    )
+    return loss, what_loss
+
+
 def training_activations(
     info: ModelInfo,
     *,
@@ -104,118 +238,55 @@ def training_activations(
     memory-efficient kernel and saves for backward), and the key/value heads repeated to the query heads
     (transformers' sdpa_attention repeats them whenever a mask is passed: integrations/sdpa_attention.py
     ``use_gqa_in_sdpa`` in 5.17); flash attention's varlen kernels keep neither."""
-    s = info.summary
-    L = max(s.layers, 1)
-    h = s.hidden_size
-    inter = info.intermediate_size or 4 * h
-    q = s.num_heads * s.head_dim or h
-    kv = s.num_kv_heads * s.head_dim or h
+    d = _Dims.of(info)
     a, r = act_bytes, resid_bytes
-    tokens = step.tokens
-    notes = []
-    if intent in ("lora", "qlora"):
-        # frozen base: autograd saves an operand only for the gradient of another operand that requires grad,
-        # so a frozen nn.Linear keeps no input and a frozen RMSNorm weight keeps no output. Each RMSNorm keeps
-        # its fp32 input; the MLP keeps gate, up and act(gate) (SiLU's and the product's inputs) but not the
-        # product, which only the frozen down_proj reads. Calibrated on the H200's peaks
-        # (benchmarks/results/2026-12-01-h200/run1-memtrain, and 2026-12-03-h200/README.md "Memory").
-        layer = 2 * 4 * h + a * (3 * q + 3 * kv) + 3 * a * inter
-        per_elem, shared = adapter_input_bytes(a, step, kbit=intent == "qlora")
-        if shared:
-            # the adapters read the norms' outputs (shared by q/k/v and by gate/up) and the product, which the
-            # frozen layers alone would not keep; o_proj's input is the attention output, kept already
-            layer += a * (2 * h + inter)
-        else:
-            # one copy per adapted layer: q, k, v, gate, up read h each, o_proj q, down_proj inter
-            layer += int(per_elem * (5 * h + q + inter))
-    else:
-        layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
-    if info.counts.qk_norms and a < 4:
-        # a q/k RMSNorm (Qwen3, Gemma3, OLMo2...) keeps its fp32 input where the terms above count the
-        # projection's output in the activations' dtype (benchmarks/results/2026-12-03-h200/README.md, "Memory")
-        layer += (4 - a) * (q + kv)
-    packed_sdpa = step.packed and attn == "sdpa" and not sdpa_math(info, a)
-    if packed_sdpa and kv < q:
-        layer += a * 2 * (q - kv)  # the repeated key/value heads sdpa keeps
-    layer_saved = tokens * layer
-    backward = tokens * (2 * a * inter + 4 * r * h)
-    if step.packed:
-        scores = s.num_heads * tokens * tokens
-    else:
-        scores = step.sequences * s.num_heads * step.longest * step.longest
-    #: one layer's recompute + backward; with materialised scores its peak is the larger of the MLP's backward
-    #: (every saved tensor of the layer alive) and the attention's (the MLP's freed, the scores' gradients live)
-    one_layer = layer_saved + backward
-    mask_kept = 0
-    if attn == "eager" or (attn == "sdpa" and sdpa_math(info, a)):
-        # in fp32 (QLoRA's fp32 stream) the softmax is already fp32: no copy in the dtype; in bf16 see
-        # EAGER_BACKWARD_BYTES, in fp32 FP32_SCORES_BACKWARD_BYTES
-        saved = EAGER_SAVED_FP32 + (a if a < 4 else 0)
-        score_bwd = EAGER_BACKWARD_BYTES if a < 4 else FP32_SCORES_BACKWARD_BYTES
-        layer_saved += scores * saved
-        backward += scores * score_bwd
-        one_layer = max(
-            layer_saved + tokens * (2 * a * inter + 4 * r * h),
-            tokens * ATTENTION_BACKWARD_ACTS * a * (3 * q + 3 * kv) + scores * (saved + score_bwd),
-        )
-        how = (
-            "eager attention" if attn == "eager" else "sdpa's math kernel (fp32 q/k/v with grouped kv heads)"
-        )
-        rows = f"one packed row of {tokens}" if step.packed else f"{step.longest}"
-        notes.append(
-            f"activations: {how} keeps {s.num_heads} x {rows}^2 scores per layer "
-            f"({saved} bytes each), {scores * saved / GiB:.2f} GiB a layer"
-        )
-    elif packed_sdpa:
-        bias = tokens * (-(-tokens // 16) * 16) * a
-        layer_saved += bias
-        one_layer += bias
-        mask_kept = tokens * tokens  # the boolean mask, made once per forward and read by every layer
-        notes.append(
-            f"activations: sdpa on a packed row keeps a {tokens} x {tokens} attention bias per layer "
-            f"({bias / GiB:.2f} GiB each): flash attention's varlen kernels need none"
-        )
-    if not info.can_generate:
-        loss = 0
-    elif step.fused_loss:
-        # Liger's fused linear cross-entropy (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py:103-108):
-        # the gradient of its input (tokens x hidden) and one chunk of logits sized to about the same
-        loss = 2 * tokens * h * a
-    else:
-        loss = tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT
-    what_loss = (
-        f"Liger's fused loss {loss / GiB:.2f} GiB (no fp32 logits)"
-        if step.fused_loss
-        else f"the fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
-    )
-    c = step.checkpointed_layers(L) if gradient_checkpointing else 0
-    if gradient_checkpointing and c < L:
-        # partial (every n-th layer, transformers' every_n_layers): the checkpointed layers keep their input, the
-        # others every saved tensor; backward recomputes one checkpointed layer at a time (its transient is the
-        # full form's), which at c = L is the full form below and at c = 0 the form without checkpointing
-        ph = TrainingPhases(
-            c * tokens * h * r + (L - c) * layer_saved + mask_kept, loss, one_layer, autocast_copies
-        )
-        notes.append(
-            f"activations: gradient checkpointing of every {step.checkpoint_every} layers: {c} layer inputs and "
-            f"{L - c} layers' saved tensors {ph.kept / GiB:.2f} GiB, {what_loss}, one layer recomputed with its "
-            f"backward {ph.layer / GiB:.2f} GiB"
-        )
-    elif gradient_checkpointing:
-        ph = TrainingPhases(L * tokens * h * r + mask_kept, loss, one_layer, autocast_copies)
-        notes.append(
-            f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, {what_loss}, "
-            f"one layer recomputed with its backward {ph.layer / GiB:.2f} GiB"
-        )
-    else:
-        ph = TrainingPhases(L * layer_saved + mask_kept, loss, backward, autocast_copies)
-        notes.append(
-            f"activations: no gradient checkpointing: every layer's saved tensors {ph.kept / GiB:.2f} GiB, "
-            f"{what_loss}"
-        )
+    layer = _saved_per_token(info, d, intent=intent, step=step, a=a, r=r, attn=attn)
+    lb, notes = _layer_bytes(info, d, step=step, layer=layer, a=a, r=r, attn=attn)
+    loss, what_loss = _loss_bytes(info, step, a)
+    ph, how = _phases(info, step, lb, loss, what_loss, gradient_checkpointing, r, autocast_copies)
+    notes.append(how)
     if autocast_copies:
         notes.append(
             f"activations: bf16 autocast caches a copy of every weight until the forward ends "
             f"({autocast_copies / GiB:.2f} GiB)"
         )
     return ph, notes
+
+
+def _phases(
+    info: ModelInfo,
+    step: StepShape,
+    lb: _LayerBytes,
+    loss: int,
+    what_loss: str,
+    gradient_checkpointing: bool,
+    r: int,
+    autocast_copies: int,
+) -> tuple[TrainingPhases, str]:
+    """The step's phases as checkpointing keeps the layers (none, every n-th, every one), and the note saying so."""
+    L = max(info.summary.layers, 1)
+    inputs = step.tokens * info.summary.hidden_size * r  # one checkpointed layer's input
+    c = step.checkpointed_layers(L) if gradient_checkpointing else 0
+    if gradient_checkpointing and c < L:
+        # partial (every n-th layer, transformers' every_n_layers): the checkpointed layers keep their input, the
+        # others every saved tensor; backward recomputes one checkpointed layer at a time (its transient is the
+        # full form's), which at c = L is the full form below and at c = 0 the form without checkpointing
+        ph = TrainingPhases(
+            c * inputs + (L - c) * lb.saved + lb.mask_kept, loss, lb.one_layer, autocast_copies
+        )
+        return ph, (
+            f"activations: gradient checkpointing of every {step.checkpoint_every} layers: {c} layer inputs and "
+            f"{L - c} layers' saved tensors {ph.kept / GiB:.2f} GiB, {what_loss}, one layer recomputed with its "
+            f"backward {ph.layer / GiB:.2f} GiB"
+        )
+    if gradient_checkpointing:
+        ph = TrainingPhases(L * inputs + lb.mask_kept, loss, lb.one_layer, autocast_copies)
+        return ph, (
+            f"activations: gradient checkpointing: {L} layer inputs {ph.kept / GiB:.2f} GiB, {what_loss}, "
+            f"one layer recomputed with its backward {ph.layer / GiB:.2f} GiB"
+        )
+    ph = TrainingPhases(L * lb.saved + lb.mask_kept, loss, lb.backward, autocast_copies)
+    return ph, (
+        f"activations: no gradient checkpointing: every layer's saved tensors {ph.kept / GiB:.2f} GiB, "
+        f"{what_loss}"
+    )
