@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ...decision import Candidate, Decision
 from ...detection.versions import version_tuple as _version
@@ -236,96 +236,133 @@ def choose_batch_tokens(
     as the scores themselves (a transient larger than the cache it serves holds fewer requests than it could).
     ``choice`` None: no M holds the declared need (or, undeclared, any cache at all)."""
     if shape.score_bytes == 0:
-        if m_top == TF_DEFAULT_MAX_BATCH_TOKENS:
-            top = f"transformers' default ({TF_DEFAULT_MAX_BATCH_TOKENS}, cache.py:579)"
-        else:
-            top = (
-                f"the declared work holds {m_top} tokens, fewer than transformers' default "
-                f"{TF_DEFAULT_MAX_BATCH_TOKENS} (cache.py:579)"
-            )
-        if shape.masked:
-            top += "; the masked kernel holds no scores, so the step's size only moves the mask (counted)"
-        return Decision(str(m_top), (top,), (Candidate(str(m_top), True, (top,)),))
-
-    plain = replace(shape, score_bytes=0)
-    kind = _score_dtype_text(dtype)
-    cands: list[Candidate] = []
-    reach_goal: str | None = None
-    reach_need: str | None = None
-    for mm in _batch_ladder(m_top):
-        b = max(budget(mm), 0)
-        n_fit = solve_cache_tokens(
-            shape, mm, b, io_multiplier=io_multiplier, max_blocks_per_request=max_blocks_per_request
+        return _no_scores_batch_tokens(shape, m_top)
+    room = _StepRoom(shape, budget, io_multiplier, max_blocks_per_request)
+    rungs = [
+        _eager_rung(
+            room, mm, need_tokens=need_tokens, goal_tokens=goal_tokens, batch_size=batch_size, dtype=dtype
         )
-        n_plan = min(n_fit, goal_tokens) if goal_tokens is not None else n_fit
-        keys = (need_tokens if need_tokens is not None and n_fit < need_tokens else n_plan) + mm
-        scores = shape.heads * mm * keys * shape.score_bytes
-        head = (
-            f"scores of {mm:,} x {keys:,} keys x {shape.heads} heads = {scores / GiB:.1f} GiB per layer step "
-            f"({kind}, eager_paged.py:60-75)"
+        for mm in _batch_ladder(m_top)
+    ]
+    cands = tuple(r.candidate for r in rungs)
+    # the largest step that holds the scheduler's margin too, else the largest that holds the need
+    pick = next((r for r in rungs if r.holds_goal), None) or next((r for r in rungs if r.holds_need), None)
+    if pick is not None:
+        chosen = pick.candidate
+        lowered = (
+            f"max_batch_tokens lowered from {m_top} to {chosen.name}: " if chosen.name != str(m_top) else ""
         )
-        if need_tokens is not None:
-            if n_fit >= need_tokens:
-                ok = True
-                why = [f"{head} fit beside the {n_plan:,}-token cache the declared work needs"]
-                if goal_tokens is not None and n_fit >= goal_tokens and reach_goal is None:
-                    reach_goal = str(mm)
-                if reach_need is None:
-                    reach_need = str(mm)
-            else:
-                ok = False
-                left = b - footprint(
-                    plain,
-                    mm,
-                    need_tokens,
-                    io_multiplier=io_multiplier,
-                    max_blocks_per_request=max_blocks_per_request,
-                )
-                why = [
-                    f"{head}, more than the {max(left, 0) / GiB:.1f} GiB left beside the {need_tokens:,}-token cache "
-                    f"the declared work needs (the device holds {n_fit:,} tokens beside them)"
-                ]
-        else:
-            kv = n_fit * shape.kv_bytes_per_token
-            ok = n_fit > 0 and scores <= kv
-            if ok and reach_need is None:
-                reach_need = str(mm)
-            why = [
-                f"{head} beside a {n_fit:,}-token cache ({kv / GiB:.1f} GiB)"
-                + ("" if ok else ": more than the cache they serve")
-            ]
-        if ok and batch_size is not None and mm < batch_size:
-            why.append(
-                f"at most {mm} requests per step (transformers caps them at the batch, initialization.py:286)"
-            )
-        cands.append(Candidate(str(mm), ok, tuple(why)))
-    pick = reach_goal or reach_need
-    if pick is None:
-        if (
-            need_tokens is None
-            and cands
-            and solve_cache_tokens(
-                shape,
-                int(cands[-1].name),
-                max(budget(int(cands[-1].name)), 0),
-                io_multiplier=io_multiplier,
-                max_blocks_per_request=max_blocks_per_request,
-            )
-            > 0
-        ):
-            # no declared work: the smallest step still leaves a cache; it is the most paged|eager can do
-            last = cands[-1]
-            return Decision(
-                last.name,
-                (f"paged|eager: the smallest step transformers allows; {last.reasons[0]}",),
-                tuple(cands),
-            )
+        return Decision(chosen.name, (f"paged|eager: {lowered}{chosen.reasons[0]}",), cands)
+    if need_tokens is None and cands and room.cache_tokens(int(cands[-1].name)) > 0:
+        # no declared work: the smallest step still leaves a cache; it is the most paged|eager can do
+        last = cands[-1]
         return Decision(
-            None, ("paged|eager's scores leave no room for the cache at any step size",), tuple(cands)
+            last.name, (f"paged|eager: the smallest step transformers allows; {last.reasons[0]}",), cands
         )
-    chosen = next(c for c in cands if c.name == pick)
-    lowered = f"max_batch_tokens lowered from {m_top} to {pick}: " if pick != str(m_top) else ""
-    return Decision(pick, (f"paged|eager: {lowered}{chosen.reasons[0]}",), tuple(cands))
+    return Decision(None, ("paged|eager's scores leave no room for the cache at any step size",), cands)
+
+
+def _no_scores_batch_tokens(shape: CacheShape, m_top: int) -> Decision:
+    """``max_batch_tokens`` for kernels that hold no scores: ``m_top``, the only candidate."""
+    if m_top == TF_DEFAULT_MAX_BATCH_TOKENS:
+        top = f"transformers' default ({TF_DEFAULT_MAX_BATCH_TOKENS}, cache.py:579)"
+    else:
+        top = (
+            f"the declared work holds {m_top} tokens, fewer than transformers' default "
+            f"{TF_DEFAULT_MAX_BATCH_TOKENS} (cache.py:579)"
+        )
+    if shape.masked:
+        top += "; the masked kernel holds no scores, so the step's size only moves the mask (counted)"
+    return Decision(str(m_top), (top,), (Candidate(str(m_top), True, (top,)),))
+
+
+@dataclass(frozen=True)
+class _StepRoom:
+    """What a step of ``m`` batch tokens leaves the cache: ``budget(m)`` bytes, never below 0, filled through
+    transformers' footprint polynomial."""
+
+    shape: CacheShape
+    budget: Callable[[int], int]
+    io_multiplier: int
+    max_blocks_per_request: int
+
+    def bytes_at(self, m: int) -> int:
+        return max(self.budget(m), 0)
+
+    def cache_tokens(self, m: int) -> int:
+        return solve_cache_tokens(
+            self.shape,
+            m,
+            self.bytes_at(m),
+            io_multiplier=self.io_multiplier,
+            max_blocks_per_request=self.max_blocks_per_request,
+        )
+
+    def left_beside(self, m: int, cache_tokens: int) -> int:
+        """Bytes left for the scores beside a cache of ``cache_tokens`` and the batch buffers."""
+        plain = replace(self.shape, score_bytes=0)
+        return self.bytes_at(m) - footprint(
+            plain,
+            m,
+            cache_tokens,
+            io_multiplier=self.io_multiplier,
+            max_blocks_per_request=self.max_blocks_per_request,
+        )
+
+
+@dataclass(frozen=True)
+class _Rung:
+    """One step size of paged|eager's ladder: its candidate, and whether the cache beside its scores holds the
+    declared need with the scheduler's margin (``holds_goal``) and without (``holds_need``; undeclared: any cache
+    at least as large as the scores)."""
+
+    candidate: Candidate
+    holds_goal: bool
+    holds_need: bool
+
+
+def _eager_rung(
+    room: _StepRoom,
+    mm: int,
+    *,
+    need_tokens: int | None,
+    goal_tokens: int | None,
+    batch_size: int | None,
+    dtype: str,
+) -> _Rung:
+    shape = room.shape
+    n_fit = room.cache_tokens(mm)
+    n_plan = min(n_fit, goal_tokens) if goal_tokens is not None else n_fit
+    keys = (need_tokens if need_tokens is not None and n_fit < need_tokens else n_plan) + mm
+    scores = shape.heads * mm * keys * shape.score_bytes
+    head = (
+        f"scores of {mm:,} x {keys:,} keys x {shape.heads} heads = {scores / GiB:.1f} GiB per layer step "
+        f"({_score_dtype_text(dtype)}, eager_paged.py:60-75)"
+    )
+    goal = False
+    if need_tokens is not None:
+        ok = n_fit >= need_tokens
+        goal = ok and goal_tokens is not None and n_fit >= goal_tokens
+        if ok:
+            why = [f"{head} fit beside the {n_plan:,}-token cache the declared work needs"]
+        else:
+            left = room.left_beside(mm, need_tokens)
+            why = [
+                f"{head}, more than the {max(left, 0) / GiB:.1f} GiB left beside the {need_tokens:,}-token cache "
+                f"the declared work needs (the device holds {n_fit:,} tokens beside them)"
+            ]
+    else:
+        kv = n_fit * shape.kv_bytes_per_token
+        ok = n_fit > 0 and scores <= kv
+        why = [
+            f"{head} beside a {n_fit:,}-token cache ({kv / GiB:.1f} GiB)"
+            + ("" if ok else ": more than the cache they serve")
+        ]
+    if ok and batch_size is not None and mm < batch_size:
+        why.append(
+            f"at most {mm} requests per step (transformers caps them at the batch, initialization.py:286)"
+        )
+    return _Rung(Candidate(str(mm), ok, tuple(why)), goal, ok)
 
 
 def decide_async(

@@ -10,7 +10,7 @@ through one dense mask with sdpa/eager, so a usable paged flash form is preferre
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ...decision import Candidate, Decision
 from ...detection.versions import version_tuple as _version
@@ -97,52 +97,8 @@ def choose_paged_attention(
     that choice is made for one ``generate()`` batch, where masks and padding decide, while serving pages many
     requests, where sdpa and eager need a dense mask over every key the batch reads and flash attends per
     request. None: the caller named the attention; its paged form is used (where transformers can run it)."""
-    base = attention_choice
-    if base.startswith("kernels-community/"):
-        from ..attention.names import _KERNEL_TO_IMPL
-
-        base = _KERNEL_TO_IMPL.get(base, base)
-    ok_impls = {base} | set(usable or ())
-    ok_impls = {i for i in ok_impls if i in _PAGED}
-    preferred: str | None = None
-    if usable is not None:
-        order = ([base] if base.startswith("flash") else []) + [f for f in _FLASH_ORDER if f != base]
-        preferred = next(
-            (f for f in order if f in ok_impls and _paged_blocker(f, transformers_version) is None), None
-        )
-    cands: list[Candidate] = []
-    for impl, paged in _PAGED.items():
-        why: list[str] = []
-        ok = True
-        if impl == base:
-            why.append(f"the attention decision chose {attention_choice}")
-        if paged in _MASKED:
-            why.append(
-                "needs a dense block-diagonal mask over every key the batch reads (continuous_batching/utils.py:54)"
-            )
-        else:
-            why.append("no mask: attends per request (varlen)")
-        if paged in _FAST_DECODE:
-            why.append("decode fast path with a block table (initialization.py:114-146)")
-        if impl == "flash_attention_4":
-            why.append(MEASURED_FA4_PAGED)
-        blocker = _paged_blocker(impl, transformers_version)
-        if impl.startswith("flash") and impl not in ok_impls:
-            ok = False
-            why.append(
-                f"not the attention decision's choice ({attention_choice}): not installed or not supported"
-                if usable is None
-                else "not usable here: see the attention decision"
-            )
-        elif blocker is not None:
-            ok = False
-            why.append(blocker)
-        if impl == "sdpa" and not supports_sdpa:
-            ok = False
-            why.append("the model does not support sdpa")
-        if impl == "eager" and base != "eager":
-            why.append("materialises the scores of every head over the batch's keys: last resort")
-        cands.append(Candidate(paged, ok, tuple(why)))
+    asked = _Asked.of(attention_choice, supports_sdpa, usable, transformers_version)
+    cands = [_candidate(asked, impl, paged) for impl, paged in _PAGED.items()]
     cands.append(
         Candidate(
             "flex_attention",
@@ -152,49 +108,137 @@ def choose_paged_attention(
             ),
         )
     )
-    fallback = "paged|sdpa" if supports_sdpa else "paged|eager"
-    reasons: list[str]
-    if preferred is not None and preferred != base:
-        choice = _PAGED[preferred]
-        reasons = [
-            f"{preferred} is usable here and its paged form attends per request without a mask; the attention "
-            f"decision's {attention_choice} was chosen for one generate() batch"
-        ]
-        if preferred == "flash_attention_4":
-            reasons.append(MEASURED_FA4_PAGED)
-        else:
-            reasons.append("not measured here; transformers' own first choice for continuous batching")
-    elif base in _PAGED and _paged_blocker(base, transformers_version) is not None:
+    choice, reasons, hub = _choice(asked)
+    if hub is not None:
+        cands.insert(0, hub)
+    return Decision(choice, tuple(reasons), tuple(cands))
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What :func:`choose_paged_attention` was asked: the attention decision's choice and the implementation
+    behind it (``base``: a Hub kernel's repo mapped to its attn_implementation), the paged implementations usable
+    here (``ok``), whether the attention was chosen automatically (``usable`` given), and the facts the blockers
+    read."""
+
+    choice: str
+    base: str
+    ok: frozenset[str]
+    automatic: bool
+    supports_sdpa: bool
+    transformers_version: str | None
+
+    @classmethod
+    def of(
+        cls, choice: str, supports_sdpa: bool, usable: Iterable[str] | None, transformers_version: str | None
+    ) -> _Asked:
+        base = choice
+        if base.startswith("kernels-community/"):
+            from ..attention.names import _KERNEL_TO_IMPL
+
+            base = _KERNEL_TO_IMPL.get(base, base)
+        ok = frozenset(i for i in {base} | set(usable or ()) if i in _PAGED)
+        return cls(choice, base, ok, usable is not None, supports_sdpa, transformers_version)
+
+    def blocker(self, impl: str) -> str | None:
+        return _paged_blocker(impl, self.transformers_version)
+
+    @property
+    def fallback(self) -> str:
+        """Where a choice without a paged form goes: sdpa, or eager for models without sdpa."""
+        return "paged|sdpa" if self.supports_sdpa else "paged|eager"
+
+
+def _candidate(a: _Asked, impl: str, paged: str) -> Candidate:
+    """One paged implementation, valid or rejected, with every reason."""
+    why: list[str] = []
+    ok = True
+    if impl == a.base:
+        why.append(f"the attention decision chose {a.choice}")
+    if paged in _MASKED:
+        why.append(
+            "needs a dense block-diagonal mask over every key the batch reads (continuous_batching/utils.py:54)"
+        )
+    else:
+        why.append("no mask: attends per request (varlen)")
+    if paged in _FAST_DECODE:
+        why.append("decode fast path with a block table (initialization.py:114-146)")
+    if impl == "flash_attention_4":
+        why.append(MEASURED_FA4_PAGED)
+    blocker = a.blocker(impl)
+    if impl.startswith("flash") and impl not in a.ok:
+        ok = False
+        why.append(
+            "not usable here: see the attention decision"
+            if a.automatic
+            else f"not the attention decision's choice ({a.choice}): not installed or not supported"
+        )
+    elif blocker is not None:
+        ok = False
+        why.append(blocker)
+    if impl == "sdpa" and not a.supports_sdpa:
+        ok = False
+        why.append("the model does not support sdpa")
+    if impl == "eager" and a.base != "eager":
+        why.append("materialises the scores of every head over the batch's keys: last resort")
+    return Candidate(paged, ok, tuple(why))
+
+
+def _preferred_flash(a: _Asked) -> str | None:
+    """With an automatic attention choice: the first usable flash implementation transformers can page here (the
+    attention decision's own first when it is flash, then :data:`_FLASH_ORDER`)."""
+    if not a.automatic:
+        return None
+    order = ([a.base] if a.base.startswith("flash") else []) + [f for f in _FLASH_ORDER if f != a.base]
+    return next((f for f in order if f in a.ok and a.blocker(f) is None), None)
+
+
+def _choice(a: _Asked) -> tuple[str, list[str], Candidate | None]:
+    """The paged name, its reasons, and the Hub kernel's own paged candidate when that is the choice."""
+    preferred = _preferred_flash(a)
+    if preferred is not None and preferred != a.base:
+        return (
+            _PAGED[preferred],
+            [
+                f"{preferred} is usable here and its paged form attends per request without a mask; the attention "
+                f"decision's {a.choice} was chosen for one generate() batch",
+                MEASURED_FA4_PAGED
+                if preferred == "flash_attention_4"
+                else "not measured here; transformers' own first choice for continuous batching",
+            ],
+            None,
+        )
+    blocker = a.blocker(a.base) if a.base in _PAGED else None
+    if blocker is not None:
         # before the Hub-kernel branch: a Hub FA4 build goes through the same positional call (FA4_PAGED_FROM)
-        choice = fallback
-        reasons = [
-            f"{attention_choice} cannot serve paged here: {_paged_blocker(base, transformers_version)}; "
-            f"{choice} instead"
-        ]
-    elif attention_choice.startswith("kernels-community/") and base in _PAGED:
+        return a.fallback, [f"{a.choice} cannot serve paged here: {blocker}; {a.fallback} instead"], None
+    if a.choice.startswith("kernels-community/") and a.base in _PAGED:
         # the Hub kernel itself, paged: transformers registers "paged|<repo>" when it loads the kernel
         # (modeling_flash_attention_utils.py:188-189)
-        choice = f"paged|{attention_choice}"
-        reasons = [f"paged form of the attention decision's {attention_choice}"]
-        cands.insert(0, Candidate(choice, True, (f"the Hub kernel {attention_choice} provides {base}",)))
-    elif base in _PAGED:
-        choice = _PAGED[base]
-        reasons = [f"paged form of the attention decision's {attention_choice}"]
-        if base == "flash_attention_4":
-            reasons.append(MEASURED_FA4_PAGED)
-        if base == "eager" and supports_sdpa:
-            reasons.append(MEASURED_EAGER_PAGED)
-        # a flash implementation usable here whose paged form this transformers cannot run: say what it costs
-        reasons += [
-            f"{f} is usable here but cannot serve paged: {_paged_blocker(f, transformers_version)}"
-            + (f" ({MEASURED_FA4_PAGED})" if f == "flash_attention_4" else "")
-            for f in _FLASH_ORDER
-            if usable is not None and f in ok_impls and f != base and _paged_blocker(f, transformers_version)
-        ]
-    else:  # flex_attention or an unknown kernel string: sdpa, or eager for models without sdpa
-        choice = fallback
-        reasons = [f"{attention_choice} has no paged form in transformers: {choice}"]
-    return Decision(choice, tuple(reasons), tuple(cands))
+        choice = f"paged|{a.choice}"
+        hub = Candidate(choice, True, (f"the Hub kernel {a.choice} provides {a.base}",))
+        return choice, [f"paged form of the attention decision's {a.choice}"], hub
+    if a.base in _PAGED:
+        return _PAGED[a.base], _own_form_reasons(a), None
+    # flex_attention or an unknown kernel string: sdpa, or eager for models without sdpa
+    return a.fallback, [f"{a.choice} has no paged form in transformers: {a.fallback}"], None
+
+
+def _own_form_reasons(a: _Asked) -> list[str]:
+    """Why the attention decision's own implementation serves paged, and what the alternatives would cost."""
+    reasons = [f"paged form of the attention decision's {a.choice}"]
+    if a.base == "flash_attention_4":
+        reasons.append(MEASURED_FA4_PAGED)
+    if a.base == "eager" and a.supports_sdpa:
+        reasons.append(MEASURED_EAGER_PAGED)
+    # a flash implementation usable here whose paged form this transformers cannot run: say what it costs
+    reasons += [
+        f"{f} is usable here but cannot serve paged: {a.blocker(f)}"
+        + (f" ({MEASURED_FA4_PAGED})" if f == "flash_attention_4" else "")
+        for f in _FLASH_ORDER
+        if a.automatic and f in a.ok and f != a.base and a.blocker(f)
+    ]
+    return reasons
 
 
 def _kind(paged: str) -> str:
