@@ -160,166 +160,199 @@ def place(
     allow_offload: bool = False,
     split: bool = True,
 ) -> Fit:
-    """Place ``bd`` (a memory breakdown) on ``caps``. ``split`` False: one GPU only (a rung of the ladder)."""
+    """Place ``bd`` (a memory breakdown) on ``caps``. ``split`` False: one GPU only (a rung of the ladder).
+
+    In order: the CPU (asked for, or no GPU), a torchrun rank's own GPU, a GPU named by ``device_map``, the one
+    GPU with the most room, a split over the GPUs, then (when allowed) offload to the CPU and disk."""
     budget = budgets(caps, max_memory)
     gpus = list(caps.gpus)
-
     if (isinstance(device_map, str) and device_map == "cpu") or not gpus:
-        f = _one("cpu", bd, budget, gpu=False)
         why = "device_map='cpu' requested" if gpus else "no GPU visible: the model runs on the CPU"
-        if not f.ok:
-            if allow_offload:
-                pl = Placement(
-                    "auto",
-                    ("cpu", "disk"),
-                    offload=True,
-                    max_memory={"cpu": budget["cpu"]},
-                    reasons=(why, "does not fit in host memory: the rest is offloaded to disk"),
-                )
-                need = f.per_device["cpu"]
-                return Fit(
-                    True,
-                    pl,
-                    {"cpu": budget["cpu"], "disk": need - budget["cpu"]},
-                    {"cpu": budget["cpu"], "disk": need - budget["cpu"]},
-                )
-            return f
-        return Fit(True, Placement("cpu", ("cpu",), reasons=(why,)), f.per_device, f.budget)
-
-    dist = caps.distributed
-    if dist.active:
-        lr = dist.local_rank if dist.local_rank is not None else 0
-        gpu = next((g for g in gpus if g.index == lr), None)
-        if gpu is None:
-            raise DeviceSelectionError(
-                f"LOCAL_RANK={lr} but this process sees {len(gpus)} GPU(s)",
-                fix="launch at most one process per visible GPU (torchrun --nproc-per-node), "
-                "or widen CUDA_VISIBLE_DEVICES",
-            )
-        dev = f"cuda:{gpu.index}"
-        f = _one(dev, bd, budget, gpu=True)
-        if not f.ok:
-            return f
-        return Fit(
-            True,
-            Placement(
-                dev,
-                (dev,),
-                reasons=(
-                    f"torchrun rank {dist.rank} of {dist.world_size}: each process loads onto "
-                    f"cuda:LOCAL_RANK ({dev}); never the global RANK, never device_map='auto' "
-                    "(every rank would spread over all GPUs)",
-                    _gpu_line(gpu, caps),
-                ),
-            ),
-            f.per_device,
-            f.budget,
-        )
-
-    explicit_single = None
-    if isinstance(device_map, int) and not isinstance(device_map, bool):
-        explicit_single = device_map
-    elif isinstance(device_map, str) and re.fullmatch(r"cuda(:\d+)?", device_map):
-        explicit_single = int(device_map.split(":")[1]) if ":" in device_map else gpus[0].index
-    if explicit_single is not None:
-        gpu = caps.gpu(explicit_single)
-        dev = f"cuda:{gpu.index}"
-        f = _one(dev, bd, budget, gpu=True)
-        return (
-            Fit(
-                True,
-                Placement(dev, (dev,), reasons=("device requested explicitly", _gpu_line(gpu, caps))),
-                f.per_device,
-                f.budget,
-            )
-            if f.ok
-            else f
-        )
-
-    fails: list[str] = []
+        return _on_cpu(bd, budget, why=why, allow_offload=allow_offload)
+    if caps.distributed.active:
+        return _on_rank(caps, bd, budget)
+    named = _named_gpu(device_map, gpus)
+    if named is not None:
+        return _on_named(caps, bd, budget, named)
+    fails: tuple[str, ...] = ()
     tight = 0
     if not isinstance(device_map, (str, dict)):
-        # one GPU: the one with the most memory available (ties: the lowest index)
-        best = max(gpus, key=lambda g: (budget[f"cuda:{g.index}"], -g.index))
-        dev = f"cuda:{best.index}"
-        f = _one(dev, bd, budget, gpu=True)
+        f = _on_roomiest(caps, bd, budget)
         if f.ok:
-            one = [f"fits on one GPU: {dev}", _gpu_line(best, caps)]
-            if len(gpus) > 1:
-                one.append(f"{len(gpus)} GPUs visible; one is enough and avoids cross-device hops")
-            return Fit(True, Placement(dev, (dev,), reasons=tuple(one)), f.per_device, f.budget)
-        fails.extend(f.reasons)
-        tight = f.shortfall
+            return f
+        fails, tight = f.reasons, f.shortfall
         if not split:
-            return Fit(False, reasons=tuple(fails), shortfall=tight)
-
+            return Fit(False, reasons=fails, shortfall=tight)
     devs = [f"cuda:{g.index}" for g in gpus]
     if isinstance(device_map, dict):
         used = sorted({_key(v) for v in device_map.values()})
         devs = [d for d in devs if d in used]
     if len(devs) > 1 or isinstance(device_map, (str, dict)):
-        sp = _split(devs, bd, budget)
-        if sp is not None:
-            per, mm = sp
-            dm: Any = device_map if device_map is not None else "balanced"
-            pl = Placement(
-                dm,
-                tuple(devs),
-                max_memory={d.removeprefix("cuda:"): v for d, v in mm.items()},
-                reasons=(
-                    f"split over {len(devs)} GPUs, layers balanced within each device's budget",
-                    *(_gpu_line(g, caps) for g in gpus if f"cuda:{g.index}" in devs),
-                ),
-            )
-            return Fit(True, pl, per, {d: budget[d] for d in devs})
+        f = _split_over(caps, bd, budget, devs, device_map)
+        if f.ok:
+            return f
+        fails, tight = (*fails, *f.reasons), f.shortfall
+    if allow_offload and "cpu" in budget:
+        return _offload(bd, budget, devs, fails)
+    return Fit(False, reasons=fails, shortfall=tight)
+
+
+def _on_cpu(bd: Breakdown, budget: dict[str, int], *, why: str, allow_offload: bool) -> Fit:
+    """The whole model in host memory, the rest on disk when it does not fit and offload is allowed."""
+    f = _one("cpu", bd, budget, gpu=False)
+    if f.ok:
+        return Fit(True, Placement("cpu", ("cpu",), reasons=(why,)), f.per_device, f.budget)
+    if not allow_offload:
+        return f
+    pl = Placement(
+        "auto",
+        ("cpu", "disk"),
+        offload=True,
+        max_memory={"cpu": budget["cpu"]},
+        reasons=(why, "does not fit in host memory: the rest is offloaded to disk"),
+    )
+    need = f.per_device["cpu"]
+    return Fit(
+        True,
+        pl,
+        {"cpu": budget["cpu"], "disk": need - budget["cpu"]},
+        {"cpu": budget["cpu"], "disk": need - budget["cpu"]},
+    )
+
+
+def _on_rank(caps: Capabilities, bd: Breakdown, budget: dict[str, int]) -> Fit:
+    """A torchrun rank's own GPU, cuda:LOCAL_RANK."""
+    dist = caps.distributed
+    lr = dist.local_rank if dist.local_rank is not None else 0
+    gpu = next((g for g in caps.gpus if g.index == lr), None)
+    if gpu is None:
+        raise DeviceSelectionError(
+            f"LOCAL_RANK={lr} but this process sees {len(caps.gpus)} GPU(s)",
+            fix="launch at most one process per visible GPU (torchrun --nproc-per-node), "
+            "or widen CUDA_VISIBLE_DEVICES",
+        )
+    dev = f"cuda:{gpu.index}"
+    f = _one(dev, bd, budget, gpu=True)
+    if not f.ok:
+        return f
+    return Fit(
+        True,
+        Placement(
+            dev,
+            (dev,),
+            reasons=(
+                f"torchrun rank {dist.rank} of {dist.world_size}: each process loads onto "
+                f"cuda:LOCAL_RANK ({dev}); never the global RANK, never device_map='auto' "
+                "(every rank would spread over all GPUs)",
+                _gpu_line(gpu, caps),
+            ),
+        ),
+        f.per_device,
+        f.budget,
+    )
+
+
+def _named_gpu(device_map: Any, gpus: list[GPU]) -> int | None:
+    """The GPU index ``device_map`` names alone (an int, "cuda", "cuda:N"), or None."""
+    if isinstance(device_map, int) and not isinstance(device_map, bool):
+        return device_map
+    if isinstance(device_map, str) and re.fullmatch(r"cuda(:\d+)?", device_map):
+        return int(device_map.split(":")[1]) if ":" in device_map else gpus[0].index
+    return None
+
+
+def _on_named(caps: Capabilities, bd: Breakdown, budget: dict[str, int], index: int) -> Fit:
+    gpu = caps.gpu(index)
+    dev = f"cuda:{gpu.index}"
+    f = _one(dev, bd, budget, gpu=True)
+    if not f.ok:
+        return f
+    return Fit(
+        True,
+        Placement(dev, (dev,), reasons=("device requested explicitly", _gpu_line(gpu, caps))),
+        f.per_device,
+        f.budget,
+    )
+
+
+def _on_roomiest(caps: Capabilities, bd: Breakdown, budget: dict[str, int]) -> Fit:
+    """One GPU: the one with the most memory available (ties: the lowest index)."""
+    gpus = caps.gpus
+    best = max(gpus, key=lambda g: (budget[f"cuda:{g.index}"], -g.index))
+    dev = f"cuda:{best.index}"
+    f = _one(dev, bd, budget, gpu=True)
+    if not f.ok:
+        return f
+    one = [f"fits on one GPU: {dev}", _gpu_line(best, caps)]
+    if len(gpus) > 1:
+        one.append(f"{len(gpus)} GPUs visible; one is enough and avoids cross-device hops")
+    return Fit(True, Placement(dev, (dev,), reasons=tuple(one)), f.per_device, f.budget)
+
+
+def _split_over(
+    caps: Capabilities, bd: Breakdown, budget: dict[str, int], devs: list[str], device_map: Any
+) -> Fit:
+    """The layers balanced over ``devs`` within each one's budget; not ok, with the shortfall, when they cannot
+    hold the model."""
+    sp = _split(devs, bd, budget)
+    if sp is None:
         total = bd.model_bytes + len(devs) * (CUDA_CONTEXT_BYTES + bd.every_device)
         room = sum(budget[d] for d in devs)
-        fails.append(
-            f"split over {len(devs)} GPUs: needs ~{total / GiB:.2f} GiB, they hold {room / GiB:.2f} GiB"
-        )
-        tight = max(total - room, 1)
-
-    if allow_offload and "cpu" in budget:
-        # GPUs take what fits, the CPU (then disk) the rest; accelerate moves offloaded layers in on use
-        lb = max(bd.layer_bytes, 1)
-        off: dict[str, int] = {}
-        first_left = False
-        left = bd.layers
-        mm2: dict[str, int] = {}
-        for i, d in enumerate(devs):
-            fixed = CUDA_CONTEXT_BYTES + bd.every_device + (bd.first_bytes if i == 0 else 0)
-            n = max(min((budget[d] - fixed) // lb, left), 0)
-            if budget[d] < fixed:
-                if i == 0:
-                    first_left = True
-                continue
-            off[d] = fixed + n * bd.layer_bytes
-            mm2[d.removeprefix("cuda:")] = budget[d] - CUDA_CONTEXT_BYTES - bd.every_device
-            left -= n
-        cpu_need = left * bd.layer_bytes + bd.last_bytes + (bd.first_bytes if first_left else 0)
-        bud = {d: budget[d] for d in off}
-        if cpu_need <= budget["cpu"]:
-            off["cpu"] = cpu_need
-            bud["cpu"] = budget["cpu"]
-            devices = (*off,)
-        else:
-            off["cpu"] = budget["cpu"]
-            off["disk"] = cpu_need - budget["cpu"]
-            bud["cpu"] = budget["cpu"]
-            bud["disk"] = off["disk"]
-            devices = (*off,)
-        mm2["cpu"] = budget["cpu"]
-        pl = Placement(
-            "auto",
-            tuple(devices),
-            offload=True,
-            max_memory=mm2,
+        return Fit(
+            False,
             reasons=(
-                *fails,
-                f"offload allowed: {left} of {bd.layers} layers go to "
-                f"{'CPU and disk' if 'disk' in off else 'CPU'}"
-                " memory and are copied in on every forward (much slower)",
+                f"split over {len(devs)} GPUs: needs ~{total / GiB:.2f} GiB, they hold {room / GiB:.2f} GiB",
             ),
+            shortfall=max(total - room, 1),
         )
-        return Fit(True, pl, off, bud)
-    return Fit(False, reasons=tuple(fails), shortfall=tight)
+    per, mm = sp
+    dm: Any = device_map if device_map is not None else "balanced"
+    pl = Placement(
+        dm,
+        tuple(devs),
+        max_memory={d.removeprefix("cuda:"): v for d, v in mm.items()},
+        reasons=(
+            f"split over {len(devs)} GPUs, layers balanced within each device's budget",
+            *(_gpu_line(g, caps) for g in caps.gpus if f"cuda:{g.index}" in devs),
+        ),
+    )
+    return Fit(True, pl, per, {d: budget[d] for d in devs})
+
+
+def _offload(bd: Breakdown, budget: dict[str, int], devs: list[str], fails: tuple[str, ...]) -> Fit:
+    """GPUs take what fits, the CPU (then disk) the rest; accelerate moves offloaded layers in on use."""
+    lb = max(bd.layer_bytes, 1)
+    off: dict[str, int] = {}
+    first_left = False
+    left = bd.layers
+    mm2: dict[str, int] = {}
+    for i, d in enumerate(devs):
+        fixed = CUDA_CONTEXT_BYTES + bd.every_device + (bd.first_bytes if i == 0 else 0)
+        n = max(min((budget[d] - fixed) // lb, left), 0)
+        if budget[d] < fixed:
+            if i == 0:
+                first_left = True
+            continue
+        off[d] = fixed + n * bd.layer_bytes
+        mm2[d.removeprefix("cuda:")] = budget[d] - CUDA_CONTEXT_BYTES - bd.every_device
+        left -= n
+    cpu_need = left * bd.layer_bytes + bd.last_bytes + (bd.first_bytes if first_left else 0)
+    bud = {d: budget[d] for d in off}
+    off["cpu"] = min(cpu_need, budget["cpu"])
+    bud["cpu"] = budget["cpu"]
+    if cpu_need > budget["cpu"]:
+        off["disk"] = bud["disk"] = cpu_need - budget["cpu"]
+    mm2["cpu"] = budget["cpu"]
+    pl = Placement(
+        "auto",
+        tuple(off),
+        offload=True,
+        max_memory=mm2,
+        reasons=(
+            *fails,
+            f"offload allowed: {left} of {bd.layers} layers go to "
+            f"{'CPU and disk' if 'disk' in off else 'CPU'}"
+            " memory and are copied in on every forward (much slower)",
+        ),
+    )
+    return Fit(True, pl, off, bud)
