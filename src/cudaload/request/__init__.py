@@ -25,6 +25,8 @@ a GPU), :mod:`.model` (``model=`` and its ``config.json``), :mod:`.together` (op
 
 from __future__ import annotations
 
+from . import options as _options
+from . import warn as _warning
 from .lora import LORA_KEYS as LORA_KEYS
 from .options import BATCH_LAYOUTS as BATCH_LAYOUTS
 from .options import DECODES as DECODES
@@ -32,13 +34,10 @@ from .options import ENTRIES as ENTRIES
 from .options import QUANTIZATIONS as QUANTIZATIONS
 from .options import TRAINING_INTENTS as TRAINING_INTENTS
 from .options import TRAINING_LOSSES as TRAINING_LOSSES
-from .options import _choice as _choice  # the CLI reads --intent with it
-from .options import _positive_int as _positive_int
 from .options import attention_name as attention_name
 from .options import package_names as package_names
 from .placement import check_devices as check_devices
 from .request import Request as Request
-from .warn import _warn as _warn  # training_data and execute.adapters warn through it
 
 __all__ = [
     "BATCH_LAYOUTS",
@@ -53,3 +52,9 @@ __all__ = [
     "check_devices",
     "package_names",
 ]
+
+# names from before request.py was a package, kept for their importers: the CLI reads --intent with _choice,
+# training_data and execute.adapters warn through _warn
+_choice = _options.choice
+_positive_int = _options.positive_int
+_warn = _warning.warn

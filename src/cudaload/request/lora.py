@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigurationError
-from .options import _closest
+from .options import closest
 
 #: LoraConfig's keywords (peft 0.21.2 peft/tuners/lora/config.py, dataclass fields) a caller may set
 LORA_KEYS = (
@@ -63,7 +63,7 @@ _LORA_BIAS = ("none", "all", "lora_only")
 _LORA_INITS = ("gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal", "mica")
 
 
-def _lora(value: Any) -> Mapping[str, Any] | None:
+def check_lora(value: Any) -> Mapping[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -76,7 +76,7 @@ def _lora(value: Any) -> Mapping[str, Any] | None:
         if key in _LORA_BOOKKEEPING:
             raise ConfigurationError(f"lora[{key!r}] is filled in by peft", fix=f"drop {key!r} from lora=")
         if key not in LORA_KEYS:
-            close = _closest(str(key), LORA_KEYS)
+            close = closest(str(key), LORA_KEYS)
             shown = repr(v) if close and isinstance(v, (int, float, str, list, tuple)) else "..."
             raise ConfigurationError(
                 f"lora[{key!r}] is not a LoraConfig keyword"

@@ -10,14 +10,14 @@ from .. import _env
 from ..errors import ConfigurationError
 
 
-def _this_machine_has_no_gpu(env: Mapping[str, str] | None) -> bool:
-    """No NVIDIA driver here (two stats): :func:`_no_gpu` for this machine, whatever CUDA_VISIBLE_DEVICES says."""
+def this_machine_has_no_gpu(env: Mapping[str, str] | None) -> bool:
+    """No NVIDIA driver here (two stats): :func:`has_no_gpu` for this machine, whatever CUDA_VISIBLE_DEVICES says."""
     from ..detection.nvml import driver_absent
 
     return driver_absent()
 
 
-def _no_gpu(hardware: Any, env: Mapping[str, str] | None) -> bool:
+def has_no_gpu(hardware: Any, env: Mapping[str, str] | None) -> bool:
     """Whether the machine planned for certainly has no GPU, where that is cheap to know."""
     if hardware is not None:
         return not hardware.gpus
@@ -29,7 +29,7 @@ def _no_gpu(hardware: Any, env: Mapping[str, str] | None) -> bool:
     return driver_absent()
 
 
-def _hardware(value: Any, entry: str) -> Any:
+def check_hardware(value: Any, entry: str) -> Any:
     """The snapshot ``hardware`` names (None: this machine, detected when planning)."""
     from ..capabilities import Capabilities
 

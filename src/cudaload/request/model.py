@@ -17,7 +17,7 @@ from ..errors import CheckpointError, ConfigurationError, ModelNotFoundError
 _REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
-def _model(model: Any, entry: str, subfolder: str) -> Mapping[str, Any] | None:
+def check_model(model: Any, entry: str, subfolder: str) -> Mapping[str, Any] | None:
     """Check ``model``; its config as a dict where that is cheap (a dict, a config object, a local
     ``config.json``), else None (a Hub id: model_info reads the cache)."""
     if isinstance(model, Mapping):
@@ -66,7 +66,7 @@ def _model(model: Any, entry: str, subfolder: str) -> Mapping[str, Any] | None:
     return None  # a Hub id: model_info finds it in the cache, or says how to download it
 
 
-def _local(model: Any) -> bool:
+def is_local(model: Any) -> bool:
     """Whether ``model`` is read from this disk (a folder, a file, a config dict or object): no Hub revision."""
     if not isinstance(model, (str, os.PathLike)):
         return True
@@ -125,7 +125,7 @@ def _read_config(path: Path) -> Mapping[str, Any]:
     return data
 
 
-def _context(config: Mapping[str, Any] | None) -> int | None:
+def context_length(config: Mapping[str, Any] | None) -> int | None:
     """The model's max_position_embeddings, from its text config when it has one (as model_info reads it)."""
     if config is None:
         return None

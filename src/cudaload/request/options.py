@@ -28,7 +28,7 @@ _DTYPE_NAMES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32"
 _CLASS_NAME = re.compile(r"^[A-Za-z_]\w*$")
 
 
-def _closest(word: str, names: tuple[str, ...] | list[str]) -> list[str]:
+def closest(word: str, names: tuple[str, ...] | list[str]) -> list[str]:
     """The names closest to ``word``, best first: :func:`~cudaload.errors.close_names`, else a looser match on
     the letters and digits alone ("flash3" -> flash_attention_3)."""
     close = close_names(word, names, n=3)
@@ -52,7 +52,7 @@ def _unknown(
     what: str,
     error: type[ConfigurationError] = ConfigurationError,
 ) -> ConfigurationError:
-    close = _closest(str(value), names)
+    close = closest(str(value), names)
     # a word with two meanings ("finetune": a full fine-tune or adapters) names both
     meant = [s for s in SYNONYMS.get(str(value).strip().lower(), ()) if s in names]
     if len(meant) > 1:
@@ -69,7 +69,7 @@ def _unknown(
     )
 
 
-def _choice(
+def choice(
     name: str, value: Any, names: tuple[str, ...], *, error: type[ConfigurationError] = ConfigurationError
 ) -> str:
     if not isinstance(value, str):
@@ -81,18 +81,18 @@ def _choice(
     return value
 
 
-def _auto(value: str | None) -> str:
+def lowered_or_auto(value: str | None) -> str:
     return (value or "auto").strip().lower()
 
 
-def _lowercase_choice(name: str, value: Any, names: tuple[str, ...]) -> str | None:
+def lowercase_choice(name: str, value: Any, names: tuple[str, ...]) -> str | None:
     """A name read as policies.training reads it: None is "auto", case and spaces do not count."""
-    if value is None or (isinstance(value, str) and _auto(value) in names):
+    if value is None or (isinstance(value, str) and lowered_or_auto(value) in names):
         return value  # type: ignore[no-any-return]
     raise _unknown(name, value, names, f"a {name} cudaload plans")
 
 
-def _positive_int(name: str, value: Any) -> int | None:
+def positive_int(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -139,7 +139,7 @@ _EXAMPLES = {
 _SHORTHAND = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM])\s*$")
 
 
-def _flag(name: str, value: Any) -> bool:
+def flag(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if type(value).__name__ == "bool_":  # numpy's
@@ -149,7 +149,7 @@ def _flag(name: str, value: Any) -> bool:
     )
 
 
-def _tristate(name: str, value: Any) -> bool | None:
+def tristate(name: str, value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
     raise ConfigurationError(
@@ -170,7 +170,7 @@ def attention_name(value: Any) -> str:
         )
     name = value.strip()
     if name not in names:
-        close = _closest(name, names)
+        close = closest(name, names)
         raise InvalidChoiceError(
             f"attn={value!r} is not an attention implementation cudaload plans"
             + (f"; did you mean {close[0]!r}?" if close else ""),
@@ -181,7 +181,7 @@ def attention_name(value: Any) -> str:
     return name
 
 
-def _dtype(value: Any) -> str:
+def check_dtype(value: Any) -> str:
     text = str(value)
     if isinstance(value, str) and text.strip().lower() == "auto":
         return "auto"
@@ -196,13 +196,13 @@ def _dtype(value: Any) -> str:
     return text
 
 
-def _quantization(value: Any) -> str | None:
+def check_quantization(value: Any) -> str | None:
     if value is None:
         return None  # policies.quantization reads None as "auto"
     if isinstance(value, str) and value.strip().lower() in _QUANTIZATION_SPELLINGS:
         return value
     four_bit = isinstance(value, str) and "4" in value
-    close = _closest(str(value), QUANTIZATIONS) if isinstance(value, str) and not four_bit else []
+    close = closest(str(value), QUANTIZATIONS) if isinstance(value, str) and not four_bit else []
     raise InvalidChoiceError(
         f"quantization={value!r} is not one cudaload plans"
         + (f"; did you mean {close[0]!r}?" if close else "")
@@ -211,7 +211,7 @@ def _quantization(value: Any) -> str | None:
     )
 
 
-def _optimizer(value: Any) -> str | None:
+def check_optimizer(value: Any) -> str | None:
     if value is None:
         return None  # read as "auto" (policies.quantization.training_ladder)
     from ..policies.memory import OPTIMIZERS
@@ -222,10 +222,10 @@ def _optimizer(value: Any) -> str | None:
     return value
 
 
-def _parallelism(value: Any) -> str:
+def check_parallelism(value: Any) -> str:
     from ..policies.parallelism import REQUESTS
 
-    return _choice("parallelism", value, tuple(REQUESTS))
+    return choice("parallelism", value, tuple(REQUESTS))
 
 
 def _names(name: str, value: Any, example: str) -> tuple[str, ...]:
@@ -251,7 +251,7 @@ def _names(name: str, value: Any, example: str) -> tuple[str, ...]:
     return items
 
 
-def _trust(value: Any) -> tuple[str, ...]:
+def check_trust_kernels(value: Any) -> tuple[str, ...]:
     entries = tuple(e.strip() for e in _names("trust_kernels", value, "kernels-community/*"))
     for e in entries:
         if not _env.trust_entry_ok(e):
@@ -279,7 +279,7 @@ def package_names(name: str, value: Any) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _model_class(value: Any) -> str | None:
+def check_model_class(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, type):
@@ -295,15 +295,15 @@ def _model_class(value: Any) -> str | None:
     return value
 
 
-def _task(value: Any) -> str | None:
+def check_task(value: Any) -> str | None:
     if value is None:
         return None
     from ..auto_classes import AUTO_CLASSES
 
-    return _choice("task", value, tuple(sorted(AUTO_CLASSES)))
+    return choice("task", value, tuple(sorted(AUTO_CLASSES)))
 
 
-def _revision(value: Any) -> str | None:
+def check_revision(value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value.strip()):
         return value
     raise ConfigurationError(
@@ -312,7 +312,7 @@ def _revision(value: Any) -> str | None:
     )
 
 
-def _prefetch(value: Any) -> bool | str:
+def check_prefetch(value: Any) -> bool | str:
     from ..prefetch import MODES, REMOVED_MODES
 
     if value is True or value is False or (isinstance(value, str) and value in MODES):
@@ -324,7 +324,7 @@ def _prefetch(value: Any) -> bool | str:
     )
 
 
-def _seconds(name: str, value: Any) -> float | None:
+def positive_seconds(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -337,7 +337,7 @@ def _seconds(name: str, value: Any) -> float | None:
     )
 
 
-def _timings(value: Any) -> Any:
+def check_timings(value: Any) -> Any:
     if value is None:
         return None
     from ..tuning.timings import Timings

@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import ConfigurationError
 
 
-def _misspelt_option(key: str, options: set[str]) -> str | None:
+def misspelt_option(key: str, options: set[str]) -> str | None:
     """The cudaload option ``key`` (a keyword load_model passes to from_pretrained) is most likely a misspelling
     of: a close spelling (difflib ratio >= 0.8: seqlen, batchsize), never a keyword from_pretrained takes."""
     import difflib
@@ -43,7 +43,7 @@ _PASSED_ON = frozenset(
 )
 
 
-def _absorb_aliases(given: dict[str, Any], fp: dict[str, Any], entry: str = "load_model") -> None:
+def absorb_aliases(given: dict[str, Any], fp: dict[str, Any], entry: str = "load_model") -> None:
     """load_model's reading of ``torch_dtype`` / ``attn_implementation`` while ``dtype`` / ``attn`` are auto,
     and its refusal of the other keywords cudaload decides (execute/load.py, load_model's first lines); plan()'s
     ``from_pretrained_kwargs`` the same way, so a plan is the plan of its load."""
@@ -70,7 +70,7 @@ def _absorb_aliases(given: dict[str, Any], fp: dict[str, Any], entry: str = "loa
         )
 
 
-def _passed_on(value: Any) -> Mapping[str, Any]:
+def check_from_pretrained_kwargs(value: Any) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):

@@ -49,7 +49,7 @@ def _memory_key(key: Any) -> str:
     )
 
 
-def _max_memory(value: Any) -> Mapping[Any, Any] | None:
+def check_max_memory(value: Any) -> Mapping[Any, Any] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -68,7 +68,7 @@ def _max_memory(value: Any) -> Mapping[Any, Any] | None:
     return dict(value)
 
 
-def _sizes(max_memory: Mapping[Any, Any] | None) -> dict[Any, int]:
+def max_memory_bytes(max_memory: Mapping[Any, Any] | None) -> dict[Any, int]:
     return {k: _size(k, v) for k, v in (max_memory or {}).items()}
 
 
@@ -85,7 +85,7 @@ def _device(where: str, value: Any) -> None:
     )
 
 
-def _device_map(value: Any) -> Any:
+def check_device_map(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, str):
@@ -116,7 +116,7 @@ def _device_map(value: Any) -> Any:
     return value
 
 
-def _names_cuda(device_map: Any) -> bool:
+def names_cuda(device_map: Any) -> bool:
     if device_map is None:
         return False
     values = device_map.values() if isinstance(device_map, Mapping) else [device_map]
@@ -133,7 +133,10 @@ def check_devices(req: Request, caps: Any) -> None:
     it lacks, or a GPU on a machine with none, refused with the indices it has (the request checks a snapshot it
     was given; the planner the machine it detected)."""
     named = _gpu_indices(req.device_map) | {
-        i for k, size in _sizes(req.max_memory).items() if size > 0 for i in _gpu_indices(_memory_key(k))
+        i
+        for k, size in max_memory_bytes(req.max_memory).items()
+        if size > 0
+        for i in _gpu_indices(_memory_key(k))
     }
     if not named:
         return
@@ -160,7 +163,7 @@ def check_devices(req: Request, caps: Any) -> None:
         )
     if where == "max_memory":
         # placement refuses a GPU key here, and its "use the indices torch sees" led back to the same error; a
-        # device_map naming a GPU only warns (the model loads on the CPU: Request._warn_suspicious)
+        # device_map naming a GPU only warns (the model loads on the CPU: suspicious.warn_suspicious)
         rest = {k: v for k, v in (req.max_memory or {}).items() if not _gpu_indices(_memory_key(k))}
         raise DeviceSelectionError(
             f"max_memory names cuda:{min(named)}, and {machine} has no GPU",

@@ -11,39 +11,39 @@ from typing import Any
 from .. import _env
 from ..errors import ConfigurationError, close_names
 from ..plans import INTENTS
-from .lora import _lora
-from .machine import _hardware
-from .model import _model
+from .lora import check_lora
+from .machine import check_hardware
+from .model import check_model
 from .options import (
     BATCH_LAYOUTS,
     DECODES,
     ENTRIES,
     TRAINING_LOSSES,
-    _auto,
-    _choice,
-    _dtype,
-    _flag,
-    _lowercase_choice,
-    _model_class,
-    _optimizer,
-    _parallelism,
-    _positive_int,
-    _prefetch,
-    _quantization,
-    _revision,
-    _seconds,
-    _task,
-    _timings,
-    _tristate,
-    _trust,
     attention_name,
+    check_dtype,
+    check_model_class,
+    check_optimizer,
+    check_parallelism,
+    check_prefetch,
+    check_quantization,
+    check_revision,
+    check_task,
+    check_timings,
+    check_trust_kernels,
+    choice,
+    flag,
+    lowercase_choice,
+    lowered_or_auto,
     package_names,
+    positive_int,
+    positive_seconds,
+    tristate,
 )
-from .passed_on import _absorb_aliases, _misspelt_option, _passed_on
-from .placement import _device_map, _max_memory
+from .passed_on import absorb_aliases, check_from_pretrained_kwargs, misspelt_option
+from .placement import check_device_map, check_max_memory
 from .suspicious import warn_suspicious
 from .together import check_together
-from .warn import _warn
+from .warn import warn
 
 #: options only one function takes; the others would drop them without a word
 _PLAN_ONLY = frozenset(
@@ -63,7 +63,7 @@ _TUNE_OPTIONS = frozenset({"hardware", "batch_size", "seq_len", "new_tokens", "p
 
 @dataclass(frozen=True)
 class Request:
-    """Everything a caller asked for, checked (module docstring). Make one with :meth:`build`; a direct
+    """Everything a caller asked for, checked (the package docstring). Make one with :meth:`build`; a direct
     ``Request(...)`` or ``dataclasses.replace`` is checked the same way.
 
     The fields mean what the keywords of ``cudaload.plan`` / ``cudaload.load_model`` mean (docs/api.md), with
@@ -143,11 +143,11 @@ class Request:
                 )
             if "revision" in given:  # from_pretrained's keyword there
                 extra["revision"] = given.pop("revision")
-            _absorb_aliases(given, extra)
+            absorb_aliases(given, extra)
             for key in extra:
-                meant = _misspelt_option(key, names)
+                meant = misspelt_option(key, names)
                 if meant:
-                    _warn(
+                    warn(
                         f"{key}= is not a cudaload option: it goes to from_pretrained (which sets unknown keywords "
                         f"on the model's config); if you meant cudaload's {meant}=, pass {meant}= instead"
                     )
@@ -172,35 +172,35 @@ class Request:
                 fix="use entry='plan', 'load_model' or 'tune'",
             )
         for note in _env.check_all(self.env).notes:
-            _warn(note)
+            warn(note)
         if self.entry == "plan" and self.from_pretrained_kwargs:
             # what load_model() makes of the same keywords (Request.build): torch_dtype / attn_implementation
             # read as dtype= / attn=, the others cudaload decides refused; a plan must not differ from its load
             passed, own = (
-                dict(_passed_on(self.from_pretrained_kwargs)),
+                dict(check_from_pretrained_kwargs(self.from_pretrained_kwargs)),
                 {"dtype": self.dtype, "attn": self.attn},
             )
-            _absorb_aliases(own, passed, entry="plan")
+            absorb_aliases(own, passed, entry="plan")
             set_("dtype", own["dtype"])
             set_("attn", own["attn"])
             set_("from_pretrained_kwargs", passed)
         self._only_the_entry_options()
-        set_("intent", _choice("intent", self.intent, INTENTS))
+        set_("intent", choice("intent", self.intent, INTENTS))
         for name in ("seq_len", "batch_size", "new_tokens", "generate_calls", "tokens_per_step"):
-            set_(name, _positive_int(name, getattr(self, name)))
+            set_(name, positive_int(name, getattr(self, name)))
         for name in ("padded", "allow_offload", "lower_latency", "warmup", "tune"):
-            set_(name, _flag(name, getattr(self, name)))
+            set_(name, flag(name, getattr(self, name)))
         for name in ("kernels", "fast", "gradient_checkpointing"):
-            set_(name, _tristate(name, getattr(self, name)))
+            set_(name, tristate(name, getattr(self, name)))
         set_("attn", attention_name(self.attn))
-        set_("dtype", _dtype(self.dtype))
-        set_("quantization", _quantization(self.quantization))
-        set_("optimizer", _optimizer(self.optimizer))
-        set_("parallelism", _parallelism(self.parallelism))
-        set_("batch_layout", _lowercase_choice("batch_layout", self.batch_layout, BATCH_LAYOUTS))
-        set_("loss", _lowercase_choice("loss", self.loss, TRAINING_LOSSES))
-        set_("decode", _auto(_lowercase_choice("decode", self.decode, DECODES)))
-        set_("trust_kernels", _trust(self.trust_kernels))
+        set_("dtype", check_dtype(self.dtype))
+        set_("quantization", check_quantization(self.quantization))
+        set_("optimizer", check_optimizer(self.optimizer))
+        set_("parallelism", check_parallelism(self.parallelism))
+        set_("batch_layout", lowercase_choice("batch_layout", self.batch_layout, BATCH_LAYOUTS))
+        set_("loss", lowercase_choice("loss", self.loss, TRAINING_LOSSES))
+        set_("decode", lowered_or_auto(lowercase_choice("decode", self.decode, DECODES)))
+        set_("trust_kernels", check_trust_kernels(self.trust_kernels))
         installed = package_names("assume_installed", self.assume_installed)
         missing = package_names("assume_missing", self.assume_missing)
         both = sorted(set(installed) & set(missing))
@@ -211,21 +211,21 @@ class Request:
             )
         set_("assume_installed", tuple(installed))
         set_("assume_missing", tuple(missing))
-        set_("model_class", _model_class(self.model_class))
-        set_("task", _task(self.task))
-        set_("revision", _revision(self.revision))
-        set_("prefetch", _prefetch(self.prefetch))
-        set_("tune_budget_s", _seconds("tune_budget_s", self.tune_budget_s))
-        set_("lora", _lora(self.lora))
+        set_("model_class", check_model_class(self.model_class))
+        set_("task", check_task(self.task))
+        set_("revision", check_revision(self.revision))
+        set_("prefetch", check_prefetch(self.prefetch))
+        set_("tune_budget_s", positive_seconds("tune_budget_s", self.tune_budget_s))
+        set_("lora", check_lora(self.lora))
         from ..checkpoint_coverage import new_weights_option  # pure: errors and the standard library only
 
         set_("new_weights", new_weights_option(self.new_weights))
-        set_("from_pretrained_kwargs", _passed_on(self.from_pretrained_kwargs))
-        set_("max_memory", _max_memory(self.max_memory))
-        set_("device_map", _device_map(self.device_map))
-        set_("timings", _timings(self.timings))
-        set_("hardware", _hardware(self.hardware, self.entry))
-        config = _model(self.model, self.entry, str(self.from_pretrained_kwargs.get("subfolder") or ""))
+        set_("from_pretrained_kwargs", check_from_pretrained_kwargs(self.from_pretrained_kwargs))
+        set_("max_memory", check_max_memory(self.max_memory))
+        set_("device_map", check_device_map(self.device_map))
+        set_("timings", check_timings(self.timings))
+        set_("hardware", check_hardware(self.hardware, self.entry))
+        config = check_model(self.model, self.entry, str(self.from_pretrained_kwargs.get("subfolder") or ""))
         check_together(self)
         warn_suspicious(self, config)
 

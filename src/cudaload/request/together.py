@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .. import _env
 from ..errors import ConfigurationError, InvalidChoiceError
-from .options import TRAINING_INTENTS, _auto
+from .options import TRAINING_INTENTS, lowered_or_auto
 from .placement import check_devices
 
 if TYPE_CHECKING:
@@ -91,9 +91,9 @@ def _check_training_options(req: Request) -> None:
         asked = {
             "optimizer": (req.optimizer or "auto").strip().lower() != "auto",
             "gradient_checkpointing": req.gradient_checkpointing is not None,
-            "batch_layout": _auto(req.batch_layout) != "auto",
+            "batch_layout": lowered_or_auto(req.batch_layout) != "auto",
             "tokens_per_step": req.tokens_per_step is not None,
-            "loss": _auto(req.loss) != "auto",
+            "loss": lowered_or_auto(req.loss) != "auto",
         }
         for name in (n for n, on in asked.items() if on):
             raise ConfigurationError(
@@ -105,7 +105,7 @@ def _check_training_options(req: Request) -> None:
             f"lower_latency=True picks tensor parallelism for inference; intent={intent!r} trains",
             fix="drop lower_latency=",
         )
-    packed = _auto(req.batch_layout) == "packed"
+    packed = lowered_or_auto(req.batch_layout) == "packed"
     if req.padded and packed:
         raise ConfigurationError(
             "padded=True and batch_layout='packed' describe different batches",
@@ -143,7 +143,7 @@ def _check_tune(req: Request) -> None:
 def check_machine(req: Request) -> None:
     """What the machine planned for cannot do, where its snapshot (or a cheap look at this one) says so."""
     caps = req.hardware
-    q = _auto(req.quantization)
+    q = lowered_or_auto(req.quantization)
     profile = (
         caps.source.removeprefix("profile:")
         if caps is not None and caps.source.startswith("profile:")

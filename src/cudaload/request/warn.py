@@ -1,5 +1,5 @@
 """The request's warnings: a :class:`~cudaload.errors.CudaloadWarning` at the caller's line. ``training_data`` and
-``execute.adapters`` warn through :func:`_warn` too."""
+``execute.adapters`` warn through it too (as ``cudaload.request._warn``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..errors import CudaloadWarning
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     """A :class:`CudaloadWarning` pointed at the caller's line, past cudaload's own frames (and the dataclass'
     generated ``__init__``), so the default filter shows each once per calling line."""
     level, frame = 1, sys._getframe(0)
