@@ -1,0 +1,91 @@
+"""Which quantization methods an intent may use, whether bitsandbytes can run them here, and the
+``BitsAndBytesConfig`` each one loads with: the rungs :func:`cudaload.policies.quantization.fit` walks.
+
+Full fine-tuning never quantizes; QLoRA is nf4 with double quantisation and an explicit half-precision compute
+dtype (never BitsAndBytesConfig's fp4 / fp32 defaults).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capabilities import Capabilities
+from ..detection.support import bitsandbytes_support
+from ..errors import InvalidChoiceError
+
+METHODS = ("none", "int8", "nf4")
+
+
+def quantization_config(method: str | None, dtype: str) -> dict[str, Any] | None:
+    """BitsAndBytesConfig keyword arguments, every default that matters spelled out."""
+    if method == "nf4":
+        return {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",  # the default is fp4
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": dtype
+            if dtype in ("bfloat16", "float16")
+            else "bfloat16",  # default fp32
+        }
+    if method == "int8":
+        return {"load_in_8bit": True, "llm_int8_threshold": 6.0}
+    return None
+
+
+def bnb_problems(caps: Capabilities) -> list[str]:
+    """Why bitsandbytes cannot quantize here (empty when it can)."""
+    if not caps.gpus:
+        return ["no GPU: bitsandbytes quantization is planned for CUDA GPUs only"]
+    out = []
+    for g in caps.gpus:
+        ok, why = bitsandbytes_support(g.compute_capability, caps.cpu_arch)
+        if not ok:
+            out.append(f"{g.name}: {why}")
+            break
+    pkg = caps.package("bitsandbytes")
+    if not pkg.installed:
+        if pkg.assumed:
+            out.append("bitsandbytes is not installed (assumed missing)")
+        elif caps.source.startswith("profile:"):
+            # a profile describes hardware; what will be installed on it is the planner's to say
+            out.append(
+                "bitsandbytes is not assumed on a profile (--assume-installed bitsandbytes to plan with it)"
+            )
+        else:
+            out.append("bitsandbytes is not installed (pip install 'cudaload[quant]')")
+    elif not pkg.usable:
+        out.append(
+            f"bitsandbytes {pkg.version or ''} is installed but not usable: "
+            f"{pkg.reason or 'it does not import'}"
+        )
+    return out
+
+
+def methods_for(intent: str, requested: str) -> list[str]:
+    """The methods the fit ladder tries for ``intent``, in order, given the ``quantization`` asked for.
+
+    The spelling and the two intent conflicts are also checked by :class:`cudaload.request.Request`, with the
+    same words; they are checked again here because :func:`cudaload.policies.quantization.fit` is called with
+    raw keywords too (the parallelism decision, tests, benchmarks) and must refuse the same things."""
+    req = (requested or "auto").strip().lower()
+    if req in ("none", "no", "off"):
+        req = "none"
+    if req not in ("auto", *METHODS):
+        raise InvalidChoiceError(f"unknown quantization {requested!r}", fix="use auto, none, int8 or nf4")
+    if intent == "training" and req in ("int8", "nf4"):
+        raise InvalidChoiceError(
+            f"quantization={req} with intent=training: quantized weights cannot be trained",
+            fix="use intent='qlora' (frozen nf4 base + LoRA adapters), or quantization='none'",
+        )
+    if intent == "qlora" and req in ("none", "int8"):
+        raise InvalidChoiceError(
+            f"quantization={req} with intent=qlora: QLoRA is an nf4 base",
+            fix="use quantization='auto' or 'nf4', or intent='lora'",
+        )
+    if req != "auto":
+        return [req]
+    if intent == "qlora":
+        return ["nf4"]
+    if intent in ("training", "lora"):
+        return ["none"]
+    return ["none", "int8", "nf4"]
