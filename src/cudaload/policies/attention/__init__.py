@@ -17,7 +17,11 @@ Where each part lives:
   :mod:`.fa4_rules` (the kernel packages).
 * :mod:`.first_use`: the one-time seconds a backend costs per process (FA4's import and JIT, flex_attention's
   compile), and where each number is from.
-* :mod:`.choice`: ``choose_attention``, the choice among the valid candidates: measured timings plus first-use
+* :mod:`.query`: what the decision is asked, as small frozen values: :class:`AttentionQuery` (dtype, intent,
+  the backend asked for, trusted Hub kernels, revision, the declared work) and :class:`AttentionFacts` (the
+  declared work's timings as :class:`AttentionTimings`, first-use seconds, SDPA's cuDNN dispatch, training
+  throughput).
+* :mod:`.choice`: ``select_attention(info, caps, query, facts)`` (``choose_attention`` is its keyword form), the choice among the valid candidates: measured timings plus first-use
   seconds when the caller has them; without, sdpa where valid, else an ahead-of-time compiled flash build or
   eager, backends with a first-use cost only for training, and eager for one short declared sequence unless
   cudaload_sdpa is the default (the measurements behind each default are in its docstring).
@@ -26,7 +30,7 @@ Where each part lives:
 from __future__ import annotations
 
 from .candidates import priority
-from .choice import choose_attention
+from .choice import choose_attention, select_attention
 from .first_use import (
     FA4_IMPORT_COLD_S,
     FA4_IMPORT_WARM_S,
@@ -40,6 +44,7 @@ from .first_use import (
 from .flash_rules import _flash_checks as _flash_checks  # tests check the source rules alone
 from .names import _KERNEL_TO_IMPL as _KERNEL_TO_IMPL  # Hub-kernel repo -> the attn_implementation it serves
 from .names import ALL_NAMES, FLASH_PACKAGE, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS
+from .query import AttentionFacts, AttentionQuery, AttentionTimings
 
 __all__ = [
     "ALL_NAMES",
@@ -52,8 +57,12 @@ __all__ = [
     "FLEX_COMPILE_S",
     "HUB_KERNEL",
     "SHORT_DECODE_MAX_TOKENS",
+    "AttentionFacts",
+    "AttentionQuery",
+    "AttentionTimings",
     "FirstUse",
     "choose_attention",
     "first_use_costs",
     "priority",
+    "select_attention",
 ]

@@ -20,8 +20,9 @@ when the caller has them, else the cheapest safe default.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 
 from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
@@ -33,6 +34,7 @@ from ..training_facts import TrainingFacts, training_facts_for
 from .candidates import _candidates
 from .first_use import FIRST_USE
 from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS, VARLEN
+from .query import AttentionFacts, AttentionQuery, AttentionTimings
 
 
 def _fmt(s: float) -> str:
@@ -85,7 +87,11 @@ def choose_attention(
     sdpa_facts: Sequence[SdpaFacts] = (),
     training_facts: Sequence[TrainingFacts] = (),
 ) -> Decision:
-    """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``.
+    """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``: the keyword
+    form of :func:`select_attention`, each keyword a field of its :class:`AttentionQuery` (``dtype``,
+    ``intent``, ``requested``, ``trust``, ``revision``, ``work``) or :class:`AttentionFacts` (``timings``,
+    ``timings_source`` and ``timings_repeated`` as :class:`AttentionTimings`; ``first_use``; ``sdpa_facts``;
+    ``training_facts``).
 
     "auto" never raises: eager always qualifies. An explicit name is honoured when valid, else
     InvalidChoiceError with every reason.
@@ -104,112 +110,209 @@ def choose_attention(
     ``training_facts``: training throughput measured per backend (:mod:`cudaload.policies.training_facts`); for a
     training intent the measured backends valid here rank first (:func:`_training_order`).
     """
-    cands = _candidates(info, caps, dtype, intent, trust, revision, work[1] if work else None, sdpa_facts)
-    by = {c.name: c for c in cands}
-    costs: dict[str, tuple[float, str]] = {n: (f.seconds, f.source) for n, f in FIRST_USE.items()}
-    for n, sec in (first_use or {}).items():
-        costs[n] = (float(sec), "given by the caller")
+    return select_attention(
+        info,
+        caps,
+        AttentionQuery(dtype, intent, requested, trust, revision, work),
+        AttentionFacts(
+            AttentionTimings(timings, timings_source, timings_repeated), first_use, sdpa_facts, training_facts
+        ),
+    )
 
-    def cost(name: str) -> float:
-        return costs.get(name, (0.0, ""))[0]
 
-    # say what each valid backend would still cost once, so explain() shows it beside the candidate
-    for i, c in enumerate(cands):
-        if c.ok and cost(c.name) > 0:
-            cands[i] = Candidate(
-                c.name, True, (*c.reasons, f"first use: +{_fmt(cost(c.name))} ({costs[c.name][1]})")
-            )
-    by = {c.name: c for c in cands}
-    valid = [c.name for c in cands if c.ok]
-    measured = {n: float(t) for n, t in (timings or {}).items() if n in by and t is not None and t >= 0}
-    source = timings_source or "timings given by the caller"
-
-    if requested != "auto":
-        name = requested.strip()
-        if name not in by:
-            raise InvalidChoiceError(
-                f"attn={name!r} is not an attention implementation cudaload plans",
-                fix=f"use 'auto' or one of: {', '.join(ALL_NAMES)}",
-            )
-        c = by[name]
-        if not c.ok:
-            raise InvalidChoiceError(
-                f"attn={name} cannot be used here",
-                reasons=c.reasons,
-                fix="use attn='auto' to take the best valid backend, or fix the first reason",
-            )
-        extra: list[str] = []
-        ok_measured = {n: t for n, t in measured.items() if by[n].ok}
-        if ok_measured:
-            extra.append(
-                f"{source}: "
-                + ", ".join(f"{n} {_fmt(t)}" for n, t in sorted(ok_measured.items(), key=lambda kv: kv[1]))
-            )
-        return Decision(
-            name, ("requested explicitly", *c.reasons, *extra), _ordered(cands, name, caps), explicit=True
-        )
-
-    ignored = sorted(n for n in measured if not by[n].ok)
-    usable = {n: t for n, t in measured.items() if by[n].ok}
-    usable, dominated = _pool_sdpa_twins(usable)
+def select_attention(
+    info: ModelInfo, caps: Capabilities, query: AttentionQuery, facts: AttentionFacts | None = None
+) -> Decision:
+    """``attn_implementation`` for ``info`` on ``caps``, asked as :class:`AttentionQuery` with the measured
+    :class:`AttentionFacts` (none: the rules alone). An explicit ``query.requested`` is honoured when valid,
+    else InvalidChoiceError with every reason; "auto" weighs measured seconds when there are any for a valid
+    backend (:func:`_by_timings`), else follows the rules (:func:`_by_rules`)."""
+    facts = facts if facts is not None else AttentionFacts()
+    work = query.work
+    pool = _Pool.of(
+        _candidates(
+            info,
+            caps,
+            query.dtype,
+            query.intent,
+            query.trust,
+            query.revision,
+            work[1] if work else None,
+            facts.sdpa,
+        ),
+        _Costs.of(facts.first_use),
+        caps,
+    )
+    t = facts.timings
+    measured = {
+        n: float(s) for n, s in (t.seconds or {}).items() if n in pool.by and s is not None and s >= 0
+    }
+    source = t.source or "timings given by the caller"
+    if query.requested != "auto":
+        return _explicit(pool, query.requested.strip(), measured, source)
+    ignored = sorted(n for n in measured if not pool.by[n].ok)
+    usable, dominated = _pool_sdpa_twins({n: s for n, s in measured.items() if pool.by[n].ok})
     if usable:
-        total = {n: t + cost(n) for n, t in usable.items()}
-        best = min(total, key=lambda n: (total[n], valid.index(n)))
-        ranked = sorted(total, key=lambda n: total[n])
-        reasons = [
-            f"{source}: "
-            + ", ".join(f"{n} {_fmt(usable[n])}" for n in sorted(usable, key=lambda n: usable[n])),
-        ]
-        paid = [n for n in ranked if cost(n) > 0]
-        if paid:
-            reasons.append(
-                "first use not yet paid in this process: " + ", ".join(f"{n} +{_fmt(cost(n))}" for n in paid)
-            )
-            reasons.append("steady state + first use: " + ", ".join(f"{n} {_fmt(total[n])}" for n in ranked))
-        rep_ok = {n: float(t) for n, t in (timings_repeated or {}).items() if n in usable}
-        if rep_ok:
-            reasons.append(
-                "the same work on lengths already met (not weighed: a new process has met none): "
-                + ", ".join(f"{n} {_fmt(rep_ok[n])}" for n in sorted(rep_ok, key=lambda n: rep_ok[n]))
-            )
-        reasons.append(f"{best} costs least on the declared work")
-        if ignored:
-            reasons.append("measured but not valid here: " + ", ".join(ignored))
-        unmeasured = [n for n in valid if n not in usable and n not in dominated]
-        if unmeasured:
-            reasons.append("valid but not measured (not weighed): " + ", ".join(unmeasured))
-        if dominated:
-            reasons.append(
-                f"{SDPA_DECODE} weighed at the lower of its and {SDPA_NO_CUDNN}'s seconds: on lengths met for the "
-                "first times both run the same kernels (their difference is the host's noise), and where lengths "
-                f"recur {SDPA_NO_CUDNN} keeps cuDNN out, which is equal or slower there"
-            )
-        return Decision(best, tuple(reasons + list(by[best].reasons)), _ordered(cands, best, caps))
-
-    short = _short_decode(work, intent, caps)
-    if not timings:
+        return _by_timings(pool, usable, dominated, ignored=ignored, source=source, repeated=t.repeated)
+    if not t.seconds:
         note = ["no timings for this GPU and work: the choice follows the rules above"]
     else:
         note = [
             f"{source} covers no valid backend"
             + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
         ]
-    if short and _sdpa_variant(caps, by, sdpa_facts) is None:
-        return Decision("eager", (short, *by["eager"].reasons, *note), _ordered(cands, "eager", caps))
+    return _by_rules(pool, query, facts, note)
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """Backend -> (one-time seconds a process still pays, where the figure is from): the shipped
+    :data:`FIRST_USE`, with the caller's figures over it."""
+
+    table: Mapping[str, tuple[float, str]]
+
+    @classmethod
+    def of(cls, first_use: Mapping[str, float] | None) -> _Costs:
+        costs: dict[str, tuple[float, str]] = {n: (f.seconds, f.source) for n, f in FIRST_USE.items()}
+        for n, sec in (first_use or {}).items():
+            costs[n] = (float(sec), "given by the caller")
+        return cls(costs)
+
+    def __call__(self, name: str) -> float:
+        return self.table.get(name, (0.0, ""))[0]
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """Every candidate (each valid one with what it would still cost once, so explain() shows it beside it), the
+    costs, and the machine the runtime fallback order is built for."""
+
+    cands: tuple[Candidate, ...]
+    cost: _Costs
+    caps: Capabilities
+
+    @classmethod
+    def of(cls, cands: list[Candidate], cost: _Costs, caps: Capabilities) -> _Pool:
+        noted = tuple(
+            Candidate(
+                c.name, True, (*c.reasons, f"first use: +{_fmt(cost(c.name))} ({cost.table[c.name][1]})")
+            )
+            if c.ok and cost(c.name) > 0
+            else c
+            for c in cands
+        )
+        return cls(noted, cost, caps)
+
+    @cached_property
+    def by(self) -> dict[str, Candidate]:
+        return {c.name: c for c in self.cands}
+
+    @property
+    def valid(self) -> list[str]:
+        return [c.name for c in self.cands if c.ok]
+
+    def decision(self, chosen: str, reasons: Sequence[str], *, explicit: bool = False) -> Decision:
+        """The Decision for ``chosen``, its candidates in the runtime fallback order (:func:`_ordered`)."""
+        return Decision(
+            chosen, tuple(reasons), _ordered(list(self.cands), chosen, self.caps), explicit=explicit
+        )
+
+
+def _explicit(pool: _Pool, name: str, measured: Mapping[str, float], source: str) -> Decision:
+    """A backend asked for by name: honoured when valid, with any timings shown; else InvalidChoiceError."""
+    if name not in pool.by:
+        raise InvalidChoiceError(
+            f"attn={name!r} is not an attention implementation cudaload plans",
+            fix=f"use 'auto' or one of: {', '.join(ALL_NAMES)}",
+        )
+    c = pool.by[name]
+    if not c.ok:
+        raise InvalidChoiceError(
+            f"attn={name} cannot be used here",
+            reasons=c.reasons,
+            fix="use attn='auto' to take the best valid backend, or fix the first reason",
+        )
+    extra: list[str] = []
+    ok_measured = {n: t for n, t in measured.items() if pool.by[n].ok}
+    if ok_measured:
+        extra.append(
+            f"{source}: "
+            + ", ".join(f"{n} {_fmt(t)}" for n, t in sorted(ok_measured.items(), key=lambda kv: kv[1]))
+        )
+    return pool.decision(name, ("requested explicitly", *c.reasons, *extra), explicit=True)
+
+
+def _by_timings(
+    pool: _Pool,
+    usable: Mapping[str, float],
+    dominated: set[str],
+    *,
+    ignored: list[str],
+    source: str,
+    repeated: Mapping[str, float] | None,
+) -> Decision:
+    """The valid measured backend with the least steady-state seconds plus first-use seconds not yet paid."""
+    cost = pool.cost
+    valid = pool.valid
+    total = {n: t + cost(n) for n, t in usable.items()}
+    best = min(total, key=lambda n: (total[n], valid.index(n)))
+    ranked = sorted(total, key=lambda n: total[n])
+    reasons = [
+        f"{source}: " + ", ".join(f"{n} {_fmt(usable[n])}" for n in sorted(usable, key=lambda n: usable[n])),
+    ]
+    paid = [n for n in ranked if cost(n) > 0]
+    if paid:
+        reasons.append(
+            "first use not yet paid in this process: " + ", ".join(f"{n} +{_fmt(cost(n))}" for n in paid)
+        )
+        reasons.append("steady state + first use: " + ", ".join(f"{n} {_fmt(total[n])}" for n in ranked))
+    rep_ok = {n: float(t) for n, t in (repeated or {}).items() if n in usable}
+    if rep_ok:
+        reasons.append(
+            "the same work on lengths already met (not weighed: a new process has met none): "
+            + ", ".join(f"{n} {_fmt(rep_ok[n])}" for n in sorted(rep_ok, key=lambda n: rep_ok[n]))
+        )
+    reasons.append(f"{best} costs least on the declared work")
+    if ignored:
+        reasons.append("measured but not valid here: " + ", ".join(ignored))
+    unmeasured = [n for n in valid if n not in usable and n not in dominated]
+    if unmeasured:
+        reasons.append("valid but not measured (not weighed): " + ", ".join(unmeasured))
+    if dominated:
+        reasons.append(
+            f"{SDPA_DECODE} weighed at the lower of its and {SDPA_NO_CUDNN}'s seconds: on lengths met for the "
+            "first times both run the same kernels (their difference is the host's noise), and where lengths "
+            f"recur {SDPA_NO_CUDNN} keeps cuDNN out, which is equal or slower there"
+        )
+    return pool.decision(best, reasons + list(pool.by[best].reasons))
+
+
+def _by_rules(pool: _Pool, query: AttentionQuery, facts: AttentionFacts, note: list[str]) -> Decision:
+    """No timings for a valid backend: eager for one short declared sequence (unless cudaload_sdpa is the
+    default here), training's order for a training intent, else the inference default (:func:`_default`)."""
+    by = pool.by
+    short = _short_decode(query.work, query.intent, pool.caps)
+    variant = _sdpa_variant(pool.caps, by, facts.sdpa)
+    if short and variant is None:
+        return pool.decision("eager", (short, *by["eager"].reasons, *note))
     if short:
         note = [f"{short}; {_SHORT_DECODE_YIELDS}", *note]
-
-    if intent in _TRAINING:
-        order, train_why = _training_order(caps, by, training_facts)
+    if query.intent in _TRAINING:
+        order, train_why = _training_order(pool.caps, by, facts.training)
         chosen = next(n for n in order if by[n].ok)
-        return Decision(chosen, (*train_why(chosen), *by[chosen].reasons), _ordered(cands, chosen, caps))
-    # inference without measurements pays no one-time seconds: eager (none) beats FA4 / flex (seconds)
-    order = _static_order(caps)
+        return pool.decision(chosen, (*train_why(chosen), *by[chosen].reasons))
+    return _default(pool, variant, note)
+
+
+def _default(pool: _Pool, variant: tuple[str, list[str]] | None, note: list[str]) -> Decision:
+    """Inference without measurements pays no one-time seconds: eager (none) beats FA4 / flex (seconds). sdpa
+    where valid (``variant``: cudaload_sdpa in its place where measured to help here)."""
+    by, cost, valid = pool.by, pool.cost, pool.valid
+    order = _static_order(pool.caps)
     order = tuple(n for n in order if cost(n) == 0) + tuple(n for n in order if cost(n) > 0)
     chosen = next(n for n in order if by[n].ok)
     reasons = []
-    variant = _sdpa_variant(caps, by, sdpa_facts) if chosen == "sdpa" else None
-    if variant is not None:
+    if chosen == "sdpa" and variant is not None:
         chosen, why = variant
         reasons += why
     elif chosen == "sdpa":
@@ -233,8 +336,7 @@ def choose_attention(
             + ", ".join(faster_unknown)
             + " (`cudaload tune` measures them on this GPU)"
         )
-    reasons += note
-    return Decision(chosen, tuple(reasons + list(by[chosen].reasons)), _ordered(cands, chosen, caps))
+    return pool.decision(chosen, reasons + note + list(by[chosen].reasons))
 
 
 #: attention implementations with a varlen forward and backward, in the order the rules prefer them per
@@ -255,7 +357,7 @@ def _varlen_rule_order(caps: Capabilities) -> tuple[str, ...]:
 
 def _training_order(
     caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[TrainingFacts]
-) -> tuple[tuple[str, ...], Any]:
+) -> tuple[tuple[str, ...], Callable[[str], list[str]]]:
     """Training's preference: the varlen flash kernels (those measured on this GPU's architecture fastest first,
     then :func:`_varlen_rule_order`), then sdpa, flex_attention and eager. Returns the order and a function giving
     the chosen backend's reasons."""
@@ -272,7 +374,7 @@ def _training_order(
     order = tuple(dict.fromkeys((*varlen, *rest, *by)))
 
     def why(chosen: str) -> list[str]:
-        out = []
+        out: list[str] = []
         if f is not None and chosen in measured:
             out.append(
                 f"training: measured on {f.gpu.split('/')[0]} ({f.model}, {f.intent}, {f.layout} steps, "
