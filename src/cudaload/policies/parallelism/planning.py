@@ -10,10 +10,10 @@ from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
 from ...errors import DoesNotFitError
 from ...model_info import ModelInfo
-from ...plans import Parallelism
+from ...plans import MemoryEstimate, Parallelism, Placement
 from ...training_plan import StepShape
-from ..memory import GiB, breakdown
-from .choose import choose_parallelism
+from ..memory import GiB, MemoryShape, breakdown_of
+from .choose import LadderFit, ParallelAsk, choose_for
 from .launch import launch_command
 from .per_gpu import check_rank_memory, gc_on
 from .topology import STRATEGIES, model_facts, nccl_available, rank_gpus_of, world
@@ -60,9 +60,7 @@ def decide(
 
     ``optimizer`` / ``gradient_checkpointing`` are plan()'s requests; where the fit ladder decided them
     (``fr.optimizer``, ``fr.gradient_checkpointing``), its choices are what the shards are sized for."""
-    from ...plans import MemoryEstimate, Placement
-    from ..placement import Fit
-    from ..quantization import FitResult, bnb_problems, quantization_config, training_ladder
+    from ..quantization import bnb_problems, training_ladder
 
     n, _, launched = world(caps)
     if (n <= 1 or not caps.gpus) and strategy in ("auto", "single"):
@@ -75,77 +73,24 @@ def decide(
         assert nofit is not None
         raise nofit
     deployment = launched or caps.source.startswith("profile:")
-    single_fits: bool | None = None
-    split_per_gpu: int | None = None
-    if fr is None:
-        single_fits = False
-    else:
-        pl = fr.fit.placement
-        one = len(pl.devices) == 1 and pl.devices[0].startswith("cuda") and not pl.offload
-        single_fits = one
-        if not one and not pl.offload and all(d.startswith("cuda") for d in pl.devices):
-            split_per_gpu = max(fr.fit.per_device.values())
     # the optimizer and checkpointing rungs, tried again for N processes: the fit ladder chose them for one
     # process (a layer split spreads the activations over the GPUs, a rank holds its batch's on its own GPU),
     # so its choices may not fit a rank (checkpointing off) or may cost more than needed there
     opts, gcs, _ = training_ladder(
         intent, caps, optimizer=optimizer, gradient_checkpointing=gradient_checkpointing
     )
-    kw: dict[str, Any] = dict(
-        intent=intent,
-        dtype=dtype,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        attn=attn,
-        allow_offload=allow_offload,
-        facts=model_facts(info),
-        step=step,
-        strategy=strategy,
-        lower_latency=lower_latency,
-        nccl=nccl_available(caps),
+    shape = MemoryShape(dtype, q, intent, seq_len, batch_size, attn, step=step)
+    ask = ParallelAsk(
+        strategy, lower_latency, allow_offload, nccl=nccl_available(caps), facts=model_facts(info)
     )
-    override_q = False
     par: Parallelism | None = None
-    if (
-        intent == "inference"
-        and deployment
-        and q is not None
-        and (quantization or "auto") == "auto"
-        and not (fr is not None and fr.decision.explicit)
-    ):
-        # the ladder quantized to fit one GPU (or one process); N GPUs may hold the model unquantized as TP
-        trial = choose_parallelism(info, caps, quantization=None, single_fits=False, **kw)
-        if trial is not None and trial.choice in ("tp", "tp_fp8"):
-            par, override_q, q = trial, True, None
-    opt: str | None = opts[-1]
-    gc: bool | None = gcs[-1]
-    if par is None:
-        # the fit ladder's order: each optimizer with checkpointing off then on, offloading strategies only
-        # after every rung (and only when allowed); the last rung's answer (or error) stands when none fits
-        rungs = [(o, g, False) for o in opts for g in gcs]
-        if allow_offload:
-            rungs.append((opts[-1], gcs[-1], True))
-        for i, (o, g, off) in enumerate(rungs):
-            last = i == len(rungs) - 1
-            try:
-                par = choose_parallelism(
-                    info,
-                    caps,
-                    quantization=q,
-                    single_fits=single_fits,
-                    split_per_gpu=split_per_gpu,
-                    optimizer=o,
-                    gradient_checkpointing=g,
-                    offload=off,
-                    **kw,
-                )
-            except DoesNotFitError:
-                if last:
-                    raise
-                continue
-            opt, gc = o, g
-            if par is None or par.choice is not None:
-                break
+    if intent == "inference" and deployment and q is not None and (quantization or "auto") == "auto":
+        par = _unquantized_tp(info, caps, fr, replace(shape, quantization=None), ask)
+    override_q = par is not None
+    if override_q:
+        q = None
+    rung = _Rung(par, opts[-1], gcs[-1]) if par is not None else _rungs(info, caps, fr, shape, ask, opts, gcs)
+    par = rung.parallelism
     if par is None or par.choice is None:
         if nofit is not None:
             raise nofit
@@ -156,36 +101,123 @@ def decide(
         # ladder's placement is what load_model() would do; the parallelism says how to launch N processes
         if fr is None:
             assert nofit is not None
-            if par.choice in MULTI_PROCESS:
-                # nothing fits this one process, but N processes would: say how to launch them
-                raise DoesNotFitError(
-                    nofit.message,
-                    reasons=nofit.reasons,
-                    fix=f"launch one process per GPU ({par.choice}, {(par.per_gpu_bytes() or 0) / GiB:.1f} GiB "
-                    f"per GPU): {launch_command(n, world(caps)[1])}; or {nofit.fix}",
-                )
-            raise nofit
+            _raise_one_process(par, caps, nofit)
         return Outcome(parallelism=par)
-
     # this process's part of a multi-process plan, in place of the fit ladder's one-process answer
-    bd = breakdown(
-        info,
-        dtype=dtype,
-        quantization=q,
-        intent=intent,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        attn=attn,
-        optimizer=opt,
-        gradient_checkpointing=gc,
-        step=step,
+    bd = breakdown_of(
+        info, replace(shape, quantization=q, optimizer=rung.optimizer, gradient_checkpointing=rung.gc)
     )
+    placement = _rank_placement(par, caps, dtype)
+    memory = _rank_memory(par, caps, bd.notes)
+    dec, qcfg = _rank_quantization(par, fr, q, override_q, dtype)
+    opt_dec = gc_dec = None
+    if intent != "inference":
+        opt_dec, gc_dec = _rank_training_decisions(
+            par,
+            opts,
+            gcs,
+            rung.optimizer,
+            rung.gc,
+            explicit_opt=optimizer != "auto",
+            explicit_gc=gradient_checkpointing is not None,
+        )
+    from ..placement import Fit
+    from ..quantization import FitResult
+
+    fit = Fit(True, placement, dict(memory.per_device), dict(memory.budget))
+    fit_result = FitResult(dec, fit, bd, qcfg, opt_dec, gc_dec)
+    return Outcome(parallelism=par, fit=fit_result, placement=placement, memory=memory)
+
+
+@dataclass(frozen=True)
+class _Rung:
+    """The parallelism decision and the optimizer and checkpointing rung it was sized with."""
+
+    parallelism: Parallelism | None
+    optimizer: str | None
+    gc: bool | None
+
+
+def _ladder_fit(fr: Any) -> LadderFit:
+    """What the fit ladder found for one process: one GPU, or a layer split over GPUs only (its fullest GPU)."""
+    if fr is None:
+        return LadderFit(single_fits=False)
+    pl = fr.fit.placement
+    one = len(pl.devices) == 1 and pl.devices[0].startswith("cuda") and not pl.offload
+    split_per_gpu: int | None = None
+    if not one and not pl.offload and all(d.startswith("cuda") for d in pl.devices):
+        split_per_gpu = max(fr.fit.per_device.values())
+    return LadderFit(single_fits=one, split_per_gpu=split_per_gpu)
+
+
+def _unquantized_tp(
+    info: ModelInfo, caps: Capabilities, fr: Any, shape: MemoryShape, ask: ParallelAsk
+) -> Parallelism | None:
+    """The ladder quantized to fit one GPU (or one process), not asked to: N GPUs may hold the model
+    unquantized as TP. The TP decision, or None."""
+    if fr is not None and fr.decision.explicit:
+        return None
+    trial = choose_for(info, caps, shape, ask, LadderFit(single_fits=False))
+    return trial if trial is not None and trial.choice in ("tp", "tp_fp8") else None
+
+
+def _rungs(
+    info: ModelInfo,
+    caps: Capabilities,
+    fr: Any,
+    shape: MemoryShape,
+    ask: ParallelAsk,
+    opts: list[str | None],
+    gcs: list[bool | None],
+) -> _Rung:
+    """The fit ladder's order: each optimizer with checkpointing off then on, offloading strategies only after
+    every rung (and only when allowed); the last rung's answer (or error) stands when none fits."""
+    found = _ladder_fit(fr)
+    rungs = [(o, g, False) for o in opts for g in gcs]
+    if ask.allow_offload:
+        rungs.append((opts[-1], gcs[-1], True))
+    out = _Rung(None, opts[-1], gcs[-1])
+    for i, (o, g, off) in enumerate(rungs):
+        try:
+            par = choose_for(
+                info,
+                caps,
+                replace(shape, optimizer=o, gradient_checkpointing=g),
+                replace(ask, offload=off),
+                found,
+            )
+        except DoesNotFitError:
+            if i == len(rungs) - 1:
+                raise
+            continue
+        out = _Rung(par, o, g)
+        if par is None or par.choice is not None:
+            break
+    return out
+
+
+def _raise_one_process(par: Parallelism, caps: Capabilities, nofit: DoesNotFitError) -> None:
+    """Nothing fits this one process: where N processes would fit, say how to launch them; else the fit
+    ladder's error."""
+    if par.choice in MULTI_PROCESS:
+        n, local, _ = world(caps)
+        raise DoesNotFitError(
+            nofit.message,
+            reasons=nofit.reasons,
+            fix=f"launch one process per GPU ({par.choice}, {(par.per_gpu_bytes() or 0) / GiB:.1f} GiB "
+            f"per GPU): {launch_command(n, local)}; or {nofit.fix}",
+        )
+    raise nofit
+
+
+def _rank_placement(par: Parallelism, caps: Capabilities, dtype: str) -> Placement:
+    """Where this rank loads the weights: its shard onto cuda:LOCAL_RANK (TP), the whole model on its CPU
+    (FSDP2 whose weights fit no GPU whole), or the whole model onto its GPU for the Trainer to shard."""
+    n, _, launched = world(caps)
     r = (caps.distributed.local_rank or 0) if launched else 0
-    rank_gpus = rank_gpus_of(caps)
     dev = f"cuda:{caps.gpus[r].index}" if r < len(caps.gpus) else "cuda:0"
-    per = par.per_gpu_bytes() or 0
     if par.choice in ("tp", "tp_fp8"):
-        placement = Placement(
+        return Placement(
             dev,
             (dev,),
             reasons=(
@@ -193,11 +225,11 @@ def decide(
                 "(from_pretrained(distributed_config=DistributedConfig(tp_plan='auto')))",
             ),
         )
-    elif par.config.get("weights_on_cpu"):
+    if par.config.get("weights_on_cpu"):
         # loaded on the CPU, not onto cuda:LOCAL_RANK: the Trainer's FSDP2 setup (accelerate 1.x
         # utils/fsdp_utils.py fsdp2_prepare_model, cpu_ram_efficient_loading) moves the model to meta, shards
         # it and broadcasts rank 0's weights into each rank's shard on its GPU
-        placement = Placement(
+        return Placement(
             "cpu",
             ("cpu",),
             reasons=(
@@ -206,23 +238,38 @@ def decide(
                 "each rank its part of rank 0's (fsdp_config cpu_ram_efficient_loading)",
             ),
         )
-    else:
-        placement = Placement(
-            dev,
-            (dev,),
-            reasons=(
-                f"{par.choice} over {n} ranks: each rank loads the weights onto cuda:LOCAL_RANK ({dev} here); "
-                "the Trainer shards them and their training state",
-            ),
-        )
-    terms = {k: v for k, v in par.per_gpu[par.choice].items() if k != "total"}
-    memory = MemoryEstimate(
-        terms=terms,
+    return Placement(
+        dev,
+        (dev,),
+        reasons=(
+            f"{par.choice} over {n} ranks: each rank loads the weights onto cuda:LOCAL_RANK ({dev} here); "
+            "the Trainer shards them and their training state",
+        ),
+    )
+
+
+def _rank_memory(par: Parallelism, caps: Capabilities, notes: tuple[str, ...]) -> MemoryEstimate:
+    """The chosen strategy's per-GPU terms on every rank's GPU."""
+    assert par.choice is not None
+    rank_gpus = rank_gpus_of(caps)
+    per = par.per_gpu_bytes() or 0
+    return MemoryEstimate(
+        terms={k: v for k, v in par.per_gpu[par.choice].items() if k != "total"},
         total=per * len(rank_gpus),
         per_device={f"cuda:{g.index}": per for g in rank_gpus},
         budget={f"cuda:{g.index}": g.available_memory for g in rank_gpus},
-        notes=(*bd.notes, f"per GPU under {par.choice} over {n} GPUs (see parallelism)"),
+        notes=(*notes, f"per GPU under {par.choice} over {par.world_size} GPUs (see parallelism)"),
     )
+
+
+def _rank_quantization(
+    par: Parallelism, fr: Any, q: str | None, override_q: bool, dtype: str
+) -> tuple[Decision, dict[str, Any] | None]:
+    """The quantization decision of a multi-process plan and its config: the fit ladder's, unquantized where
+    TP replaced its quantization, or the method N processes fit with where no single process fits."""
+    from ..quantization import quantization_config
+
+    n = par.world_size
     if override_q:
         assert fr is not None
         cands = tuple(
@@ -245,6 +292,7 @@ def decide(
     elif fr is not None:
         dec = fr.decision
     else:
+        per = par.per_gpu_bytes() or 0
         dec = Decision(
             q,
             (f"{par.choice} over {n} GPUs fits ({per / GiB:.1f} GiB per GPU); no single process does",),
@@ -259,26 +307,7 @@ def decide(
         qcfg = fr.quantization_config
     if qcfg is not None and dec.choice == "nf4" and par.config.get("quantization_config"):
         qcfg = {**qcfg, **par.config["quantization_config"]}
-    opt_dec = gc_dec = None
-    if intent != "inference":
-        opt_dec, gc_dec = _rank_training_decisions(
-            par,
-            opts,
-            gcs,
-            opt,
-            gc,
-            explicit_opt=optimizer != "auto",
-            explicit_gc=gradient_checkpointing is not None,
-        )
-    fit_result = FitResult(
-        dec,
-        Fit(True, placement, dict(memory.per_device), dict(memory.budget)),
-        bd,
-        qcfg,
-        opt_dec,
-        gc_dec,
-    )
-    return Outcome(parallelism=par, fit=fit_result, placement=placement, memory=memory)
+    return dec, qcfg
 
 
 def _rank_training_decisions(
