@@ -10,7 +10,7 @@ from .. import _env
 from ..capabilities import Capabilities
 from ..decision import Decision
 from ..model_info import ModelInfo
-from ..policies.attention import choose_attention
+from ..policies.attention import AttentionFacts, AttentionQuery, AttentionTimings, select_attention
 from ..policies.dtype import choose_dtype
 from ..request import Request
 from ..tuning import Work, load_sdpa_facts, load_training_facts
@@ -61,21 +61,18 @@ def attention_for(
         # measured seconds for this work: this GPU's tune cache first, then the priors cudaload ships
         w = Work.from_total(declared[0], declared[1], req.new_tokens, req.padded)
         timings = lookup_timings(caps, info, dtype, w)
-    at = choose_attention(
+    at = select_attention(
         info,
         caps,
-        dtype=dtype,
-        intent=intent,
-        requested=requested,
-        trust=trusted(req),
-        revision=None,
-        work=declared,
-        timings=timings.seconds if timings is not None else None,
-        timings_source=timings.source if timings is not None else None,
-        first_use=_first_use_here(caps),
-        timings_repeated=timings.repeated if timings is not None else None,
-        sdpa_facts=load_sdpa_facts(),
-        training_facts=load_training_facts(),
+        AttentionQuery(dtype, intent, requested, trust=trusted(req), work=declared),
+        AttentionFacts(
+            AttentionTimings(timings.seconds, timings.source, timings.repeated)
+            if timings is not None
+            else AttentionTimings(),
+            first_use=_first_use_here(caps),
+            sdpa=load_sdpa_facts(),
+            training=load_training_facts(),
+        ),
     )
     assert at.choice is not None
     usable: list[str] | None = None

@@ -144,7 +144,7 @@ def tune(
 
     from ..detection import detect
     from ..model_info import model_info
-    from ..policies.attention import choose_attention
+    from ..policies.attention import AttentionFacts, AttentionQuery, select_attention
     from ..policies.dtype import choose_dtype
     from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
     from ..policies.sdpa_dispatch import RECUR, SDPA_DECODE
@@ -168,7 +168,9 @@ def tune(
     dtype_name = dt.choice or ("bfloat16" if on_gpu else "float32")
     dtype = getattr(torch, dtype_name)
     device = "cuda:0" if on_gpu else "cpu"
-    attention = choose_attention(info, caps, dtype=dtype_name, sdpa_facts=load_sdpa_facts())
+    attention = select_attention(
+        info, caps, AttentionQuery(dtype_name), AttentionFacts(sdpa=load_sdpa_facts())
+    )
     if s.is_encoder or not info.can_generate:
         raise ConfigurationError(
             f"{s.name} cannot generate(): cudaload tune times generation",
