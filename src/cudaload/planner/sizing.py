@@ -43,11 +43,15 @@ TRAINING = ("training", "lora", "qlora")
 @dataclass(frozen=True)
 class TrainingSizing:
     """The training ladder's choice, or the error where no single process fits; ``for_ranks(step)`` is the
-    section for the step a parallelism decision sizes its ranks with instead."""
+    section for the step a parallelism decision sizes its ranks with instead. ``batch_size`` (the sequences a
+    step holds) and ``step`` (the shape memory is planned for) are what the parallelism decision sizes its
+    shards with."""
 
     choice: StepChoice | None
     for_ranks: Callable[[StepShape], TrainingPlan]
     error: DoesNotFitError | None
+    batch_size: int
+    step: StepShape
 
 
 @dataclass(frozen=True)
@@ -124,8 +128,12 @@ def size(
         nofit = e
     # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a
     # model that no single process fits, or replace a quantization chosen only to fit one rank's GPU
+    rank_kw = dict(fit_kw)
+    if training is not None:
+        # the training section sized the step the ranks run (an assumed batch may have grown or shrunk)
+        rank_kw.update(batch_size=training.batch_size, step=training.step)
     pd = decide_parallelism(
-        info, caps, fr, nofit, strategy=req.parallelism, lower_latency=req.lower_latency, **fit_kw
+        info, caps, fr, nofit, strategy=req.parallelism, lower_latency=req.lower_latency, **rank_kw
     )
     if pd.fit is not None:
         fr = pd.fit
@@ -133,11 +141,11 @@ def size(
     placement = pd.placement or fr.fit.placement
     assert placement is not None
     memory = pd.memory or _memory(fr)
-    batch = fit_kw["batch_size"] if intent in TRAINING else work.batch_size
+    batch = rank_kw["batch_size"] if intent in TRAINING else work.batch_size
     section = None
     if training is not None:
         # no single process fits: the ranks run the step the parallelism decision sized them with
-        section = training.choice.plan if training.choice is not None else training.for_ranks(fit_kw["step"])
+        section = training.choice.plan if training.choice is not None else training.for_ranks(training.step)
         causal = (
             info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
         )
@@ -176,19 +184,20 @@ def _training(
     assumed: Sequence[str],
 ) -> TrainingSizing:
     """The training section: layout, then the step bound, loss and checkpointing through the fit ladder
-    (cudaload.policies.training.plan_step). Sets ``fit_kw``'s ``batch_size`` (the sequences a step holds) and
-    ``step`` (the shape memory is planned for), which the parallelism decision sizes its shards with."""
+    (cudaload.policies.training.plan_step). ``fit_kw`` is read, never written: the sequences a step holds and
+    the step's shape the parallelism decision sizes its shards with come back in the result."""
     kbit = choose_kbit_upcast(intent, fit_kw["dtype"], "nf4" if intent == "qlora" else None)
     act_bytes = 4 if kbit is not None and kbit.choice == "fp32" else dtype_bytes(fit_kw["dtype"])
     layout = choose_layout(info, attn, act_bytes, batch_layout)
     notes = list(assumed)
+    batch: int = fit_kw["batch_size"]
     if not batch_declared:
         # Trainer's default; with a declared tokens_per_step, enough sequences a step to fill it
         seq = fit_kw["seq_len"]
         filled = -(-tokens_per_step // max(1, int(seq * TYPICAL_FILL))) if tokens_per_step else 0
-        fit_kw["batch_size"] = max(DEFAULT_SEQUENCES, filled)
+        batch = max(DEFAULT_SEQUENCES, filled)
         notes.append(
-            f"at most {fit_kw['batch_size']} sequences a step ("
+            f"at most {batch} sequences a step ("
             + (
                 "enough to fill tokens_per_step"
                 if filled > DEFAULT_SEQUENCES
@@ -197,12 +206,11 @@ def _training(
             + "; declare batch_size=)"
         )
     probe_kw = {k: v for k, v in fit_kw.items() if k not in ("gradient_checkpointing", "step")}
+    probe_kw["batch_size"] = batch
     dropout = choose_lora_dropout(intent, lora)
     r = int((lora or {}).get("r", LORA_R))
     cast = choose_adapter_cast(intent, fit_kw["dtype"], kbit)
-    base = base_step(
-        layout, fit_kw["batch_size"], fit_kw["seq_len"], dropout, kbit, lora_r=r, adapter_cast=cast
-    )
+    base = base_step(layout, batch, fit_kw["seq_len"], dropout, kbit, lora_r=r, adapter_cast=cast)
     # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below):
     # a packed step at the training ladder's smallest bound, each rank running its own steps
     least = base.tokens
@@ -210,7 +218,7 @@ def _training(
         least = base.longest  # an assumed batch may shrink to one sequence (plan_step does the same)
     elif base.packed:
         least = min(step_bounds(base.sequences, base.longest, tokens_per_step))
-    fit_kw["step"] = replace(
+    least_step = replace(
         base,
         tokens=least,
         longest=min(base.longest, least),
@@ -249,9 +257,9 @@ def _training(
             adapter_cast=cast,
         )
     except DoesNotFitError as e:
-        return TrainingSizing(None, for_ranks, e)
+        return TrainingSizing(None, for_ranks, e, batch, least_step)
     # the parallelism decision sizes ranks with its own checkpointing rungs (off / every layer): never partial
-    fit_kw["step"] = replace(choice.step, checkpoint_every=1)
+    step = replace(choice.step, checkpoint_every=1)
     if not choice.step.packed:
-        fit_kw["batch_size"] = choice.step.sequences  # an assumed padded batch may have shrunk
-    return TrainingSizing(choice, for_ranks, None)
+        batch = choice.step.sequences  # an assumed padded batch may have shrunk
+    return TrainingSizing(choice, for_ranks, None, batch, step)

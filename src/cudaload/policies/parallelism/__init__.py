@@ -11,7 +11,9 @@ Inference: one GPU when the model fits (under torchrun every rank serves its own
 ``base_model_tp_plan``, or when lower latency is asked for; a layer split (``device_map``) in one process
 otherwise.
 
-``choose_parallelism`` is pure: the model's parallel facts (:class:`ParallelFacts`, read from the config and
+``choose_for`` is pure: the configuration as one :class:`cudaload.policies.memory.MemoryShape`, what was asked as
+a :class:`ParallelAsk`, what the fit ladder found as a :class:`LadderFit` (``choose_parallelism`` takes the same
+as keywords). The model's parallel facts (:class:`ParallelFacts`, read from the config and
 model classes by :func:`model_facts`) and whether NCCL is available come in as data. The per-GPU terms reuse
 :func:`cudaload.policies.memory.breakdown` (weights, gradients, optimizer, master weights, adapters,
 activations, KV cache); only what sharding changes is computed here.
@@ -23,13 +25,13 @@ The modules, each using only those listed before it:
 - ``per_gpu``: the per-GPU memory model of every strategy, term by term;
 - ``sharded_load``: where FSDP2 ranks load weights that fit no GPU whole, and the host memory that needs;
 - ``launch``: the torchrun command and the TrainingArguments / from_pretrained / DeepSpeed settings;
-- ``choose``: :func:`choose_parallelism`, the choice among them with every candidate and the reasons;
+- ``choose``: :func:`choose_for` / :func:`choose_parallelism`, the choice among them with every candidate and the reasons;
 - ``planning``: :func:`decide`, the planner's entry point (this process's part of a multi-process plan).
 """
 
 from __future__ import annotations
 
-from .choose import choose_parallelism
+from .choose import LadderFit, ParallelAsk, choose_for, choose_parallelism
 from .launch import launch_command, merge_training_arguments, parallel_training_arguments
 from .per_gpu import (
     DDP_BUCKET_COPIES,
@@ -57,10 +59,13 @@ __all__ = [
     "SHARDED_STAGING_BYTES",
     "SHARDED_STEPPED_ASIDE",
     "STRATEGIES",
+    "LadderFit",
     "Outcome",
+    "ParallelAsk",
     "ParallelFacts",
     "bd_optimizer",
     "check_rank_memory",
+    "choose_for",
     "choose_parallelism",
     "decide",
     "gc_on",
