@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from .. import _env
 from ..plans import Placement, Plan
 from .adapters import _lora_config
 from .from_pretrained import _BUILD_LOCK, _torch_dtype
@@ -57,7 +57,7 @@ def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], n
     from ..fastload import StepAside
 
     cuda = torch.cuda.is_available()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = _env.launch().local_rank or 0  # checked when the request was built (_env.check_all)
     if cuda:
         torch.cuda.set_device(local)
     created = not dist.is_initialized()
