@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..capabilities import Capabilities
-from ..errors import ConfigurationError
 from ..plans import Plan
 from ..request import Request
 
@@ -12,16 +11,15 @@ def _tuned_plan(req: Request, plan: Plan, caps: Capabilities) -> Plan:
     """``load_model(tune=True)``: the plan again, with this GPU's measured attention timings for the work."""
     from ..model_info import model_info
     from ..planner import plan_request
-    from ..tuning import DEFAULT_BUDGET_S, Work, measured_or_tune
+    from ..planner.work import work_for
+    from ..tuning import DEFAULT_BUDGET_S, measured_or_tune
 
-    if req.batch_size is None or req.seq_len is None:
-        raise ConfigurationError(
-            "tune=True needs the work to measure", fix="pass batch_size= and seq_len= (and new_tokens=)"
-        )
     if plan.intent != "inference" or req.attn != "auto" or not caps.gpus:
         return plan  # nothing to measure: training, an explicit backend, or no GPU
-    work = Work.from_total(req.batch_size, req.seq_len, req.new_tokens, req.padded)
     info = model_info(req.model, model_class=req.model_class, revision=req.revision)
+    # the request refuses tune=True without the work (request/together.py): declared here
+    work = work_for(req, info).timed()
+    assert work is not None
     path = plan.model.local_path or plan.model.name
     timings = measured_or_tune(
         path, caps, info, plan.dtype.choice or "float32", work, budget_s=req.tune_budget_s or DEFAULT_BUDGET_S

@@ -13,7 +13,7 @@ from ..model_info import ModelInfo
 from ..policies.attention import AttentionFacts, AttentionQuery, AttentionTimings, select_attention
 from ..policies.dtype import choose_dtype
 from ..request import Request
-from ..tuning import Work, load_sdpa_facts, load_training_facts
+from ..tuning import load_sdpa_facts, load_training_facts
 from ..tuning import lookup as lookup_timings
 from .machine import _first_use_here
 from .sections import _serving_attention
@@ -56,15 +56,15 @@ def attention_for(
     requested = attn or req.attn
     timings = timings if timings is not None else req.timings
     # one generate() call's work picks its kernel; a server's many requests are not one short sequence
-    declared = None if req.intent == "serving" else work.declared
-    if timings is None and declared is not None and intent == "inference" and requested == "auto":
+    call = None if req.intent == "serving" else work.call
+    timed = work.timed() if call is not None else None
+    if timings is None and timed is not None and intent == "inference" and requested == "auto":
         # measured seconds for this work: this GPU's tune cache first, then the priors cudaload ships
-        w = Work.from_total(declared[0], declared[1], req.new_tokens, req.padded)
-        timings = lookup_timings(caps, info, dtype, w)
+        timings = lookup_timings(caps, info, dtype, timed)
     at = select_attention(
         info,
         caps,
-        AttentionQuery(dtype, intent, requested, trust=trusted(req), work=declared),
+        AttentionQuery(dtype, intent, requested, trust=trusted(req), work=call),
         AttentionFacts(
             AttentionTimings(timings.seconds, timings.source, timings.repeated)
             if timings is not None

@@ -10,7 +10,7 @@ from dataclasses import replace
 from .. import compile_cache
 from ..capabilities import Capabilities
 from ..decision import Decision
-from ..decode_plan import DecodePlan, DecodeWork, PerCallDecode
+from ..decode_plan import DecodePlan, PerCallDecode
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
 from ..policies.decode import (
@@ -37,23 +37,13 @@ from .work import WorkSize
 _DECODERS = ("CausalLM", "ImageTextToText")
 
 
-def decode_work(req: Request, work: WorkSize) -> DecodeWork:
-    """The declared decode work: ``new_tokens`` per call x ``generate_calls`` decode steps, the batch, the calls,
-    the longest sequence (the plan's seq_len). Declared only with ``batch_size`` and ``seq_len`` too, as the
-    request's warning says (request.py ``_warn_suspicious``): new tokens of unknown sequences are no work."""
-    whole = req.new_tokens is not None and req.seq_len is not None and req.batch_size is not None
-    steps = req.new_tokens * (req.generate_calls or 1) if whole and req.new_tokens is not None else None
-    calls = req.generate_calls or (1 if steps is not None else None)
-    return DecodeWork(new_tokens=steps, batch=work.batch_size, calls=calls, longest=work.seq_len)
-
-
 def quant_cost_for(
     req: Request, info: ModelInfo, caps: Capabilities, dtype: str, work: WorkSize
 ) -> QuantDecodeCost | None:
     """What the fit ladder weighs about the quantized rungs' decode speed (inference only)."""
     if req.intent not in ("inference", "serving") or not _generates(req, info):
         return None
-    steps = decode_work(req, work).new_tokens if req.intent == "inference" else None
+    steps = work.decode().new_tokens if req.intent == "inference" else None
     return quant_decode_cost(caps, load_decode_facts(), info.summary, dtype, work.seq_len, steps)
 
 
@@ -77,7 +67,7 @@ def decode_for(
             )
         return None, sized
     assert at.choice is not None
-    dw = decode_work(req, work)
+    dw = work.decode()
     s = info.summary
     q = sized.fit.decision.choice
     gpus = len(sized.gpu_devices)
@@ -89,7 +79,7 @@ def decode_for(
     on_gpu = bool(sized.gpu_devices)
     kv = bool(s.num_kv_heads)
     possible = (
-        on_gpu and kv and req.seq_len is not None and q is None and not sized.placement.offload and gpus <= 1
+        on_gpu and kv and work.declared_seq is not None and q is None and not sized.placement.offload and gpus <= 1
     )
     if possible and (dw.declared or req.decode == "compiled"):
         for n in dict.fromkeys(
@@ -113,8 +103,8 @@ def decode_for(
         else None
     )
     assumed: list[str] = []
-    if dw.declared and req.generate_calls is None:
-        assumed.append(f"one generate() call of {req.new_tokens} new tokens (declare generate_calls=)")
+    if dw.declared and work.generate_calls is None:
+        assumed.append(f"one generate() call of {work.new_tokens} new tokens (declare generate_calls=)")
     if work.batch_size > 1:
         assumed.append(
             f"a decode step of {work.batch_size} sequences costs what the compiled path's measured batch-8 step "
@@ -145,7 +135,7 @@ def decode_for(
         bound=bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None,
         weights_on_gpu=on_gpu,
         kv_cache=kv,
-        length_declared=req.seq_len is not None,
+        length_declared=work.declared_seq is not None,
         attention=at.choice,
         per_call=per_call,
     )

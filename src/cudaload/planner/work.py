@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..decode_plan import DecodeWork
 from ..model_info import ModelInfo
 from ..request import Request
+from ..tuning import Work
 
 #: Default work size: the model's context, capped. Planning KV cache for a 128k context by default would
 #: push every model into quantization for a length few callers use.
@@ -16,20 +18,46 @@ DEFAULT_SEQ_UNKNOWN = 2048
 
 @dataclass(frozen=True)
 class WorkSize:
-    """``seq_len`` / ``batch_size`` as planned (defaults filled in), what was declared, and what was assumed."""
+    """The work a plan is sized for, made once from the request (:func:`work_for`) and handed to every step that
+    reads it: ``seq_len`` / ``batch_size`` as planned (defaults filled in), ``declared_seq`` / ``declared_batch``
+    as the caller gave them (None: not given), ``declared`` (both were: the request's
+    :attr:`~cudaload.request.Request.declares_work`), ``new_tokens`` (of ``seq_len``, the tokens one generate()
+    call adds), ``generate_calls`` (as given), ``padded`` (the batch's prompts differ in length), and what was
+    assumed."""
 
     seq_len: int
     batch_size: int
     declared_seq: int | None
     declared_batch: int | None
     assumed: tuple[str, ...] = ()
+    declared: bool = False
+    new_tokens: int | None = None
+    generate_calls: int | None = None
+    padded: bool = False
 
     @property
-    def declared(self) -> tuple[int, int] | None:
-        """(batch_size, seq_len) when the caller declared both: the work one generate() call runs."""
-        if self.declared_batch is None or self.declared_seq is None:
+    def call(self) -> tuple[int, int] | None:
+        """(batch_size, seq_len) of the declared work, the one generate() call it runs; None when not declared."""
+        return (self.batch_size, self.seq_len) if self.declared else None
+
+    def timed(self) -> Work | None:
+        """The declared work as the tune cache and the priors look it up (the prompt apart from the new tokens);
+        None when not declared."""
+        if not self.declared:
             return None
-        return self.declared_batch, self.declared_seq
+        return Work.from_total(self.batch_size, self.seq_len, self.new_tokens, self.padded)
+
+    def decode(self) -> DecodeWork:
+        """The declared decode work: ``new_tokens`` a call x ``generate_calls`` decode steps, the batch, the calls,
+        the longest sequence (``seq_len``). Steps are declared only with the work itself, as the request's warning
+        says (request/suspicious.py): new tokens of unknown sequences are no work."""
+        steps = (
+            self.new_tokens * (self.generate_calls or 1)
+            if self.declared and self.new_tokens is not None
+            else None
+        )
+        calls = self.generate_calls or (1 if steps is not None else None)
+        return DecodeWork(new_tokens=steps, batch=self.batch_size, calls=calls, longest=self.seq_len)
 
 
 #: A declared seq_len this many times the model's trained context (its RoPE scaling factor included) is no work the
@@ -97,4 +125,14 @@ def work_for(req: Request, info: ModelInfo) -> WorkSize:
             f"sequences of at most {seq_len} tokens (the model's context, at most {DEFAULT_SEQ_CAP}; declare "
             "seq_len=, the longest sequence of the data)"
         )
-    return WorkSize(seq_len, req.batch_size or 1, req.seq_len, req.batch_size, tuple(assumed))
+    return WorkSize(
+        seq_len,
+        req.batch_size or 1,
+        req.seq_len,
+        req.batch_size,
+        tuple(assumed),
+        declared=req.declares_work,
+        new_tokens=req.new_tokens,
+        generate_calls=req.generate_calls,
+        padded=req.padded,
+    )

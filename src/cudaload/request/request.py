@@ -229,6 +229,14 @@ class Request:
         check_together(self)
         warn_suspicious(self, config)
 
+    @property
+    def declares_work(self) -> bool:
+        """Whether the caller declared the work: ``batch_size`` and ``seq_len`` both, the one generate() call that
+        measured timings, the decode decision and ``tune=True`` are about (``new_tokens``, ``generate_calls`` and
+        ``padded`` count only with them). Decided here alone; the planner's work value carries it
+        (:class:`cudaload.planner.work.WorkSize`)."""
+        return self.batch_size is not None and self.seq_len is not None
+
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
 

@@ -22,13 +22,12 @@ _TINY_BYTES = 1 << 20
 
 def warn_suspicious(req: Request, config: Mapping[str, Any] | None) -> None:
     """Legal, and probably not what was meant: each warned once (see the package docstring)."""
-    declared = req.batch_size is not None and req.seq_len is not None
     if req.intent in TRAINING_INTENTS and (req.new_tokens is not None or req.padded):
         warn(
             f"new_tokens= and padded= describe generate() calls; intent={req.intent!r} trains and ignores them: "
             "drop them"
         )
-    elif req.entry != "tune" and not declared and (req.new_tokens is not None or req.padded):
+    elif req.entry != "tune" and not req.declares_work and (req.new_tokens is not None or req.padded):
         warn(
             "new_tokens= and padded= count only with both batch_size= and seq_len= (the declared work: the "
             "measured attention timings, and the decode plan's longest sequence and batch): pass both, or "

@@ -122,7 +122,7 @@ def _check_training_options(req: Request) -> None:
 
 def _check_tune(req: Request) -> None:
     """Measuring needs the work to measure, and somewhere to keep what it measured."""
-    if req.tune and (req.batch_size is None or req.seq_len is None):
+    if req.tune and not req.declares_work:
         raise ConfigurationError(
             "tune=True needs the work to measure", fix="pass batch_size= and seq_len= (and new_tokens=)"
         )
