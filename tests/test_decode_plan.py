@@ -392,20 +392,10 @@ def test_another_model_is_scaled_and_says_so() -> None:
         assert "no decode measurement speaks" in d.mode.reasons[0]
 
 
-def test_choose_decode_refuses_an_unknown_mode_with_the_closest_name() -> None:
-    with pytest.raises(InvalidChoiceError, match="did you mean 'compiled'"):
-        choose_decode(
-            intent="inference",
-            can_generate=True,
-            work=DecodeWork(),
-            quantization=None,
-            offload=False,
-            gpu_devices=1,
-            has_gpu=True,
-            facts=None,
-            max_cache_len=1024,
-            requested="compild",
-        )
+def test_an_unknown_decode_mode_is_refused_at_the_request_with_the_closest_name() -> None:
+    # the request checks decode= once and hands on its name: choose_decode takes "auto", "dynamic" or "compiled"
+    with pytest.raises(ConfigurationError, match="did you mean 'compiled'"):
+        plan(Q8, hardware="H200", decode="compild")
 
 
 def test_decode_facts_round_trip_and_costs() -> None:

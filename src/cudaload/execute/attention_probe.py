@@ -88,11 +88,14 @@ def replanned(req: Request, caps: Capabilities, plan: Plan, attn: str, why: list
     attention decision says why the load left the first plan's choice, and keeps the first plan's remaining
     order."""
     from ..planner import plan_request
+    from ..request.options import quantization_name
 
     # what is already loaded stays as it is: the quantization and where the weights went are pinned, and only
     # what depends on the backend is planned again
     pinned = replace(
-        req, quantization=plan.quantization.choice or "none", device_map=plan.placement.device_map
+        req,
+        quantization=quantization_name(plan.quantization.choice or "none"),
+        device_map=plan.placement.device_map,
     )
     again = plan_request(pinned, caps, attn=attn)
     att = replace(again.attention, explicit=False, reasons=(*why, *again.attention.reasons))

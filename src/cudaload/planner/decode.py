@@ -113,7 +113,7 @@ def decode_for(
     facts = scaled_facts(caps, load_decode_facts(), s, dtype)
     per_call = (
         _per_call(caps, info, dtype, at.choice, facts, work.seq_len)
-        if not dw.declared and (req.decode or "auto") == "auto" and facts is not None and caps.gpus
+        if not dw.declared and req.decode == "auto" and facts is not None and caps.gpus
         else None
     )
     plan = choose_decode(
@@ -130,7 +130,7 @@ def decode_for(
         cache_len_reasons=length_why,
         warm=compile_cache.present(key, req.env),
         cache_key=key,
-        requested=req.decode or "auto",
+        requested=req.decode,
         assumed=assumed,
         bound=bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None,
         weights_on_gpu=on_gpu,

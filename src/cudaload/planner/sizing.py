@@ -21,6 +21,8 @@ from ..policies.quantization import FitResult, fit
 from ..policies.training import (
     DEFAULT_SEQUENCES,
     TYPICAL_FILL,
+    RequestedLayout,
+    RequestedLoss,
     StepChoice,
     base_step,
     choose_adapter_cast,
@@ -112,10 +114,10 @@ def size(
                 intent=req.intent,
                 attn=str(fit_kw["attn"] or at.choice),
                 batch_declared=work.declared_batch is not None,
-                batch_layout=req.batch_layout or "auto",
+                batch_layout=req.batch_layout,
                 tokens_per_step=req.tokens_per_step,
                 lora=req.lora,
-                loss=req.loss or "auto",
+                loss=req.loss,
                 assumed=work.assumed,
             )
             if training.error is not None:
@@ -177,10 +179,10 @@ def _training(
     intent: str,
     attn: str,
     batch_declared: bool,
-    batch_layout: str,
+    batch_layout: RequestedLayout,
     tokens_per_step: int | None,
     lora: Mapping[str, Any] | None,
-    loss: str,
+    loss: RequestedLoss,
     assumed: Sequence[str],
 ) -> TrainingSizing:
     """The training section: layout, then the step bound, loss and checkpointing through the fit ladder

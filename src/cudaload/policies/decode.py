@@ -29,24 +29,29 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
-from ..decode_plan import DECODE_MODES, DecodePlan, DecodeWork, PerCallDecode
-from ..errors import InvalidChoiceError, close_names
-from ..plans import ModelSummary
+from ..decode_plan import DecodePlan, DecodeWork, PerCallDecode
+from ..errors import InvalidChoiceError
+from ..model_info import ModelSummary
 from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
 from .dtype import dtype_bytes
 from .sdpa_dispatch import COMPILED_STEP_REVISION
 from .sdpa_dispatch import NAMES as SDPA_VARIANTS
 from .serving.batching import HBM_BYTES_S, hbm_bandwidth
 
+#: ``decode=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"):
+#: "auto" (decided from the declared work) or one of :data:`cudaload.plans.decode.DECODE_MODES`
+RequestedDecode = Literal["auto", "dynamic", "compiled"]
+
 __all__ = [
     "BUCKET_MIN",
     "COMPILE_CONFIG",
     "MARGIN",
     "DecodeFacts",
+    "RequestedDecode",
     "bound_ms",
     "bucket_for",
     "cache_key_from",
@@ -250,7 +255,7 @@ def choose_decode(
     cache_len_reasons: Sequence[str] = (),
     warm: bool = False,
     cache_key: str | None = None,
-    requested: str = "auto",
+    requested: RequestedDecode = "auto",
     assumed: Sequence[str] = (),
     bound: float | None = None,
     weights_on_gpu: bool = True,
@@ -277,13 +282,7 @@ def choose_decode(
     :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
     if intent != "inference" or not can_generate:
         return None
-    req = (requested or "auto").strip().lower()
-    if req not in ("auto", *DECODE_MODES):
-        close = close_names(req, ("auto", *DECODE_MODES), n=1)
-        raise InvalidChoiceError(
-            f"unknown decode mode {requested!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-            fix="use decode='auto', 'dynamic' or 'compiled'",
-        )
+    req = requested
     explicit = req != "auto"
     found = _blockers(
         Placement(has_gpu, weights_on_gpu, offload, gpu_devices),

@@ -7,13 +7,15 @@ dtype (never BitsAndBytesConfig's fp4 / fp32 defaults).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ..capabilities import Capabilities
 from ..detection.support import bitsandbytes_support
-from ..errors import InvalidChoiceError
 
 METHODS = ("none", "int8", "nf4")
+#: ``quantization=`` as the request hands it on (cudaload.request: case and spaces dropped, "no" / "off" read
+#: as "none", None as "auto"): "auto" (only when nothing else fits) or one of :data:`METHODS`
+RequestedQuantization = Literal["auto", "none", "int8", "nf4"]
 
 
 def quantization_config(method: str | None, dtype: str) -> dict[str, Any] | None:
@@ -61,29 +63,11 @@ def bnb_problems(caps: Capabilities) -> list[str]:
     return out
 
 
-def methods_for(intent: str, requested: str) -> list[str]:
-    """The methods the fit ladder tries for ``intent``, in order, given the ``quantization`` asked for.
-
-    The spelling and the two intent conflicts are also checked by :class:`cudaload.request.Request`, with the
-    same words; they are checked again here because :func:`cudaload.policies.quantization.fit` is called with
-    raw keywords too (the parallelism decision, tests, benchmarks) and must refuse the same things."""
-    req = (requested or "auto").strip().lower()
-    if req in ("none", "no", "off"):
-        req = "none"
-    if req not in ("auto", *METHODS):
-        raise InvalidChoiceError(f"unknown quantization {requested!r}", fix="use auto, none, int8 or nf4")
-    if intent == "training" and req in ("int8", "nf4"):
-        raise InvalidChoiceError(
-            f"quantization={req} with intent=training: quantized weights cannot be trained",
-            fix="use intent='qlora' (frozen nf4 base + LoRA adapters), or quantization='none'",
-        )
-    if intent == "qlora" and req in ("none", "int8"):
-        raise InvalidChoiceError(
-            f"quantization={req} with intent=qlora: QLoRA is an nf4 base",
-            fix="use quantization='auto' or 'nf4', or intent='lora'",
-        )
-    if req != "auto":
-        return [req]
+def methods_for(intent: str, requested: RequestedQuantization) -> list[str]:
+    """The methods the fit ladder tries for ``intent``, in order, given the ``quantization`` asked for: a name as
+    :class:`cudaload.request.Request` normalised it, which also refused the ones the intent cannot use."""
+    if requested != "auto":
+        return [requested]
     if intent == "qlora":
         return ["nf4"]
     if intent in ("training", "lora"):

@@ -30,13 +30,14 @@ from .fit_suggestions import MAX_SUGGESTED_GPUS, Suggestion, render_suggestions,
 from .memory import Breakdown, GiB, MemoryShape, breakdown_of
 from .optimizer_ladder import Tried, training_decisions, training_ladder
 from .placement import Fit, place
-from .quant_methods import METHODS, bnb_problems, methods_for, quantization_config
+from .quant_methods import METHODS, RequestedQuantization, bnb_problems, methods_for, quantization_config
 
 __all__ = [
     "DECODE_HEAVY_S",
     "MAX_SUGGESTED_GPUS",
     "METHODS",
     "FitResult",
+    "RequestedQuantization",
     "Suggestion",
     "bnb_problems",
     "fit",
@@ -121,7 +122,7 @@ def fit(
     seq_len: int,
     batch_size: int,
     attn: str = "sdpa",
-    quantization: str = "auto",
+    quantization: RequestedQuantization = "auto",
     device_map: Any = None,
     max_memory: Mapping[Any, Any] | None = None,
     allow_offload: bool = False,
@@ -138,7 +139,7 @@ def fit(
     opts, gcs, opt_skipped = training_ladder(
         intent, caps, optimizer=optimizer, gradient_checkpointing=gradient_checkpointing
     )
-    explicit = (quantization or "auto") != "auto"
+    explicit = quantization != "auto"
     bnb = bnb_problems(caps)
     shape = MemoryShape(dtype, None, intent, seq_len, batch_size, attn, step=step)
     lad = _Ladder(info, caps, shape, device_map, max_memory)

@@ -7,12 +7,15 @@ import math
 import numbers
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _env
 from ..decode_plan import DECODE_MODES
 from ..errors import SYNONYMS, ConfigurationError, InvalidChoiceError, close_names
 from ..training_plan import LAYOUTS, LOSSES
+
+if TYPE_CHECKING:
+    from ..policies.quant_methods import RequestedQuantization
 
 ENTRIES = ("plan", "load_model", "tune")
 TRAINING_INTENTS = ("training", "lora", "qlora")
@@ -20,7 +23,7 @@ BATCH_LAYOUTS = ("auto", *LAYOUTS)
 TRAINING_LOSSES = ("auto", *LOSSES)
 #: how generate() decodes (cudaload.policies.decode): decided from the declared work, or asked for
 DECODES = ("auto", *DECODE_MODES)
-#: what policies.quantization._methods accepts (case-insensitive; "no" / "off" mean "none")
+#: the quantization names (case-insensitive; "no" / "off" mean "none"), as policies.quant_methods reads them
 QUANTIZATIONS = ("auto", "none", "int8", "nf4")
 _QUANTIZATION_SPELLINGS = (*QUANTIZATIONS, "no", "off")
 #: dtype names policies.dtype.normalize_dtype accepts, shown when one is not
@@ -209,6 +212,23 @@ def check_quantization(value: Any) -> str | None:
         + ("; its 4-bit form is 'nf4' (bitsandbytes NF4, double quantization)" if four_bit else ""),
         fix="use quantization='auto', 'none', 'int8' or 'nf4'",
     )
+
+
+#: each spelling check_quantization accepts (lowered, stripped), as the name the policies read
+_QUANTIZATION_NAMES: dict[str, RequestedQuantization] = {
+    "auto": "auto",
+    "none": "none",
+    "no": "none",
+    "off": "none",
+    "int8": "int8",
+    "nf4": "nf4",
+}
+
+
+def quantization_name(value: str | None) -> RequestedQuantization:
+    """A ``quantization=`` :func:`check_quantization` passed, as the policies read it: None is "auto", case and
+    spaces do not count, "no" / "off" are "none"."""
+    return _QUANTIZATION_NAMES[lowered_or_auto(value)]
 
 
 def check_optimizer(value: Any) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _env
 from ..errors import ConfigurationError, close_names
@@ -37,6 +37,7 @@ from .options import (
     package_names,
     positive_int,
     positive_seconds,
+    quantization_name,
     tristate,
 )
 from .passed_on import absorb_aliases, check_from_pretrained_kwargs, misspelt_option
@@ -44,6 +45,11 @@ from .placement import check_device_map, check_max_memory
 from .suspicious import warn_suspicious
 from .together import check_together
 from .warn import warn
+
+if TYPE_CHECKING:
+    from ..policies.decode import RequestedDecode
+    from ..policies.quant_methods import RequestedQuantization
+    from ..policies.training import RequestedLayout, RequestedLoss
 
 #: options only one function takes; the others would drop them without a word
 _PLAN_ONLY = frozenset(
@@ -69,6 +75,8 @@ class Request:
     The fields mean what the keywords of ``cudaload.plan`` / ``cudaload.load_model`` mean (docs/api.md), with
     these readings: ``hardware`` is the resolved snapshot (None: detect this machine when planning);
     ``trust_kernels``, ``assume_installed`` and ``assume_missing`` are tuples; ``dtype`` is its name;
+    ``quantization``, ``decode``, ``batch_layout`` and ``loss`` are their names as the policies read them
+    (:data:`~cudaload.policies.quant_methods.RequestedQuantization`, ...), whatever spelling was passed;
     ``from_pretrained_kwargs`` are the keywords ``load_model`` passes on (``revision`` among them).
     ``entry`` is the function the request is for: ``"plan"``, ``"load_model"`` or ``"tune"``."""
 
@@ -80,11 +88,11 @@ class Request:
     batch_size: int | None = None
     new_tokens: int | None = None
     generate_calls: int | None = None
-    decode: str | None = "auto"
+    decode: RequestedDecode = "auto"
     padded: bool = False
     attn: str = "auto"
     dtype: str = "auto"
-    quantization: str | None = "auto"
+    quantization: RequestedQuantization = "auto"
     device_map: Any = None
     max_memory: Mapping[Any, Any] | None = None
     allow_offload: bool = False
@@ -104,10 +112,10 @@ class Request:
     warmup: bool = False
     tune: bool = False
     tune_budget_s: float | None = None
-    batch_layout: str | None = "auto"
+    batch_layout: RequestedLayout = "auto"
     tokens_per_step: int | None = None
     lora: Mapping[str, Any] | None = None
-    loss: str | None = "auto"
+    loss: RequestedLoss = "auto"
     #: checked by cudaload.checkpoint_coverage.new_weights_option: False, True or name patterns
     new_weights: bool | tuple[str, ...] = False
     timings: Any = None
@@ -228,6 +236,10 @@ class Request:
         config = check_model(self.model, self.entry, str(self.from_pretrained_kwargs.get("subfolder") or ""))
         check_together(self)
         warn_suspicious(self, config)
+        # checked, and quoted as written by the messages above: from here on the names the policies read
+        set_("quantization", quantization_name(self.quantization))
+        set_("batch_layout", lowered_or_auto(self.batch_layout))
+        set_("loss", lowered_or_auto(self.loss))
 
     @property
     def declares_work(self) -> bool:

@@ -13,6 +13,7 @@ from ...model_info import ModelInfo
 from ...plans import MemoryEstimate, Parallelism, Placement
 from ...training_plan import StepShape
 from ..memory import GiB, MemoryShape, breakdown_of
+from ..quant_methods import RequestedQuantization
 from .choose import LadderFit, ParallelAsk, choose_for
 from .launch import launch_command
 from .per_gpu import check_rank_memory, gc_on
@@ -48,7 +49,7 @@ def decide(
     seq_len: int,
     batch_size: int,
     attn: str,
-    quantization: str,
+    quantization: RequestedQuantization,
     device_map: Any,
     max_memory: Any,
     allow_offload: bool,
@@ -84,7 +85,7 @@ def decide(
         strategy, lower_latency, allow_offload, nccl=nccl_available(caps), facts=model_facts(info)
     )
     par: Parallelism | None = None
-    if intent == "inference" and deployment and q is not None and (quantization or "auto") == "auto":
+    if intent == "inference" and deployment and q is not None and quantization == "auto":
         par = _unquantized_tp(info, caps, fr, replace(shape, quantization=None), ask)
     override_q = par is not None
     if override_q:

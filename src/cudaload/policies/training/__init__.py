@@ -34,8 +34,8 @@ from .adapters import choose_adapter_cast, choose_kbit_upcast, choose_lora_dropo
 from .bounds import ALIGN, DEFAULT_SEQUENCES, TYPICAL_FILL, step_bounds
 from .checkpointing import OFFLOAD_WHY, PARTIAL_CHECKPOINTING_SINCE, partial_problems
 from .ladder import EVERY, OFF, Attempt, FitProbe
-from .layout import boundaries_for, choose_layout, packing_blockers, packing_costs
-from .loss import liger_problems
+from .layout import RequestedLayout, boundaries_for, choose_layout, packing_blockers, packing_costs
+from .loss import RequestedLoss, liger_problems
 from .step import StepChoice, base_step, plan_for_ranks, plan_step
 
 __all__ = [
@@ -48,6 +48,8 @@ __all__ = [
     "TYPICAL_FILL",
     "Attempt",
     "FitProbe",
+    "RequestedLayout",
+    "RequestedLoss",
     "StepChoice",
     "TrainingFacts",
     "base_step",

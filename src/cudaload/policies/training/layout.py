@@ -4,12 +4,17 @@ whole row, else ``padded``; and how a packed step tells the attention where its 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ...decision import Candidate, Decision
-from ...errors import ConfigurationError, InvalidChoiceError
+from ...errors import InvalidChoiceError
 from ...model_info import ModelInfo
-from ...training_plan import LAYOUTS
 from ..attention.names import VARLEN
 from ..memory import sdpa_math
+
+#: ``batch_layout=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"):
+#: "auto" or one of :data:`cudaload.plans.training.LAYOUTS`
+RequestedLayout = Literal["auto", "packed", "padded"]
 
 
 def packing_blockers(info: ModelInfo) -> list[str]:
@@ -47,15 +52,11 @@ def boundaries_for(attn: str) -> str:
     return "cu_seq_lens" if attn in VARLEN else "position_ids"
 
 
-def choose_layout(info: ModelInfo, attn: str, act_bytes: int, requested: str = "auto") -> Decision:
+def choose_layout(info: ModelInfo, attn: str, act_bytes: int, requested: RequestedLayout = "auto") -> Decision:
     """``packed`` where the model is a causal LM and the attention keeps packed sequences apart without scores
     over the whole row, else ``padded``. An explicit ``packed`` is honoured where it trains correctly (its
     cost said), refused with :class:`InvalidChoiceError` where it would not."""
-    req = (requested or "auto").strip().lower()
-    if req not in ("auto", *LAYOUTS):
-        raise ConfigurationError(
-            f"unknown batch_layout {requested!r}", fix=f"use 'auto' or one of {', '.join(LAYOUTS)}"
-        )
+    req = requested
     bad = packing_blockers(info)
     costs = packing_costs(info, attn, act_bytes)
     how = (

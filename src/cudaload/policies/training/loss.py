@@ -4,13 +4,17 @@ makes the step fit without checkpointing (measured slower where memory was not s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from ...capabilities import Capabilities
 from ...decision import Candidate, Decision
-from ...errors import ConfigurationError, InvalidChoiceError
+from ...errors import InvalidChoiceError
 from ...model_info import ModelInfo
-from ...training_plan import LOSSES
 from .ladder import EVERY, OFF, Attempt, checkpointed
+
+#: ``loss=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"): "auto"
+#: or one of :data:`cudaload.plans.training.LOSSES`
+RequestedLoss = Literal["auto", "transformers", "liger"]
 
 
 def liger_problems(caps: Capabilities, info: ModelInfo) -> list[str]:
@@ -28,11 +32,9 @@ def liger_problems(caps: Capabilities, info: ModelInfo) -> list[str]:
     return bad
 
 
-def loss_request(loss: str, caps: Capabilities, info: ModelInfo) -> tuple[str, list[str]]:
+def loss_request(loss: RequestedLoss, caps: Capabilities, info: ModelInfo) -> tuple[str, list[str]]:
     """The loss asked for, and why Liger cannot run here; an explicit Liger that cannot is refused."""
-    req = (loss or "auto").strip().lower()
-    if req not in ("auto", *LOSSES):
-        raise ConfigurationError(f"unknown loss {loss!r}", fix=f"use 'auto' or one of {', '.join(LOSSES)}")
+    req = loss
     bad = liger_problems(caps, info)
     if req == "liger" and bad:
         raise InvalidChoiceError(

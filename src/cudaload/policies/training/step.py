@@ -16,7 +16,7 @@ from .bounds import bounds_to_try, fmt_tokens, tokens_decision
 from .checkpointing import checkpointing_decision, partial_problems
 from .ladder import FitProbe, shape_at, walk
 from .layout import boundaries_for
-from .loss import loss_decision, loss_request
+from .loss import RequestedLoss, loss_decision, loss_request
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def plan_step(
     attn: str,
     base: StepShape,
     tokens_per_step: int | None,
-    loss: str,
+    loss: RequestedLoss,
     gradient_checkpointing: bool | None,
     lora_dropout: Decision | None,
     kbit_upcast: Decision | None,
