@@ -868,6 +868,7 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
     ("quantization None reads as auto", "plan", {"quantization": None}),
     ("quantization upper case", "plan", {"quantization": "NF4"}),
     ("quantization off reads as none", "plan", {"quantization": "off"}),
+    ("optimizer in any case", "plan", {"intent": "training", "optimizer": "AdamW_8bit"}),
     ("device_map auto", "plan", {"device_map": "auto", "hardware": "2xH100"}),
     ("device_map cuda:1", "plan", {"device_map": "cuda:1", "hardware": "2xH100"}),
     ("device_map dict", "plan", {"device_map": {"": 0}, "hardware": "H100"}),
@@ -954,6 +955,7 @@ NORMALISED: dict[str, dict[Any, str]] = {
     "quantization": {None: "auto", "NF4": "nf4", "off": "none", "no": "none"},
     "batch_layout": {None: "auto", "Padded": "padded"},
     "loss": {None: "auto"},
+    "optimizer": {None: "auto", "AdamW_8bit": "adamw_8bit"},
 }
 
 
@@ -1372,3 +1374,24 @@ def test_import_cudaload_request_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_the_request_hands_on_the_names_the_policies_are_typed_with() -> None:
+    """Each option the request normalises is typed where the policy reading it lives, with the same names: the
+    policies take them as they come and check nothing again (issue 42)."""
+    from typing import get_args
+
+    from cudaload.policies.decode import RequestedDecode
+    from cudaload.policies.memory import OPTIMIZERS
+    from cudaload.policies.optimizer_ladder import RequestedOptimizer
+    from cudaload.policies.parallelism import REQUESTS, RequestedParallelism
+    from cudaload.policies.quant_methods import RequestedQuantization
+    from cudaload.policies.training import RequestedLayout, RequestedLoss
+    from cudaload.request.options import BATCH_LAYOUTS, DECODES, QUANTIZATIONS, TRAINING_LOSSES
+
+    assert get_args(RequestedQuantization) == QUANTIZATIONS
+    assert get_args(RequestedDecode) == DECODES
+    assert get_args(RequestedLayout) == BATCH_LAYOUTS
+    assert get_args(RequestedLoss) == TRAINING_LOSSES
+    assert get_args(RequestedOptimizer) == ("auto", *OPTIMIZERS)
+    assert get_args(RequestedParallelism) == REQUESTS

@@ -6,6 +6,7 @@ read back from the ladder's attempts."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
@@ -13,6 +14,12 @@ from ..errors import InvalidChoiceError
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, default_optimizer
 from .placement import Fit
 from .quant_methods import bnb_problems
+
+#: ``optimizer=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"):
+#: "auto" (the intent's ladder) or one of :data:`cudaload.policies.memory.OPTIMIZERS`
+RequestedOptimizer = Literal[
+    "auto", "adamw_torch_fused", "adamw_torch", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"
+]
 
 #: one attempt of the fit ladder: (method, optimizer, checkpointing, fit), in the order tried
 Tried = tuple[str, str | None, bool | None, Fit]
@@ -33,17 +40,13 @@ def training_ladder(
     intent: str,
     caps: Capabilities,
     *,
-    optimizer: str = "auto",
+    optimizer: RequestedOptimizer = "auto",
     gradient_checkpointing: bool | None = None,
 ) -> tuple[list[str | None], list[bool | None], dict[str, list[str]]]:
     """(optimizers to try in order, checkpointing settings in order, reasons for optimizers not tried)."""
     if intent == "inference":
         return [None], [None], {}
-    req = (optimizer or "auto").strip().lower()
-    if req != "auto" and req not in OPTIMIZERS:
-        raise InvalidChoiceError(
-            f"unknown optimizer {optimizer!r}", fix=f"use auto or one of {', '.join(OPTIMIZERS)}"
-        )
+    req = optimizer
     bnb = bnb_problems(caps)
     skipped: dict[str, list[str]] = {}
     on_gpu = bool(caps.gpus)

@@ -28,7 +28,7 @@ from ..units import param_count
 from .decode_facts import QuantDecodeCost
 from .fit_suggestions import MAX_SUGGESTED_GPUS, Suggestion, render_suggestions, replicate_gpus, suggestions
 from .memory import Breakdown, GiB, MemoryShape, breakdown_of
-from .optimizer_ladder import Tried, training_decisions, training_ladder
+from .optimizer_ladder import RequestedOptimizer, Tried, training_decisions, training_ladder
 from .placement import Fit, place
 from .quant_methods import METHODS, RequestedQuantization, bnb_problems, methods_for, quantization_config
 
@@ -126,7 +126,7 @@ def fit(
     device_map: Any = None,
     max_memory: Mapping[Any, Any] | None = None,
     allow_offload: bool = False,
-    optimizer: str = "auto",
+    optimizer: RequestedOptimizer = "auto",
     gradient_checkpointing: bool | None = None,
     step: StepShape | None = None,
     decode_cost: QuantDecodeCost | None = None,

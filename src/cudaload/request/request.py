@@ -48,6 +48,8 @@ from .warn import warn
 
 if TYPE_CHECKING:
     from ..policies.decode import RequestedDecode
+    from ..policies.optimizer_ladder import RequestedOptimizer
+    from ..policies.parallelism import RequestedParallelism
     from ..policies.quant_methods import RequestedQuantization
     from ..policies.training import RequestedLayout, RequestedLoss
 
@@ -75,8 +77,9 @@ class Request:
     The fields mean what the keywords of ``cudaload.plan`` / ``cudaload.load_model`` mean (docs/api.md), with
     these readings: ``hardware`` is the resolved snapshot (None: detect this machine when planning);
     ``trust_kernels``, ``assume_installed`` and ``assume_missing`` are tuples; ``dtype`` is its name;
-    ``quantization``, ``decode``, ``batch_layout`` and ``loss`` are their names as the policies read them
-    (:data:`~cudaload.policies.quant_methods.RequestedQuantization`, ...), whatever spelling was passed;
+    ``quantization``, ``decode``, ``batch_layout``, ``loss``, ``optimizer`` and ``parallelism`` are the names the
+    policies read (``Requested*`` types, e.g. :data:`~cudaload.policies.quant_methods.RequestedQuantization`),
+    whatever spelling was passed;
     ``from_pretrained_kwargs`` are the keywords ``load_model`` passes on (``revision`` among them).
     ``entry`` is the function the request is for: ``"plan"``, ``"load_model"`` or ``"tune"``."""
 
@@ -102,9 +105,9 @@ class Request:
     task: str | None = None
     revision: str | None = None
     fast: bool | None = None
-    optimizer: str | None = "auto"
+    optimizer: RequestedOptimizer = "auto"
     gradient_checkpointing: bool | None = None
-    parallelism: str = "auto"
+    parallelism: RequestedParallelism = "auto"
     lower_latency: bool = False
     assume_installed: tuple[str, ...] = ()
     assume_missing: tuple[str, ...] = ()
@@ -240,6 +243,7 @@ class Request:
         set_("quantization", quantization_name(self.quantization))
         set_("batch_layout", lowered_or_auto(self.batch_layout))
         set_("loss", lowered_or_auto(self.loss))
+        set_("optimizer", lowered_or_auto(self.optimizer))
 
     @property
     def declares_work(self) -> bool:

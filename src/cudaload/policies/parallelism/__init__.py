@@ -45,7 +45,16 @@ from .per_gpu import (
 )
 from .planning import MULTI_PROCESS, Outcome, decide
 from .sharded_load import SHARDED_REASON, SHARDED_STAGING_BYTES, SHARDED_STEPPED_ASIDE, sharded_load_blockers
-from .topology import REQUESTS, STRATEGIES, ParallelFacts, model_facts, nccl_available, rank_gpus_of, world
+from .topology import (
+    REQUESTS,
+    STRATEGIES,
+    ParallelFacts,
+    RequestedParallelism,
+    model_facts,
+    nccl_available,
+    rank_gpus_of,
+    world,
+)
 
 __all__ = [
     "DDP_BUCKET_COPIES",
@@ -63,6 +72,7 @@ __all__ = [
     "Outcome",
     "ParallelAsk",
     "ParallelFacts",
+    "RequestedParallelism",
     "bd_optimizer",
     "check_rank_memory",
     "choose_for",

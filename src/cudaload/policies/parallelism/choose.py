@@ -33,7 +33,7 @@ from .per_gpu import (
     gc_on,
 )
 from .sharded_load import _weights_on_cpu
-from .topology import REQUESTS, ParallelFacts, _check_launch, _raise_heads, rank_gpus_of, world
+from .topology import ParallelFacts, RequestedParallelism, _check_launch, _raise_heads, rank_gpus_of, world
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class ParallelAsk:
     chosen in this call; None: ``allow_offload``; its candidates still say what allow_offload allows), whether
     NCCL is available (None: not known) and the model's parallel facts (None: none)."""
 
-    strategy: str = "auto"
+    strategy: RequestedParallelism = "auto"
     lower_latency: bool = False
     allow_offload: bool = False
     offload: bool | None = None
@@ -72,7 +72,7 @@ def choose_parallelism(
     attn: str = "sdpa",
     allow_offload: bool = False,
     facts: ParallelFacts | None = None,
-    strategy: str = "auto",
+    strategy: RequestedParallelism = "auto",
     lower_latency: bool = False,
     nccl: bool | None = None,
     single_fits: bool | None = None,
@@ -115,8 +115,6 @@ def choose_for(
     """The parallelism decision for ``shape``, or None when there is one GPU and nothing was asked for.
     Raises a cudaload error for bad distributed input before any weights move."""
     strategy = ask.strategy
-    if strategy not in REQUESTS:
-        raise ConfigurationError(f"unknown parallelism {strategy!r}", fix=f"use one of {', '.join(REQUESTS)}")
     n, local, launched = world(caps)
     if (n <= 1 or not caps.gpus) and strategy in ("auto", "single"):
         # one GPU, or the CPU (torchrun ranks on CPUs with gloo): nothing is shared between GPUs

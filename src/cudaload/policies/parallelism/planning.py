@@ -13,11 +13,12 @@ from ...model_info import ModelInfo
 from ...plans import MemoryEstimate, Parallelism, Placement
 from ...training_plan import StepShape
 from ..memory import GiB, MemoryShape, breakdown_of
+from ..optimizer_ladder import RequestedOptimizer
 from ..quant_methods import RequestedQuantization
 from .choose import LadderFit, ParallelAsk, choose_for
 from .launch import launch_command
 from .per_gpu import check_rank_memory, gc_on
-from .topology import STRATEGIES, model_facts, nccl_available, rank_gpus_of, world
+from .topology import STRATEGIES, RequestedParallelism, model_facts, nccl_available, rank_gpus_of, world
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def decide(
     fr: Any,
     nofit: DoesNotFitError | None,
     *,
-    strategy: str = "auto",
+    strategy: RequestedParallelism = "auto",
     lower_latency: bool = False,
     dtype: str,
     intent: str,
@@ -53,7 +54,7 @@ def decide(
     device_map: Any,
     max_memory: Any,
     allow_offload: bool,
-    optimizer: str = "auto",
+    optimizer: RequestedOptimizer = "auto",
     gradient_checkpointing: bool | None = None,
     step: StepShape | None = None,
 ) -> Outcome:

@@ -4,7 +4,7 @@ and the checks that reject bad distributed input before any weights move."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ...capabilities import Capabilities
 from ...errors import ConfigurationError, DependencyError, DeviceSelectionError
@@ -25,6 +25,8 @@ STRATEGIES = (
 )
 #: what ``strategy=`` accepts (a family picks the best fitting member)
 REQUESTS = ("auto", "single", "ddp", "fsdp2", "deepspeed", "tp", "layer_split")
+#: ``parallelism=`` as the request hands it on (cudaload.request checks it is one of :data:`REQUESTS`)
+RequestedParallelism = Literal["auto", "single", "ddp", "fsdp2", "deepspeed", "tp", "layer_split"]
 
 
 @dataclass(frozen=True)
