@@ -57,6 +57,40 @@ class TrainingSizing:
 
 
 @dataclass(frozen=True)
+class FitAsk:
+    """What the sizing asks each fit ladder it runs (:func:`cudaload.policies.quantization.fit`, the training
+    step's probes, the parallelism decision): the configuration (``dtype``, ``intent``, ``seq_len``,
+    ``batch_size``, ``attn`` as the memory model knows it) and the request, whose quantization, placement and
+    training wishes every ladder reads. A step that sizes something else makes its own
+    (``dataclasses.replace``); none writes to it."""
+
+    dtype: str
+    intent: str
+    seq_len: int
+    batch_size: int
+    attn: str | None
+    request: Request
+
+    def kwargs(self, **changed: Any) -> dict[str, Any]:
+        """``fit``'s keywords (the parallelism decision takes the same), ``changed`` replacing or adding some."""
+        r = self.request
+        return {
+            "dtype": self.dtype,
+            "intent": self.intent,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "attn": self.attn,
+            "quantization": r.quantization,
+            "device_map": r.device_map,
+            "max_memory": r.max_memory,
+            "allow_offload": r.allow_offload,
+            "optimizer": r.optimizer,
+            "gradient_checkpointing": r.gradient_checkpointing,
+            **changed,
+        }
+
+
+@dataclass(frozen=True)
 class Sized:
     """The fit ladder's result (``fit``), the training section's choice, the parallelism, where the weights go,
     the memory estimate, and the batch size planned (a packed step's sequences when none was declared)."""
@@ -86,21 +120,16 @@ def size(
     """``decode_cost``: the quantized rungs' decode speed the inference ladder states and weighs
     (:func:`cudaload.policies.quantization.fit`)."""
     intent = base_intent(req.intent)
-    fit_kw: dict[str, Any] = dict(
-        dtype=dtype,
-        intent=intent,
-        seq_len=work.seq_len,
+    ask = FitAsk(
+        dtype,
+        intent,
+        work.seq_len,
         # serving: one longest request must fit beside the weights; the paged cache for the rest is the serving
         # section's (transformers queues what does not fit at once)
-        batch_size=1 if req.intent == "serving" else work.batch_size,
+        1 if req.intent == "serving" else work.batch_size,
         # cudaload's sdpa variants run sdpa's kernels and masks: the memory model's sdpa
-        attn=sdpa_family(at.choice),
-        quantization=req.quantization,
-        device_map=req.device_map,
-        max_memory=req.max_memory,
-        allow_offload=req.allow_offload,
-        optimizer=req.optimizer,
-        gradient_checkpointing=req.gradient_checkpointing,
+        sdpa_family(at.choice),
+        req,
     )
     fr: FitResult | None = None
     training: TrainingSizing | None = None
@@ -110,9 +139,9 @@ def size(
             training = _training(
                 info,
                 caps,
-                fit_kw,
+                ask,
                 intent=req.intent,
-                attn=str(fit_kw["attn"] or at.choice),
+                attn=str(ask.attn or at.choice),
                 batch_declared=work.declared_batch is not None,
                 batch_layout=req.batch_layout,
                 tokens_per_step=req.tokens_per_step,
@@ -125,17 +154,21 @@ def size(
             assert training.choice is not None
             fr = training.choice.fit
         else:
-            fr = fit(info, caps, **fit_kw, decode_cost=decode_cost)
+            fr = fit(info, caps, **ask.kwargs(decode_cost=decode_cost))
     except DoesNotFitError as e:
         nofit = e
     # several GPUs (torchrun ranks, or a profile's N GPUs): DDP / FSDP2 / TP / layer split; may rescue a
     # model that no single process fits, or replace a quantization chosen only to fit one rank's GPU
-    rank_kw = dict(fit_kw)
-    if training is not None:
-        # the training section sized the step the ranks run (an assumed batch may have grown or shrunk)
-        rank_kw.update(batch_size=training.batch_size, step=training.step)
+    # the training section sized the step the ranks run (an assumed batch may have grown or shrunk)
+    ranks = replace(ask, batch_size=training.batch_size) if training is not None else ask
     pd = decide_parallelism(
-        info, caps, fr, nofit, strategy=req.parallelism, lower_latency=req.lower_latency, **rank_kw
+        info,
+        caps,
+        fr,
+        nofit,
+        strategy=req.parallelism,
+        lower_latency=req.lower_latency,
+        **ranks.kwargs(**({"step": training.step} if training is not None else {})),
     )
     if pd.fit is not None:
         fr = pd.fit
@@ -143,7 +176,7 @@ def size(
     placement = pd.placement or fr.fit.placement
     assert placement is not None
     memory = pd.memory or _memory(fr)
-    batch = rank_kw["batch_size"] if intent in TRAINING else work.batch_size
+    batch = ranks.batch_size if intent in TRAINING else work.batch_size
     section = None
     if training is not None:
         # no single process fits: the ranks run the step the parallelism decision sized them with
@@ -174,7 +207,7 @@ def _memory(fr: FitResult) -> MemoryEstimate:
 def _training(
     info: ModelInfo,
     caps: Capabilities,
-    fit_kw: dict[str, Any],
+    ask: FitAsk,
     *,
     intent: str,
     attn: str,
@@ -186,16 +219,16 @@ def _training(
     assumed: Sequence[str],
 ) -> TrainingSizing:
     """The training section: layout, then the step bound, loss and checkpointing through the fit ladder
-    (cudaload.policies.training.plan_step). ``fit_kw`` is read, never written: the sequences a step holds and
-    the step's shape the parallelism decision sizes its shards with come back in the result."""
-    kbit = choose_kbit_upcast(intent, fit_kw["dtype"], "nf4" if intent == "qlora" else None)
-    act_bytes = 4 if kbit is not None and kbit.choice == "fp32" else dtype_bytes(fit_kw["dtype"])
+    (cudaload.policies.training.plan_step). The sequences a step holds and the step's shape the parallelism
+    decision sizes its shards with come back in the result."""
+    kbit = choose_kbit_upcast(intent, ask.dtype, "nf4" if intent == "qlora" else None)
+    act_bytes = 4 if kbit is not None and kbit.choice == "fp32" else dtype_bytes(ask.dtype)
     layout = choose_layout(info, attn, act_bytes, batch_layout)
     notes = list(assumed)
-    batch: int = fit_kw["batch_size"]
+    batch = ask.batch_size
     if not batch_declared:
         # Trainer's default; with a declared tokens_per_step, enough sequences a step to fill it
-        seq = fit_kw["seq_len"]
+        seq = ask.seq_len
         filled = -(-tokens_per_step // max(1, int(seq * TYPICAL_FILL))) if tokens_per_step else 0
         batch = max(DEFAULT_SEQUENCES, filled)
         notes.append(
@@ -207,12 +240,10 @@ def _training(
             )
             + "; declare batch_size=)"
         )
-    probe_kw = {k: v for k, v in fit_kw.items() if k not in ("gradient_checkpointing", "step")}
-    probe_kw["batch_size"] = batch
     dropout = choose_lora_dropout(intent, lora)
     r = int((lora or {}).get("r", LORA_R))
-    cast = choose_adapter_cast(intent, fit_kw["dtype"], kbit)
-    base = base_step(layout, batch, fit_kw["seq_len"], dropout, kbit, lora_r=r, adapter_cast=cast)
+    cast = choose_adapter_cast(intent, ask.dtype, kbit)
+    base = base_step(layout, batch, ask.seq_len, dropout, kbit, lora_r=r, adapter_cast=cast)
     # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below):
     # a packed step at the training ladder's smallest bound, each rank running its own steps
     least = base.tokens
@@ -228,7 +259,7 @@ def _training(
     )
 
     def probe(step: StepShape, gc: bool | None) -> Any:
-        return fit(info, caps, **probe_kw, gradient_checkpointing=gc, step=step)
+        return fit(info, caps, **ask.kwargs(batch_size=batch, gradient_checkpointing=gc, step=step))
 
     def for_ranks(step: StepShape) -> TrainingPlan:
         return plan_for_ranks(
@@ -251,7 +282,7 @@ def _training(
             base=base,
             tokens_per_step=tokens_per_step,
             loss=loss,
-            gradient_checkpointing=fit_kw["gradient_checkpointing"],
+            gradient_checkpointing=ask.request.gradient_checkpointing,
             lora_dropout=dropout,
             kbit_upcast=kbit,
             assumed=notes,
