@@ -1,6 +1,6 @@
 """The decode section (issue 35), after the sizing: the declared generate() work, the measured decode facts for
 this GPU, whether the compile cache already holds this plan's artifact, and the static cache lengths that fit
-beside the weights; then :func:`cudaload.policies.decode.choose_decode`. A compiled plan's memory is the static
+beside the weights; then :func:`cudaload.policies.decode.select_decode`. A compiled plan's memory is the static
 cache's length x batch, not seq_len: its estimate replaces the sizing's."""
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from ..policies.decode import (
     COMPILE_CONFIG,
     bound_ms,
     cache_lengths,
-    choose_decode,
     decode_cache_key,
     decode_key_base,
     quant_decode_cost,
     scaled_facts,
+    select_decode,
     static_cache_length,
 )
 from ..policies.decode_facts import QuantDecodeCost, Scaled
+from ..policies.decode_query import DecodeCosts, DecodeModel, DecodeQuery, Placement, StaticCache
 from ..policies.dtype import dtype_bytes
 from ..policies.quantization import fit
 from ..request import Request
@@ -116,28 +117,12 @@ def decode_for(
         if not dw.declared and req.decode == "auto" and facts is not None and caps.gpus
         else None
     )
-    plan = choose_decode(
-        intent=req.intent,
-        can_generate=True,
-        work=dw,
-        quantization=q,
-        offload=sized.placement.offload,
-        gpu_devices=gpus,
-        has_gpu=bool(caps.gpus),
-        facts=facts,
-        max_cache_len=length,
-        cache_buckets=buckets,
-        cache_len_reasons=length_why,
-        warm=compile_cache.present(key, req.env),
-        cache_key=key,
-        requested=req.decode,
-        assumed=assumed,
-        bound=bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None,
-        weights_on_gpu=on_gpu,
-        kv_cache=kv,
-        length_declared=work.declared_seq is not None,
-        attention=at.choice,
-        per_call=per_call,
+    plan = select_decode(
+        DecodeQuery(req.intent, True, dw, req.decode, work.declared_seq is not None, tuple(assumed)),
+        DecodeModel(q, kv, at.choice),
+        Placement(bool(caps.gpus), on_gpu, sized.placement.offload, gpus),
+        StaticCache(length, tuple(buckets), tuple(length_why), compile_cache.present(key, req.env), key),
+        DecodeCosts(facts, bound_ms(s, dtype, caps.gpus[0].name) if caps.gpus else None, per_call),
     )
     if plan is not None and plan.compiled and plan.max_cache_len in fits:
         sized = fits[plan.max_cache_len]

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from ..capabilities import Capabilities
 from ..decision import Candidate, Decision
@@ -37,21 +36,23 @@ from ..decode_plan import DecodePlan, DecodeWork, PerCallDecode
 from ..errors import InvalidChoiceError
 from ..model_info import ModelSummary
 from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
+from .decode_query import DecodeCosts, DecodeModel, DecodeQuery, Placement, RequestedDecode, StaticCache
 from .dtype import dtype_bytes
 from .sdpa_dispatch import COMPILED_STEP_REVISION
 from .sdpa_dispatch import NAMES as SDPA_VARIANTS
 from .serving.batching import HBM_BYTES_S, hbm_bandwidth
 
-#: ``decode=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"):
-#: "auto" (decided from the declared work) or one of :data:`cudaload.plans.decode.DECODE_MODES`
-RequestedDecode = Literal["auto", "dynamic", "compiled"]
-
 __all__ = [
     "BUCKET_MIN",
     "COMPILE_CONFIG",
     "MARGIN",
+    "DecodeCosts",
     "DecodeFacts",
+    "DecodeModel",
+    "DecodeQuery",
+    "Placement",
     "RequestedDecode",
+    "StaticCache",
     "bound_ms",
     "bucket_for",
     "cache_key_from",
@@ -62,6 +63,7 @@ __all__ = [
     "decode_key_base",
     "quant_decode_cost",
     "scaled_facts",
+    "select_decode",
     "static_cache_length",
 ]
 
@@ -264,31 +266,41 @@ def choose_decode(
     attention: str | None = None,
     per_call: PerCallDecode | None = None,
 ) -> DecodePlan | None:
-    """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring).
+    """:func:`select_decode` with its five values as keywords (the tests' form)."""
+    return select_decode(
+        DecodeQuery(intent, can_generate, work, requested, length_declared, tuple(assumed)),
+        DecodeModel(quantization, kv_cache, attention),
+        Placement(has_gpu, weights_on_gpu, offload, gpu_devices),
+        StaticCache(max_cache_len, tuple(cache_buckets), tuple(cache_len_reasons), warm, cache_key),
+        DecodeCosts(facts, bound, per_call),
+    )
+
+
+def select_decode(
+    query: DecodeQuery, model: DecodeModel, where: Placement, cache: StaticCache, costs: DecodeCosts
+) -> DecodePlan | None:
+    """The decode section: ``dynamic`` or ``compiled`` with every candidate's costs (module docstring; what each
+    value holds: :mod:`cudaload.policies.decode_query`).
 
     None for intents that do not call generate() one batch at a time (training; serving runs continuous
-    batching) and for models that do not generate. ``work.new_tokens``: the decode steps of the whole job (new
-    tokens per call x calls; None: not declared), ``work.longest`` the longest prompt + new tokens (the plan's
-    seq_len), ``work.batch`` the sequences per call; ``max_cache_len``: the static cache chosen (:func:`static_cache_length`; None: none
-    fits, ``cache_len_reasons`` say why); ``warm``: the compile artifact of ``cache_key`` is on disk;
-    ``facts``: the measurement for this GPU scaled to the model (None: none speaks for it); ``bound``: the
-    memory bound in ms per step, shown beside the costs; ``weights_on_gpu``: the placement puts the weights
-    on a GPU (not the CPU of a GPU machine); ``kv_cache``: the model keeps an attention KV cache (not a
-    state-space model); ``length_declared``: the caller declared ``seq_len``, the static cache's length;
-    ``attention``: the plan's backend (the facts were measured on cudaload's sdpa variants, whose compiled step
-    runs the grouped decode attention: with another backend they speak for nothing; None: not checked);
-    ``per_call``: what a call's own decision needs (the planner's), kept on the plan only where each call may
-    decide (no work declared, ``decode='auto'``, no blocker, the facts speak for the GPU and attention). Raises
-    :class:`InvalidChoiceError` for ``requested="compiled"`` where it cannot run, with the fix."""
-    if intent != "inference" or not can_generate:
+    batching) and for models that do not generate. The facts were measured on cudaload's sdpa variants, whose
+    compiled step runs the grouped decode attention: with another ``model.attention`` they speak for nothing.
+    ``costs.per_call`` is kept on the plan only where each call may decide (no work declared, ``decode='auto'``,
+    no blocker, the facts speak for the GPU and attention). Raises :class:`InvalidChoiceError` for
+    ``requested="compiled"`` where it cannot run, with the fix."""
+    intent, work, assumed = query.intent, query.work, query.assumed
+    quantization, attention = model.quantization, model.attention
+    max_cache_len, cache_len_reasons = cache.max_cache_len, cache.length_reasons
+    facts, per_call = costs.facts, costs.per_call
+    if intent != "inference" or not query.can_generate:
         return None
-    req = requested
+    req = query.requested
     explicit = req != "auto"
     found = _blockers(
-        Placement(has_gpu, weights_on_gpu, offload, gpu_devices),
+        where,
         quantization,
-        kv_cache,
-        length_declared or not (work.declared or explicit),  # no work, nothing asked: no length to miss
+        model.kv_cache,
+        query.length_declared or not (work.declared or explicit),  # no work, nothing asked: no length to miss
         max_cache_len,
         cache_len_reasons,
     )
@@ -300,8 +312,8 @@ def choose_decode(
     each_call = (
         not explicit and not blockers and not work.declared and per_call is not None and facts is not None
     )
-    expected = _expected(work, quantization, facts, max_cache_len, warm, bound)
-    dyn_why, comp_why = _costs(expected, warm, facts)
+    expected = _expected(work, quantization, facts, max_cache_len, cache.warm, costs.bound)
+    dyn_why, comp_why = _costs(expected, cache.warm, facts)
     notes: list[str] = []
     if req == "compiled" and blockers:
         raise InvalidChoiceError(
@@ -412,25 +424,15 @@ def choose_decode(
         mode=Decision(choice, reasons, cands, explicit=explicit),
         work=work,
         max_cache_len=max_cache_len if compiled else None,
-        cache_buckets=tuple(cache_buckets) if compiled else (),
+        cache_buckets=cache.buckets if compiled else (),
         batch_sizes=(batch,) if compiled else (),
         compile=dict(COMPILE_CONFIG) if compiled else {},
         expected=expected,
-        cache_key=cache_key if compiled else None,
+        cache_key=cache.key if compiled else None,
         assumed=tuple(assumed),
         notes=tuple(notes),
         per_call=per_call if each_call else None,
     )
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the model runs, as the compiled path's checks need it."""
-
-    has_gpu: bool  # the machine has a CUDA GPU
-    on_gpu: bool  # the placement puts the weights on one
-    offload: bool
-    gpu_devices: int
 
 
 def _blockers(
