@@ -12,7 +12,13 @@ from ..decision import Decision
 from ..model_info import ModelInfo
 from ..policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
-from ..policies.serving import ServingPlan, choose_paged_attention, plan_serving
+from ..policies.serving import (
+    ServingDevice,
+    ServingPlan,
+    ServingQuery,
+    choose_paged_attention,
+    select_serving,
+)
 
 
 def _peft(info: ModelInfo, lora: Mapping[str, Any] | None, dropout: Decision | None) -> dict[str, Any]:
@@ -83,20 +89,18 @@ def _serving(
         if len(gpu_devs) > 1 and world == 1:
             # layers split over GPUs (one runs at a time): plan each device's share of the weights
             weights = weights // len(gpu_devs)
-    sp = plan_serving(
+    sp = select_serving(
         info,
-        dtype=dtype,
-        attention_choice=attn,
-        quantization=fr.decision.choice,
-        weights_bytes=weights,
-        device_total=total,
-        device_budget=budget,
-        gpu_name=name,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        world_size=world,
-        transformers_version=caps.transformers_version,
-        usable_attention=usable_attention,
+        ServingQuery(
+            dtype,
+            fr.decision.choice,
+            attn,
+            tuple(usable_attention) if usable_attention is not None else None,
+            seq_len,
+            batch_size,
+        ),
+        ServingDevice(weights, total, budget, name, world),
+        caps.transformers_version,
     )
     if len(gpu_devs) > 1 and world == 1:
         sp = replace(

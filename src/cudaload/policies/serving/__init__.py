@@ -129,7 +129,7 @@ from .paged_attention import (
     transformers_name,
 )
 from .paged_attention import _eager_to_sdpa as _eager_to_sdpa  # tests check the fallback's record
-from .plan import plan_serving
+from .plan import ServingDevice, ServingQuery, plan_serving, select_serving
 
 __all__ = [
     "BLOCK_SIZES",
@@ -158,7 +158,9 @@ __all__ = [
     "TF_MIN_MAX_BATCH_TOKENS",
     "TF_Q_PADDING",
     "CacheShape",
+    "ServingDevice",
     "ServingPlan",
+    "ServingQuery",
     "choose_batch_tokens",
     "choose_block_size",
     "choose_paged_attention",
@@ -171,6 +173,7 @@ __all__ = [
     "masked_step_transient",
     "pad_to_interval",
     "plan_serving",
+    "select_serving",
     "settle",
     "solve_cache_tokens",
     "step_keys",

@@ -58,6 +58,35 @@ _SLIDING_NOTE = (
 )
 
 
+@dataclass(frozen=True)
+class ServingQuery:
+    """What the serving section is asked: the model's ``dtype`` and ``quantization``, the attention decision's
+    ``attention`` and, when it chose automatically, its accepted implementations (``usable``; see
+    :func:`choose_paged_attention`), the declared longest request (``seq_len``: prompt + new tokens) and concurrent
+    requests (``batch_size``), None when the caller did not declare them."""
+
+    dtype: str
+    quantization: str | None
+    attention: str
+    usable: tuple[str, ...] | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ServingDevice:
+    """The GPU the cache lives on: the whole model's ``weights_bytes`` (split over ``world_size`` tensor-parallel
+    ranks), one GPU's memory (``total``) and what it may hold (``budget``; both None: no GPU, planning for the
+    CPU), its ``gpu_name``, and the kernel launches' seconds a layer (None: the H200's)."""
+
+    weights_bytes: int
+    total: int | None
+    budget: int | None
+    gpu_name: str | None
+    world_size: int = 1
+    launch_s_per_layer: float | None = None
+
+
 def plan_serving(
     info: ModelInfo,
     *,
@@ -75,25 +104,43 @@ def plan_serving(
     launch_s_per_layer: float | None = None,
     usable_attention: Iterable[str] | None = None,
 ) -> ServingPlan:
-    """The serving section. ``weights_bytes``: the whole model's weights (split over ``world_size`` ranks);
-    ``device_total`` / ``device_budget``: one GPU's memory and what it may hold (None: no GPU, planning for the CPU);
-    ``seq_len`` / ``batch_size``: the declared longest request (prompt + new tokens) and concurrent requests, or
-    None when the caller did not declare them; ``usable_attention``: the attention decision's accepted
-    implementations when it chose automatically (see :func:`choose_paged_attention`)."""
+    """:func:`select_serving` with its values as keywords (the tests' form)."""
+    return select_serving(
+        info,
+        ServingQuery(
+            dtype,
+            quantization,
+            attention_choice,
+            tuple(usable_attention) if usable_attention is not None else None,
+            seq_len,
+            batch_size,
+        ),
+        ServingDevice(weights_bytes, device_total, device_budget, gpu_name, world_size, launch_s_per_layer),
+        transformers_version,
+    )
+
+
+def select_serving(
+    info: ModelInfo, query: ServingQuery, device: ServingDevice, transformers_version: str | None = None
+) -> ServingPlan:
+    """The serving section for ``query`` on ``device`` (what each holds: :class:`ServingQuery`,
+    :class:`ServingDevice`), with the transformers release whose continuous batching it configures."""
+    dtype, quantization, seq_len, batch_size = query.dtype, query.quantization, query.seq_len, query.batch_size
+    gpu_name, launch_s_per_layer, world_size = device.gpu_name, device.launch_s_per_layer, device.world_size
     tp = max(1, int(world_size))
     supports_sdpa = bool(getattr(info, "supports_sdpa", True))
     attention = choose_paged_attention(
-        attention_choice,
+        query.attention,
         supports_sdpa=supports_sdpa,
-        usable=usable_attention,
+        usable=query.usable,
         transformers_version=transformers_version,
     )
     heads = _heads_per_rank(info, tp)
     room = DeviceRoom.of(
         WorkingSet(info, dtype, quantization),
-        weights=weights_bytes // tp,
-        device_total=device_total,
-        device_budget=device_budget,
+        weights=device.weights_bytes // tp,
+        device_total=device.total,
+        device_budget=device.budget,
     )
     layout = _layout(info, dtype, _Paged.of(attention), heads, seq_len=seq_len, has_cuda=room.has_cuda)
     work = DeclaredWork.of(seq_len, batch_size, layout.block)
