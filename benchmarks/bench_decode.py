@@ -32,7 +32,7 @@ of batch 8, prompts 200-700 tokens left-padded, +128; ``probe``: a compile probe
 512+256, 900+256, 1500+128 (the same bucket: no recompile expected), each call timed, the prefill of each
 prompt timed apart (``max_new_tokens=1``) so ms per decode token = (call - prefill) / (new - 1). ``ab``: the
 probe's first call, then its other calls ``--reps`` times, each with both decode loops in rotated order, in one
-process: ``late`` (``custom_generate=cudaload.decode_loop.late_stop_sample``, the stop read one step late; what a
+process: ``late`` (``custom_generate=cudaload.execute.runtime.decode_loop.late_stop_sample``, the stop read one step late; what a
 compiled plan's ``generate()`` passes) and ``transformers`` (``custom_generate=None``: transformers' ``_sample``),
 their ms per decode token and whether their greedy ids are equal.
 
@@ -252,7 +252,7 @@ def _ab(out: dict[str, Any], jobs: list[tuple[int, Any, int]], timed: Any, input
     """Both decode loops on the same calls in one process (same model, same compiled graph), in rotated order."""
     import statistics
 
-    from cudaload.decode_loop import late_stop_sample
+    from cudaload.execute.runtime.decode_loop import late_stop_sample
 
     loops: dict[str, dict[str, Any]] = {
         "late": {"custom_generate": late_stop_sample},

@@ -98,7 +98,7 @@ for i, g in enumerate(spec.get("generate") or []):
     gen = torch.Generator().manual_seed(1234 + i)
     ids = torch.randint(4, int(model.config.vocab_size), (b, p), generator=gen)
     mask = torch.ones_like(ids)
-    # built here rather than with cudaload.tuning.measure.make_inputs: the plain child never imports cudaload.
+    # built here rather than with cudaload.execute.measure.backends.make_inputs: the plain child never imports cudaload.
     # The same lengths as WorkShape.lengths: evenly spaced from p // 2 up to p, longest first
     if g["padding"] == "left" and b > 1:
         lo = max(1, p // 2)

@@ -15,7 +15,7 @@ For each shape (--shapes, default 8b then 0.6b) one model per backend is built o
 once: plain ``sdpa`` (transformers' default), ``cudaload_sdpa`` (cuDNN only for shapes that recur),
 ``cudaload_sdpa_nocudnn`` (left out of every call), ``eager``, and ``flash_attention_4`` when
 ``flash_attn.cute`` imports. Every (backend, work) gets a full-length warm-up, then rounds of two calls
-(cudaload.tuning.measure, which ``cudaload tune`` shares): **first-seen** on a new thread, whose cuDNN graph
+(cudaload.execute.measure.backends, which ``cudaload tune`` shares): **first-seen** on a new thread, whose cuDNN graph
 cache is empty as in a new process, and **repeated** on that thread, which has just run those lengths (for
 ``cudaload_sdpa``, which sends a shape to cuDNN once it has met it twice, after two more calls: the one that
 builds cuDNN's graphs is kept apart, in ``settle_s``).
@@ -53,8 +53,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's cudaload, before any installed one
 
+from cudaload.execute.measure.backends import Measurement, WorkShape, measure_backends  # noqa: E402
 from cudaload.policies.sdpa_dispatch import RECUR, SDPA_DECODE, SDPA_NO_CUDNN  # noqa: E402
-from cudaload.tuning.measure import Measurement, WorkShape, measure_backends  # noqa: E402
 
 SHAPES = {"0.6b": "Qwen3-0.6B", "8b": "Qwen3-8B"}
 #: batch 1-32, prompts 256-8192, 32-256 new tokens, padded and not
@@ -134,7 +134,7 @@ def build_models(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cudaload.sdpa_decode import register
+    from cudaload.execute.runtime.sdpa_decode import register
 
     register()  # cudaload_sdpa and cudaload_sdpa_nocudnn, as load_model registers them
     t = time.perf_counter()
@@ -213,7 +213,7 @@ def run_shape(shape: str, args: argparse.Namespace, deadline: float, t0: float) 
     text = config.get_text_config()
     heads, kv, hd = int(text.num_attention_heads), int(text.num_key_value_heads), int(text.head_dim)
     if device.startswith("cuda"):
-        from cudaload.sdpa_decode import decode_backend
+        from cudaload.execute.runtime.sdpa_decode import decode_backend
 
         out["decode_dispatch"] = decode_backend(device, dtype, heads, kv, hd)
         log(f"{label}: torch's SDPA picks for a decode step: {out['decode_dispatch']}")
@@ -260,8 +260,8 @@ def steady(shape: str, args: argparse.Namespace, deadline: float) -> dict[str, A
     meeting the same lengths sees."""
     import torch
 
+    from cudaload.execute.measure.backends import generate_call, make_inputs, timed
     from cudaload.testing import full_config, tiny_config
-    from cudaload.tuning.measure import generate_call, make_inputs, timed
 
     device = "cuda:0" if torch.cuda.is_available() and not args.smoke else "cpu"
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

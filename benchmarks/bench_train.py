@@ -287,9 +287,9 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
     compared again with the current model (``--recompare``)."""
     from cudaload.model_info import model_info
     from cudaload.planner import sdpa_family
+    from cudaload.plans.training import StepShape
     from cudaload.policies.memory import allocated_bytes, estimate
     from cudaload.testing import full_config
-    from cudaload.training_plan import StepShape
 
     spec, step = run["spec"], run.get("max_step")
     if not step:

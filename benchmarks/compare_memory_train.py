@@ -75,7 +75,7 @@ BENCH_LORA_DROPOUT = 0.05
 
 def measured_step(row: dict[str, Any], seq_len: int | None = None) -> Any:
     """The step shape the bench measured for ``row`` (padded, at ``seq_len`` when given)."""
-    from cudaload.training_plan import StepShape
+    from cudaload.plans.training import StepShape
 
     return StepShape.padded(
         row["batch"],

@@ -11,7 +11,7 @@
 #   benchmarks/gpu_decode_suite.sh 3   the compiled step with the grouped decode attention: probe profiled, the
 #      long job compiled cold then warm, the default on the long job, the short job default and declared
 #   benchmarks/gpu_decode_suite.sh 4   GPU parity tests, then short / probe / batched jobs (see the branch)
-#   benchmarks/gpu_decode_suite.sh 5   the late stop (cudaload.decode_loop): GPU parity tests, then both decode
+#   benchmarks/gpu_decode_suite.sh 5   the late stop (cudaload.execute.runtime.decode_loop): GPU parity tests, then both decode
 #      loops on the probe's calls in one process, compiled (profiled) and dynamic (the ab job)
 #   benchmarks/gpu_decode_suite.sh 7   (carry .whl with the quant group) the quantized rungs' decode and plain
 #      transformers on the long job

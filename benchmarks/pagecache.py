@@ -19,7 +19,7 @@ if SRC.is_dir() and str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
 # mincore on a mapping of each file, where the kernel tells the truth about it (re-exported for benchmarks)
-from cudaload.prefetch import resident_fraction  # noqa: E402
+from cudaload.execute.runtime.prefetch import resident_fraction  # noqa: E402
 
 __all__ = ["evict", "files_of", "resident_fraction"]
 

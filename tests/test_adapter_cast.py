@@ -37,7 +37,7 @@ def test_bf16_lora_skips_the_copy_under_autocast_and_says_why() -> None:
     assert "adapter input cast: outside-autocast" in p.explain()
     assert {c.name for c in t.adapter_cast.candidates} == {"outside-autocast", "peft"}
     # round trip
-    from cudaload.plans import Plan
+    from cudaload.plans.plan import Plan
 
     back = Plan.from_json(p.to_json())
     assert back.training is not None and back.training.adapter_cast == t.adapter_cast

@@ -17,10 +17,10 @@ import pytest
 from transformers import __version__ as _tf_version
 
 from cudaload.capabilities import GPU, Capabilities, PackageInfo
-from cudaload.decision import Decision
 from cudaload.detection.versions import version_tuple
 from cudaload.errors import InvalidChoiceError
 from cudaload.model_info import ModelInfo, model_info
+from cudaload.plans.decision import Decision
 from cudaload.policies import attention as A
 from cudaload.policies.attention import choose_attention
 from cudaload.profiles import hardware

@@ -116,7 +116,7 @@ def test_tune_needs_a_declared_work(tiny_model) -> None:  # type: ignore[no-unty
 
 
 def test_cli_plan_takes_new_tokens_and_padded(h200: Capabilities, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from cudaload.cli import main
+    from cudaload.commands.cli import main
 
     (tmp_path / "h200.json").write_text(FIXTURE.read_text())
     cfg = tmp_path / "cfg"

@@ -565,7 +565,7 @@ def test_single_on_one_gpu_stays_accepted(qwen: str) -> None:
 
 
 def test_the_cli_writes_a_list_as_comma_separated_names() -> None:
-    from cudaload.cli import as_flags
+    from cudaload.commands.cli import as_flags
 
     assert (
         as_flags("plan as if they were installed: assume_installed=['bitsandbytes', 'peft']")
@@ -585,7 +585,7 @@ def test_the_cli_writes_a_list_as_comma_separated_names() -> None:
 def test_the_cli_says_the_same_in_flags(
     argv: list[str], says: str, qwen: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cudaload.cli import main
+    from cudaload.commands.cli import main
 
     try:
         code = main(["plan", qwen, *argv])

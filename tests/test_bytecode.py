@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from cudaload.bytecache import precompile
 from cudaload.capabilities import Capabilities
+from cudaload.commands.bytecache import precompile
+from cudaload.commands.doctor import diagnose
 from cudaload.detection import assemble
 from cudaload.detection import bytecode as bc
-from cudaload.doctor import diagnose
 from cudaload.errors import ConfigurationError
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -158,7 +158,7 @@ def test_precompile_refuses_before_compiling(
     with pytest.raises(ConfigurationError, match=r"not installed for .*: no_such_pkg_xyz"):
         precompile(["no_such_pkg_xyz"], stdlib=False)
     # root may write anywhere, so a read-only installation is stood for by os.access's answer
-    import cudaload.bytecache as pc
+    import cudaload.commands.bytecache as pc
 
     monkeypatch.setattr(pc.os, "access", lambda path, mode, **kw: False)
     with pytest.raises(ConfigurationError, match="read-only") as e:
@@ -227,7 +227,7 @@ def test_reserved_flags_and_a_stale_checked_hash_are_not_cached(pkg: Path) -> No
 
 def test_the_function_stays_callable_after_its_module_is_imported() -> None:
     import cudaload
-    import cudaload.bytecache
+    import cudaload.commands.bytecache
 
     assert callable(cudaload.precompile) and cudaload.precompile is precompile
 
@@ -257,7 +257,7 @@ def test_the_plan_warns_where_this_load_will_compile_its_imports(
 
 
 def test_root_writing_into_another_users_install_is_noted(pkg: Path) -> None:
-    import cudaload.bytecache as pc
+    import cudaload.commands.bytecache as pc
 
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         assert pc._owner_notes([str(pkg)]) == []
@@ -271,7 +271,7 @@ def test_root_writing_into_another_users_install_is_noted(pkg: Path) -> None:
 def test_the_default_search_leaves_the_standard_library_out(pkg: Path) -> None:
     # what precompile() does after its child has imported what a load imports: the same locating code, run
     # here after importing a stdlib package and the test package instead of torch and transformers
-    import cudaload.bytecache as pc
+    import cudaload.commands.bytecache as pc
 
     head = "import json, sys, email, clpkg\nnames, outside_stdlib = sorted(sys.modules), True\n"
     seen = pc._child_json(sys.executable, ["-c", head + pc._LOCATE], None, "locate")

@@ -20,13 +20,13 @@ import cudaload
 from cudaload import execute
 from cudaload.capabilities import Capabilities
 from cudaload.checkpoint_coverage import check_coverage, matches, new_weights_option
-from cudaload.decision import Candidate, Decision
 from cudaload.errors import (
     CheckpointCoverageError,
     CheckpointError,
     ConfigurationError,
     LoadError,
 )
+from cudaload.plans.decision import Candidate, Decision
 
 
 @pytest.fixture(scope="module")

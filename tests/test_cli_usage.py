@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cudaload.cli import build_parser
+from cudaload.commands.cli import build_parser
 
 
 def test_usage_lists_every_subcommand() -> None:
@@ -26,8 +26,8 @@ def test_verbose_after_every_subcommand() -> None:
 def test_precompile_refuses_a_prefix_it_cannot_write_before_compiling(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cudaload.bytecache as bytecache
-    from cudaload.cli import main
+    import cudaload.commands.bytecache as bytecache
+    from cudaload.commands.cli import main
 
     class Reached(Exception):
         pass

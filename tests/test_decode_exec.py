@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from cudaload import compile_cache
-from cudaload.decision import Decision
-from cudaload.decode_plan import DecodePlan
 from cudaload.errors import ConfigurationError, CudaloadWarning
+from cudaload.plans.decision import Decision
+from cudaload.plans.decode import DecodePlan
 
 # -- compile_cache: pure -----------------------------------------------------------------------------------------
 
@@ -142,7 +142,7 @@ def test_a_compiled_plan_sets_exactly_the_static_cache_and_the_compile_config(ti
         "cache_implementation": "static",
         "compile_config": {"backend": "aot_eager", "mode": None, "fullgraph": False, "dynamic": False},
         "max_cache_len": 64,
-        # the late stop (cudaload.decode_loop) is for CUDA: a CPU model keeps transformers' loop, and says why
+        # the late stop (cudaload.execute.runtime.decode_loop) is for CUDA: a CPU model keeps transformers' loop, and says why
         "stop_check": "transformers' (the model is on cpu, not CUDA: the host waits for nothing there)",
         "compiles_on_device": False,  # a CPU model: transformers compiles there only with _compile_all_devices
     }
@@ -251,8 +251,8 @@ _ROUND_TRIP = r"""
 import json, sys, torch
 from transformers import AutoModelForCausalLM
 from torch._dynamo.utils import counters
-from cudaload.decision import Decision
-from cudaload.decode_plan import DecodePlan
+from cudaload.plans.decision import Decision
+from cudaload.plans.decode import DecodePlan
 from cudaload.execute.decode import apply_decode, warm_decode
 
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
@@ -333,7 +333,7 @@ def gpu_lm_grouped(small_model: Path) -> Iterator[Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cudaload.sdpa_decode import register
+    from cudaload.execute.runtime.sdpa_decode import register
 
     register()
     torch._dynamo.reset()
@@ -388,7 +388,7 @@ def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(
         ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(top2[..., 0].abs())))
         dynamic.append((out.sequences[:, p.shape[1] :], top2[..., 0] - top2[..., 1], 4 * ulp))
     plan = _gpu_plan()
-    assert apply_decode(gpu_lm, plan)["stop_check"] == "late"  # the compiled calls run cudaload.decode_loop
+    assert apply_decode(gpu_lm, plan)["stop_check"] == "late"  # the compiled calls run cudaload.execute.runtime.decode_loop
     warm = warm_decode(gpu_lm, plan)
     assert warm["compiled"]
     compared = 0
@@ -514,7 +514,7 @@ def test_gpu_precompile_saves_artifacts_a_fresh_process_loads(small_model: Path,
 
 _CHILD = """
 import json, sys
-from cudaload.cli import main
+from cudaload.commands.cli import main
 rc = main(json.loads(sys.argv[1]))
 print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
 """

@@ -1,4 +1,4 @@
-"""cudaload.decode_loop: transformers' sampling loop with the stop read one step late (issue 35).
+"""cudaload.execute.runtime.decode_loop: transformers' sampling loop with the stop read one step late (issue 35).
 
 The loop runs on the CPU here through ``late_stop_sample`` with its refusal of the CPU faked away (the
 ``late_on_cpu`` fixture; on the CPU it otherwise keeps transformers' loop, where the host waits for nothing): the
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from cudaload import decode_loop
 from cudaload.errors import ConfigurationError
+from cudaload.execute.runtime import decode_loop
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from cudaload import decode_loop, plan
-from cudaload.decision import Decision
-from cudaload.decode_plan import DecodePlan, PerCallDecode
+from cudaload import plan
 from cudaload.errors import CudaloadWarning
-from cudaload.plans import Plan
+from cudaload.execute.runtime import decode_loop
+from cudaload.plans.decision import Decision
+from cudaload.plans.decode import DecodePlan, PerCallDecode
+from cudaload.plans.plan import Plan
 from cudaload.policies.decode import MARGIN, cache_key_from, decode_cache_key, decode_key_base
 from cudaload.policies.decode_call import (
     EOS_SHARE,

@@ -16,10 +16,10 @@ import pytest
 
 from cudaload import compile_cache
 from cudaload.capabilities import Capabilities
-from cudaload.decode_plan import DecodeWork
 from cudaload.errors import ConfigurationError, CudaloadWarning, InvalidChoiceError
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.decode import DecodeWork
+from cudaload.plans.plan import Plan
 from cudaload.policies.decode import (
     BUCKET_MIN,
     MARGIN,
@@ -490,7 +490,7 @@ def test_request_normalises_decode_and_passes_it_on(tmp_path: Path) -> None:
 
 
 def test_cli_plan_parses_and_refuses_decode_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from cudaload.cli import build_parser, main
+    from cudaload.commands.cli import build_parser, main
 
     args = build_parser().parse_args(
         ["plan", "m", "--new-tokens", "256", "--generate-calls", "20", "--decode", "compiled"]

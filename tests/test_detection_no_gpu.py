@@ -58,7 +58,7 @@ def test_load_model_runs_on_the_cpu_and_says_why(tiny_model: Callable[..., Path]
 
 def _demo(monkeypatch: pytest.MonkeyPatch, caps: Capabilities, cpu: bool) -> str:
     import cudaload.detection as detection
-    from cudaload.demo import run
+    from cudaload.commands.demo import run
 
     monkeypatch.setattr(detection, "detect", lambda **kw: caps)
     out = io.StringIO()

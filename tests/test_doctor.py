@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cudaload.capabilities import Capabilities
-from cudaload.doctor import diagnose
+from cudaload.commands.doctor import diagnose
 from cudaload.profiles import hardware
 
 FIX = Path(__file__).parent / "fixtures"

@@ -277,7 +277,7 @@ class _FakeInfo:
 
 
 def _placement(devices: tuple[str, ...]) -> Any:
-    from cudaload.plans import Placement
+    from cudaload.plans.plan import Placement
 
     return Placement(device_map={"": devices[0]}, devices=devices)
 
@@ -306,7 +306,7 @@ def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]
     """load_model's fast branch (forced here on the CPU, the planner gives it GPUs only) with keywords."""
     import cudaload
     from cudaload import execute
-    from cudaload.decision import Candidate, Decision
+    from cudaload.plans.decision import Candidate, Decision
 
     path = tiny_model("llama")
     plan = cudaload.plan(str(path), hardware=cudaload.detect())

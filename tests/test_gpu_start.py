@@ -1,4 +1,4 @@
-"""cudaload.gpu_start: which GPU is certain before planning, and the thread's report (issue 14)."""
+"""cudaload.execute.runtime.gpu_start: which GPU is certain before planning, and the thread's report (issue 14)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from cudaload import gpu_start
 from cudaload.capabilities import Distributed
+from cudaload.execute.runtime import gpu_start
 from cudaload.profiles import hardware
 
 
@@ -128,7 +128,7 @@ def test_starting_the_gpu_in_a_fresh_process_under_torchrun_does_not_abort_it() 
     src = Path(__file__).resolve().parents[1] / "src"
     code = (
         "import dataclasses, sys\n"
-        "from cudaload import gpu_start\n"
+        "from cudaload.execute.runtime import gpu_start\n"
         "from cudaload.capabilities import Distributed\n"
         "from cudaload.profiles import hardware\n"
         "h = hardware('2xH200')\n"

@@ -1,4 +1,4 @@
-"""The compiled decode step's attention (cudaload.sdpa_decode.grouped_decode_attention): the same outputs as
+"""The compiled decode step's attention (cudaload.execute.runtime.sdpa_decode.grouped_decode_attention): the same outputs as
 transformers' sdpa over masked caches (fp32 to rounding; bf16 within eager's precision) (GQA and not, padded batches, a few queries, a custom scale), taken only
 inside a compiled graph and only where it computes what sdpa would, and generate()'s compiled static-cache path
 through it giving the dynamic path's greedy tokens."""
@@ -46,7 +46,7 @@ def _problem(
 def test_grouped_attention_equals_transformers_sdpa(heads: int, kv_heads: int, queries: int) -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from cudaload.sdpa_decode import grouped_decode_attention
+    from cudaload.execute.runtime.sdpa_decode import grouped_decode_attention
 
     q, k, v, mask = _problem(2, heads, kv_heads, queries, 24, [9, 15])
     layer = _Layer(heads // kv_heads)
@@ -62,7 +62,7 @@ def test_bf16_within_eager_precision_other_value_widths_and_a_shared_mask() -> N
     wider than the query's (MLA-style); one mask row for a batch of two."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from cudaload.sdpa_decode import grouped_decode_attention
+    from cudaload.execute.runtime.sdpa_decode import grouped_decode_attention
 
     q, k, v, mask = _problem(2, 8, 2, 1, 64, [30, 50])
     layer = _Layer(4)
@@ -79,7 +79,7 @@ def test_bf16_within_eager_precision_other_value_widths_and_a_shared_mask() -> N
 
 
 def test_soft_capping_is_never_dropped_by_the_compiled_step() -> None:
-    from cudaload.sdpa_decode import _grouped_applies
+    from cudaload.execute.runtime.sdpa_decode import _grouped_applies
 
     q, k, _, mask = _problem(1, 8, 2, 1, 20, [9])
     assert _grouped_applies(q, k, mask, {"scaling": 0.2, "dropout": 0.0})
@@ -97,7 +97,7 @@ def test_a_compiled_masked_decode_step_runs_grouped_and_nothing_else_does(
 ) -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from cudaload import sdpa_decode
+    from cudaload.execute.runtime import sdpa_decode
 
     fn = {
         "cudaload_sdpa": sdpa_decode.sdpa_decode_forward,
@@ -151,10 +151,10 @@ def test_compiled_static_decode_through_cudaload_sdpa_gives_the_dynamic_tokens(
     decode step runs the grouped attention, and the greedy tokens are the dynamic path's."""
     from transformers import AutoModelForCausalLM
 
-    from cudaload import sdpa_decode
-    from cudaload.decision import Decision
-    from cudaload.decode_plan import DecodePlan
     from cudaload.execute.decode import apply_decode, warm_decode
+    from cudaload.execute.runtime import sdpa_decode
+    from cudaload.plans.decision import Decision
+    from cudaload.plans.decode import DecodePlan
 
     sdpa_decode.register()
     torch._dynamo.reset()

@@ -14,7 +14,6 @@ import torch
 
 import cudaload
 from cudaload.capabilities import Capabilities
-from cudaload.decision import Candidate, Decision
 from cudaload.errors import (
     CheckpointError,
     ConfigurationError,
@@ -24,6 +23,7 @@ from cudaload.errors import (
     LoadError,
     ModelNotFoundError,
 )
+from cudaload.plans.decision import Candidate, Decision
 
 CAUSAL = ["qwen3", "llama", "mistral", "gemma2", "qwen3_moe", "gpt2"]
 
@@ -316,7 +316,7 @@ def test_runtime_fallback_steps_down_to_the_next_valid_backend(tiny_model: Any, 
 
 
 def test_probe_verdicts_are_cached_atomically(tmp_path: Path, tiny_model: Any, caps: Capabilities) -> None:
-    from cudaload import probes
+    from cudaload.execute.runtime import probes
 
     _register_broken_attention("cudaload_test_broken2")
     model = cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, attn="eager")

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from cudaload.model_info import model_info
+from cudaload.plans.training import StepShape
 from cudaload.policies import memory as M
 from cudaload.testing import full_config
-from cudaload.training_plan import StepShape
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "2026-12-01-h200"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
 from cudaload.policies import memory as M
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "plan-schema.md"

@@ -12,13 +12,13 @@ from cudaload.capabilities import GPU, Capabilities
 from cudaload.errors import DoesNotFitError, InvalidChoiceError
 from cudaload.model_info import model_info
 from cudaload.planner import plan
+from cudaload.plans.training import StepShape
 from cudaload.policies import memory as M
 from cudaload.policies.memory import activations as MA  # where training_activations reads its constants
 from cudaload.policies.memory import breakdown, estimate, param_split
 from cudaload.policies.quantization import fit
 from cudaload.profiles import hardware
 from cudaload.testing import full_config
-from cudaload.training_plan import StepShape
 
 GiB = 1 << 30
 Q8 = model_info(full_config("Qwen3-8B"))

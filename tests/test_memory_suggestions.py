@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cudaload.capabilities import Capabilities
 from cudaload.errors import DoesNotFitError
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
 from cudaload.policies.quantization import Suggestion, replicate_gpus
 from cudaload.profiles import hardware
 from cudaload.testing import full_config

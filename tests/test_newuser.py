@@ -14,7 +14,7 @@ import pytest
 
 from cudaload import _env
 from cudaload.capabilities import Capabilities, PackageInfo
-from cudaload.cli import as_flags, build_parser, main
+from cudaload.commands.cli import as_flags, build_parser, main
 from cudaload.errors import CheckpointError, ConfigurationError, close_names, unknown_model_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ FIX = ROOT / "tests" / "fixtures"
 
 
 def _demo(kind: str) -> str:
-    from cudaload.demo import run
+    from cudaload.commands.demo import run
 
     out = io.StringIO()
     assert run(kind=kind, max_new_tokens=4, cpu=True, out=out) == 0
@@ -43,7 +43,7 @@ def test_demo_gpt2_prints_no_replacement_characters() -> None:
 
 
 def test_readable_shows_bytes_that_are_not_utf8_as_escapes() -> None:
-    from cudaload.demo import _byte_of_symbol, readable
+    from cudaload.commands.demo import _byte_of_symbol, readable
 
     sym = {b: s for s, b in _byte_of_symbol().items()}
     assert len(sym) == 256
@@ -57,7 +57,7 @@ def test_readable_shows_bytes_that_are_not_utf8_as_escapes() -> None:
 def test_demo_leaves_the_callers_progress_bar_setting_alone() -> None:
     from transformers.utils import logging as tf_logging
 
-    from cudaload.demo import quiet_progress_bars
+    from cudaload.commands.demo import quiet_progress_bars
 
     assert tf_logging.is_progress_bar_enabled()
     with quiet_progress_bars():
@@ -118,7 +118,7 @@ def test_library_keywords_become_flags(text: str, cli: str) -> None:
 
 
 def test_every_plan_flag_has_its_keyword_and_back() -> None:
-    from cudaload.cli import FLAGS
+    from cudaload.commands.cli import FLAGS
 
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]  # type: ignore[union-attr]
     flags = {s for a in plan._actions for s in a.option_strings if s.startswith("--")}
@@ -300,7 +300,7 @@ def test_installed_transformers_kernels_extra_is_its_accepted_window() -> None:
 
 
 def test_doctor_fix_for_out_of_range_kernels_is_an_upgrade() -> None:
-    from cudaload.doctor import diagnose
+    from cudaload.commands.doctor import diagnose
 
     caps = Capabilities.from_json((FIX / "kernels_out_of_range.json").read_text())
     k = caps.package("kernels")
@@ -311,7 +311,7 @@ def test_doctor_fix_for_out_of_range_kernels_is_an_upgrade() -> None:
 
 
 def test_doctor_fix_in_a_published_range_names_the_range() -> None:
-    from cudaload.doctor import kernels_fix
+    from cudaload.commands.doctor import kernels_fix
 
     assert kernels_fix(">=0.16.0,<0.17.0") == "pip install 'kernels>=0.16.0,<0.17.0'"
 
@@ -326,7 +326,7 @@ def _fresh(code: str) -> str:
 
 
 def test_explain_does_not_import_plans() -> None:
-    assert _fresh("import sys, cudaload.explain; print('cudaload.plans' in sys.modules)") == "False"
+    assert _fresh("import sys, cudaload.plans.explain; print('cudaload.plans.plan' in sys.modules)") == "False"
 
 
 def test_hub_kernels_names_stay_importable_and_cheap() -> None:
@@ -357,7 +357,7 @@ def test_detected_out_of_range_finding_names_an_installable_fix() -> None:
 
 
 def test_doctor_on_a_profile_does_not_call_packages_uninstalled() -> None:
-    from cudaload.doctor import diagnose
+    from cudaload.commands.doctor import diagnose
     from cudaload.profiles import hardware
 
     text = diagnose(hardware("H100")).render()

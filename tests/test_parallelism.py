@@ -20,7 +20,7 @@ from cudaload.errors import (
     InvalidChoiceError,
 )
 from cudaload.model_info import model_info
-from cudaload.plans import Parallelism, Plan
+from cudaload.plans.plan import Parallelism, Plan
 from cudaload.policies.parallelism import (
     NCCL_BYTES,
     ParallelFacts,

@@ -16,12 +16,12 @@ import pytest
 import cudaload
 from cudaload.model_info import model_info
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
+from cudaload.plans.training import StepShape
 from cudaload.policies.memory import activations as acts
 from cudaload.policies.memory import estimate
 from cudaload.profiles import hardware
 from cudaload.testing import full_config
-from cudaload.training_plan import StepShape
 
 GiB = 1 << 30
 Q8 = full_config("Qwen3-8B")
@@ -226,7 +226,7 @@ def test_load_model_checkpoints_exactly_every_nth_layer_and_a_trainer_step_keeps
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from cudaload.training import ACTIVATION_CHECKPOINTING_SINCE
+    from cudaload.train.arguments import ACTIVATION_CHECKPOINTING_SINCE
 
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
     path = str(_five_layers(tmp_path / "m"))

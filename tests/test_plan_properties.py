@@ -13,7 +13,7 @@ from cudaload.capabilities import Distributed
 from cudaload.errors import DoesNotFitError
 from cudaload.model_info import model_info
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
 from cudaload.policies.attention import choose_attention
 from cudaload.policies.attention.names import VARLEN
 from cudaload.profiles import hardware

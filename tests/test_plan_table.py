@@ -12,7 +12,7 @@ import pytest
 from cudaload.capabilities import GPU, Capabilities, Distributed
 from cudaload.errors import CudaloadError, DoesNotFitError, InvalidChoiceError
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
 from cudaload.profiles import hardware
 from cudaload.testing import full_config
 
@@ -546,7 +546,7 @@ def test_explain_mentions_choices_rejections_memory_warnings() -> None:
 
 
 def test_cli_plan(tiny_model: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from cudaload.cli import main
+    from cudaload.commands.cli import main
 
     path = str(Path(tiny_model("qwen3")) / "config.json")
     assert main(["plan", path, "--hardware", "H200", "--json"]) == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cudaload import prefetch
+from cudaload.execute.runtime import prefetch
 
 
 def _touch(path: Path, size: int) -> None:

@@ -27,7 +27,7 @@ def test_parse_importtime_reads_a_real_interpreters_output() -> None:
 
 def test_modules_diff_groups_by_package_both_ways() -> None:
     plain = {"torch": (10, 10, 0), "transformers": (5, 5, 0)}
-    other = {"torch": (10, 10, 0), "cudaload": (3000, 3000, 0), "cudaload.plans": (1000, 1000, 1)}
+    other = {"torch": (10, 10, 0), "cudaload": (3000, 3000, 0), "cudaload.plans.plan": (1000, 1000, 1)}
     text = profile_fresh.modules_diff(plain, other, "plain", "cudaload")
     assert "## imported by cudaload, not by plain" in text
     assert "| cudaload | 2 | 4.0 |" in text

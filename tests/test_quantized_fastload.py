@@ -566,7 +566,7 @@ def test_load_model_quantized_fast_branch_verifies(tiny_model: Callable[..., Pat
 
     import cudaload
     from cudaload import execute
-    from cudaload.decision import Candidate, Decision
+    from cudaload.plans.decision import Candidate, Decision
 
     path = tiny_model("qwen3")
     plan = cudaload.plan(str(path), hardware=cudaload.detect())

@@ -1283,7 +1283,7 @@ def test_the_environment_given_is_the_one_checked(
 
 _CHILD = """
 import json, sys
-from cudaload.cli import main
+from cudaload.commands.cli import main
 rc = main(json.loads(sys.argv[1]))
 heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 print(json.dumps({"rc": rc, "heavy": heavy}))
@@ -1349,7 +1349,7 @@ def test_cli_refuses_an_unreadable_folder(files: dict[str, str]) -> None:
 
 
 def test_cli_assume_installed_takes_what_the_planner_reads() -> None:
-    from cudaload.cli import build_parser
+    from cudaload.commands.cli import build_parser
 
     args = build_parser().parse_args(["plan", "m", "--assume-installed", "deepspeed,flash_attn"])
     assert args.assume_installed == ["deepspeed", "flash-attn"]
@@ -1358,7 +1358,7 @@ def test_cli_assume_installed_takes_what_the_planner_reads() -> None:
 def test_cli_prints_request_warnings_as_flags(
     files: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cudaload.cli import _request
+    from cudaload.commands.cli import _request
 
     _request(files["DIR"], "plan", seq_len=10**6, hardware="H100")
     err = capsys.readouterr().err

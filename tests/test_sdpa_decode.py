@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cudaload.capabilities import Capabilities
-from cudaload.decision import Candidate
 from cudaload.model_info import model_info
+from cudaload.plans.decision import Candidate
 from cudaload.policies import sdpa_dispatch
 from cudaload.policies.attention import choose_attention
 from cudaload.policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts, cudnn_takes_decode
@@ -185,7 +185,7 @@ torch = pytest.importorskip("torch")
 def models() -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from cudaload.sdpa_decode import register
+    from cudaload.execute.runtime.sdpa_decode import register
 
     register()
     out = {}
@@ -217,7 +217,7 @@ def test_registered_under_transformers_extension_points(models: dict[str, Any]) 
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    from cudaload.sdpa_decode import register, registered
+    from cudaload.execute.runtime.sdpa_decode import register, registered
 
     register()  # idempotent
     assert registered() == [SDPA_DECODE, SDPA_NO_CUDNN]
@@ -286,8 +286,8 @@ def test_decode_steps_go_to_cudnn_only_where_its_build_can_pay() -> None:
     step never (H200 run42: cuDNN saves too little there to repay a 40-60 ms build)."""
     import threading
 
+    from cudaload.execute.runtime.sdpa_decode import _recurs
     from cudaload.policies.sdpa_dispatch import RECUR, RECUR_MASKED_DECODE, recur_threshold
-    from cudaload.sdpa_decode import _recurs
 
     assert recur_threshold(7, True) == recur_threshold(7, False) == RECUR
     assert recur_threshold(1, True) == RECUR_MASKED_DECODE > RECUR
@@ -323,7 +323,7 @@ def test_a_user_who_turned_cudnn_off_keeps_it_off(models: dict[str, Any]) -> Non
 
 
 def test_compiles_with_fullgraph() -> None:
-    from cudaload.sdpa_decode import _without_cudnn
+    from cudaload.execute.runtime.sdpa_decode import _without_cudnn
 
     def f(q: Any, k: Any, v: Any) -> Any:
         return _without_cudnn(torch.nn.functional.scaled_dot_product_attention, q, k, v)
@@ -341,7 +341,7 @@ def test_compiles_with_fullgraph() -> None:
 def gpu_models() -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from cudaload.sdpa_decode import register
+    from cudaload.execute.runtime.sdpa_decode import register
 
     register()
     cfg = full_config("Qwen3-0.6B")
@@ -365,7 +365,7 @@ def gpu_models() -> dict[str, Any]:
 
 @pytest.mark.gpu
 def test_gpu_dispatch_and_what_the_variant_runs(gpu_models: dict[str, Any]) -> None:
-    from cudaload.sdpa_decode import confirm, decode_backend
+    from cudaload.execute.runtime.sdpa_decode import confirm, decode_backend
 
     seen = decode_backend("cuda", torch.bfloat16, 16, 8, 128)
     keep, _seen, why = confirm(gpu_models[SDPA_DECODE])

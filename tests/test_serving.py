@@ -16,7 +16,7 @@ import pytest
 import cudaload
 from cudaload.errors import ConfigurationError, DoesNotFitError
 from cudaload.model_info import model_info
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
 from cudaload.policies import serving as sv
 from cudaload.testing import full_config
 

@@ -206,7 +206,7 @@ def _job_sharded_fails(rank: int, world: int, args: dict[str, Any]) -> dict[str,
     import torch.distributed as dist
 
     from cudaload.execute import _load_sharded
-    from cudaload.plans import Plan
+    from cudaload.plans.plan import Plan
 
     plan = Plan.from_json(args["plan"])
     notes: list[str] = []

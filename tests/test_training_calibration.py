@@ -54,10 +54,10 @@ def test_the_configuration_that_ran_out_of_memory_is_not_planned_again() -> None
 
     import cudaload
     from cudaload.model_info import model_info
+    from cudaload.plans.training import StepShape
     from cudaload.policies.memory import CUDA_CONTEXT_BYTES, allocated_bytes, estimate, reserved_bytes
     from cudaload.profiles import hardware
     from cudaload.testing import full_config
-    from cudaload.training_plan import StepShape
 
     info = model_info(full_config("Qwen3-8B"))
     step = StepShape(4096, 8, 2048, packed=True, fused_loss=True)  # PEFT's cast, as it ran

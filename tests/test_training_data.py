@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cudaload.errors import ConfigurationError
-from cudaload.training_data import PackedCollator, PaddedCollator, pack
+from cudaload.train.data import PackedCollator, PaddedCollator, pack
 
 
 def _data(n: int = 50, lo: int = 1, hi: int = 40, seed: int = 0) -> list[dict[str, Any]]:

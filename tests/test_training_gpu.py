@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import cudaload
-from cudaload.training_data import PackedCollator, PaddedCollator
+from cudaload.train.data import PackedCollator, PaddedCollator
 
 pytestmark = pytest.mark.gpu
 

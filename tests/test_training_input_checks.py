@@ -16,11 +16,11 @@ import torch
 import cudaload
 from cudaload.errors import ConfigurationError, CudaloadWarning
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
 from cudaload.profiles import hardware
 from cudaload.testing import full_config, tiny_config
-from cudaload.training import vocab_bound
-from cudaload.training_data import check_ids, pack
+from cudaload.train.arguments import vocab_bound
+from cudaload.train.data import check_ids, pack
 
 Q8 = full_config("Qwen3-8B")
 VOCAB = 151936  # Qwen3-8B's config

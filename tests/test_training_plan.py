@@ -13,12 +13,12 @@ import cudaload
 from cudaload.errors import ConfigurationError, DoesNotFitError, InvalidChoiceError
 from cudaload.model_info import model_info
 from cudaload.planner import plan
-from cudaload.plans import Plan
+from cudaload.plans.plan import Plan
+from cudaload.plans.training import StepShape
 from cudaload.policies.memory import allocated_bytes, estimate
 from cudaload.policies.training import TYPICAL_FILL, step_bounds
 from cudaload.profiles import hardware
 from cudaload.testing import full_config, tiny_config
-from cudaload.training_plan import StepShape
 
 Q8 = full_config("Qwen3-8B")
 

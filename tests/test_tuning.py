@@ -20,6 +20,8 @@ import pytest
 
 from cudaload.capabilities import Capabilities
 from cudaload.errors import LoadError
+from cudaload.execute.measure.backends import Measurement, WorkShape, make_inputs, run_rounds
+from cudaload.execute.runtime.fa4_cache import enable_fa4_compile_cache
 from cudaload.model_info import model_info
 from cudaload.profiles import hardware
 from cudaload.testing import full_config
@@ -32,7 +34,6 @@ from cudaload.tuning import (
     WorkBucket,
     as_work,
     bucket,
-    enable_fa4_compile_cache,
     gpu_id,
     load_priors,
     lookup,
@@ -40,7 +41,6 @@ from cudaload.tuning import (
     priors_from_bench,
     signature,
 )
-from cudaload.tuning.measure import Measurement, WorkShape, make_inputs, run_rounds
 from cudaload.tuning.timings import prior_entry
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -567,7 +567,7 @@ def test_tune_measures_stores_and_lookup_finds_it(
     import argparse
 
     from cudaload.detection import detect
-    from cudaload.tuning import add_tune_parser, measured_or_tune, run_tune
+    from cudaload.execute.measure import add_tune_parser, measured_or_tune, run_tune
 
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path))
     path = tiny_model("qwen3")
@@ -610,7 +610,7 @@ def test_tune_measures_stores_and_lookup_finds_it(
 
 
 def test_tune_one_backend_at_a_time(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
-    from cudaload.tuning import tune
+    from cudaload.execute.measure import tune
 
     c = TimingCache(tmp_path / "t.json")
     r = tune(
@@ -624,7 +624,7 @@ def test_tune_one_backend_at_a_time(tiny_model: Callable[..., Path], tmp_path: P
 
 
 def test_tune_without_time_for_one_call_says_so(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
-    from cudaload.tuning import tune
+    from cudaload.execute.measure import tune
 
     with pytest.raises(LoadError) as e:
         tune(str(tiny_model("qwen3")), budget_s=1e-9, cache=TimingCache(tmp_path / "t.json"))
@@ -636,7 +636,7 @@ def test_tune_without_time_for_one_call_says_so(tiny_model: Callable[..., Path],
 def test_tune_refuses_a_budget_of_no_time(tmp_path: Path, budget: Any) -> None:
     """budget_s=0 loaded nothing and then failed with a LoadError; it is refused before the model is read."""
     from cudaload.errors import ConfigurationError
-    from cudaload.tuning import tune
+    from cudaload.execute.measure import tune
 
     with pytest.raises(ConfigurationError, match="budget_s") as e:
         tune(str(tmp_path / "no-such-model"), budget_s=budget, cache=TimingCache(tmp_path / "t.json"))
@@ -651,9 +651,9 @@ def test_tune_command_refuses_a_seq_len_with_no_prompt(
     import argparse
 
     from cudaload.errors import ConfigurationError
-    from cudaload.tuning import add_tune_parser
+    from cudaload.execute.measure import add_tune_parser
 
-    tune_module = importlib.import_module("cudaload.tuning.tune")  # the package's `tune` is the function
+    tune_module = importlib.import_module("cudaload.execute.measure.tune")  # the package's `tune` is the function
     called: list[dict[str, Any]] = []
     monkeypatch.setattr(tune_module, "tune", lambda *a, **kw: called.append(kw))
     parser = argparse.ArgumentParser()

@@ -27,7 +27,7 @@ def w_choice(spec: dict[str, Any]) -> dict[str, Any]:
     if any(b in SDPA_VARIANTS for b in spec["backends"]):
         # cudaload's sdpa variants are attention functions it registers with transformers (as load_model and
         # cudaload tune do): unregistered, set_attn_implementation refuses them and the plan's choice goes untimed
-        from cudaload.sdpa_decode import register
+        from cudaload.execute.runtime.sdpa_decode import register
 
         register()
     device = _device()

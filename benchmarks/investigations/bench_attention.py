@@ -22,7 +22,7 @@ directly on the GPU from the config (random bf16 weights, transformers' own init
 held at once. Backends: sdpa, eager, flash_attention_4 when ``flash_attn.cute`` imports, flex_attention
 (transformers compiles it with torch.compile: its compile cost is the "warm-up beyond a steady call"
 column, shown apart; it runs in its own pass after the others, --flex-share of the shape's time). Every (backend, work) gets one warm-up call (full prompt, 4 new tokens; its cost beyond a steady
-call is reported), then timed calls round by round, backends interleaved (see cudaload.tuning.measure,
+call is reported), then timed calls round by round, backends interleaved (see cudaload.execute.measure.backends,
 which ``cudaload tune`` shares). Greedy, ``min_new_tokens == max_new_tokens`` (checked), pad_token_id 0.
 The work list covers the issue's table: 8x2048+32 without a mask, with an all-ones mask and left-padded
 (1024-2048), 1x4096+64, 32x512+128, 8x2048+256, 1x512+32, plus 32x512+32 left-padded (256-512).
@@ -88,7 +88,7 @@ sys.path.insert(0, str(ROOT / "src"))  # this checkout's cudaload, before any in
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_generate: the model builder both scripts use
 
 from bench_generate import build_models  # noqa: E402
-from cudaload.tuning.measure import (  # noqa: E402
+from cudaload.execute.measure.backends import (  # noqa: E402
     Measurement,
     WorkShape,
     generate_call,

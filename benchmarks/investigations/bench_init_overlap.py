@@ -10,7 +10,7 @@ until transformers is imported AND one bf16 GEMM has run on cuda:0, three ways:
 - ``ctypes``: import torch, start a thread that only creates the primary context through libcuda (ctypes
   releases the GIL during the call), import transformers, then the GPU work through torch.
 
-It decided whether load_model should start the GPU work early (it does: ``cudaload.gpu_start``, from run 16).
+It decided whether load_model should start the GPU work early (it does: ``cudaload.execute.runtime.gpu_start``, from run 16).
 
     python benchmarks/investigations/bench_init_overlap.py --out DIR --reps 4 --budget-s 170
     python benchmarks/investigations/bench_init_overlap.py --out DIR --smoke      # CPU: the machinery only

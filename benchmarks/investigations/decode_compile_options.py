@@ -40,7 +40,7 @@ def child(variant: str, smoke: bool) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, CompileConfig
 
-    from cudaload.sdpa_decode import register
+    from cudaload.execute.runtime.sdpa_decode import register
     from cudaload.testing import full_config, tiny_config
 
     register()

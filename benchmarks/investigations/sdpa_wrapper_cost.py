@@ -1,6 +1,6 @@
 """What ``cudaload_sdpa`` adds to each attention call, on the host, in the state where lengths repeat.
 
-Once a problem shape has recurred, ``cudaload.sdpa_decode.sdpa_decode_forward`` calls transformers' own
+Once a problem shape has recurred, ``cudaload.execute.runtime.sdpa_decode.sdpa_decode_forward`` calls transformers' own
 ``sdpa_attention_forward`` with no flag switch, after one counted-shape lookup. On a host-bound decode that
 lookup is all the variant can cost against plain sdpa, so this times the two functions on tiny CPU tensors
 (the kernel's own time near its floor), interleaved in rounds of 100 calls, and prints each one's minimum and
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from cudaload import sdpa_decode
+    from cudaload.execute.runtime import sdpa_decode
 
     class Layer(torch.nn.Module):  # what sdpa_attention_forward reads from a decoder layer's attention
         def __init__(self) -> None:

@@ -24,17 +24,17 @@ _LAZY = {
     "Capabilities": "cudaload.capabilities",
     "GPU": "cudaload.capabilities",
     "PackageInfo": "cudaload.capabilities",
-    "Decision": "cudaload.decision",
-    "Candidate": "cudaload.decision",
+    "Decision": "cudaload.plans",
+    "Candidate": "cudaload.plans",
     "Plan": "cudaload.plans",
     "plan": "cudaload.planner",
     "load_model": "cudaload.execute",
-    "training_arguments": "cudaload.training",
-    "training_setup": "cudaload.training",
-    "sft_config_arguments": "cudaload.training",
+    "training_arguments": "cudaload.train",
+    "training_setup": "cudaload.train",
+    "sft_config_arguments": "cudaload.train",
     "hardware": "cudaload.profiles",
-    "diagnose": "cudaload.doctor",
-    "precompile": "cudaload.bytecache",
+    "diagnose": "cudaload.commands.doctor",
+    "precompile": "cudaload.commands.bytecache",
     "CudaloadError": "cudaload.errors",
     "ConfigurationError": "cudaload.errors",
     "InvalidChoiceError": "cudaload.errors",
@@ -77,11 +77,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .bytecache import precompile
     from .capabilities import GPU, Capabilities, PackageInfo
-    from .decision import Candidate, Decision
+    from .commands.bytecache import precompile
+    from .commands.doctor import diagnose
     from .detection import detect
-    from .doctor import diagnose
     from .errors import (
         CheckpointError,
         ConfigurationError,
@@ -96,9 +95,9 @@ if TYPE_CHECKING:
     )
     from .execute import load_model
     from .planner import plan
-    from .plans import Plan
+    from .plans import Candidate, Decision, Plan
     from .profiles import hardware
-    from .training import sft_config_arguments, training_arguments, training_setup
+    from .train import sft_config_arguments, training_arguments, training_setup
 
 
 def __getattr__(name: str) -> Any:

@@ -8,11 +8,11 @@ import inspect
 from typing import Any
 
 from ..errors import ConfigurationError, DependencyError, close_names
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..request import _warn
 
 #: non-reentrant checkpointing: inputs need not require grad (no enable_input_require_grads hook), and it is what
-#: the memory estimate measured (cudaload.training.memory_arguments passes the same to Trainer)
+#: the memory estimate measured (cudaload.train.arguments.memory_arguments passes the same to Trainer)
 _CHECKPOINT_KWARGS = {"use_reentrant": False}
 
 

@@ -9,12 +9,12 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from .. import probes
 from ..capabilities import Capabilities
 from ..errors import LoadError
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..request import Request
+from .runtime import probes
 
 # the package's one logger, named as it was before the split (logging configuration refers to it)
 logger = logging.getLogger("cudaload.execute")
@@ -72,7 +72,7 @@ def _confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[bool, dict[str, Any] 
     att = plan.attention
     if att.choice not in SDPA_VARIANTS:
         return True, None
-    from ..sdpa_decode import confirm
+    from .runtime.sdpa_decode import confirm
 
     keep, seen, why = confirm(model)
     if keep or att.explicit:

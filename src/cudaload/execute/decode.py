@@ -31,13 +31,14 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import compile_cache, decode_loop
-from ..decision import Decision
-from ..decode_plan import DecodePlan, PerCallDecode
+from .. import compile_cache
 from ..errors import ConfigurationError, CudaloadWarning
+from ..plans.decision import Decision
+from ..plans.decode import DecodePlan, PerCallDecode
 from ..policies.decode import cache_key_from
 from ..policies.decode_call import CallChoice, CallQuery, call_bucket, choose_call_decode
 from ..policies.decode_facts import DecodeFacts, Scaled
+from .runtime import decode_loop
 
 logger = logging.getLogger("cudaload.execute")
 

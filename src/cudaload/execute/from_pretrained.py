@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auto_classes import AUTO_CLASSES
 from ..errors import ConfigurationError
-from ..plans import Plan
+from ..plans.plan import Plan
 
 if TYPE_CHECKING:
     import torch

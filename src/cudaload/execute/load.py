@@ -14,7 +14,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..errors import CudaloadError, DeviceSelectionError, DoesNotFitError
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..request import Request
 from . import serving as _serving
 from .adapters import _wrap_peft, apply_adapter_cast, enable_planned_checkpointing
@@ -111,13 +111,13 @@ def load_model(
         prefetch: True (default): a local checkpoint's files are read into the page cache on background
             threads from the first line of this call, while torch and transformers are still being imported,
             so a cold load waits for about max(imports, disk read) instead of their sum (see
-            :mod:`cudaload.prefetch`): threads that read the files, skipping what the page cache already holds
+            :mod:`cudaload.execute.runtime.prefetch`): threads that read the files, skipping what the page cache already holds
             (measured cold on the H200 at 0.60x plain ``from_pretrained``'s time to the first forward). The
             mode names ``"read"`` (the default, what True means) and ``"off"`` are accepted; False turns it
             off. With it on, when the GPU the model will load onto is known before planning (cuda:LOCAL_RANK
             under torchrun, a one-GPU process, a ``device_map`` naming one GPU), its CUDA context and cuBLAS
             are created on a thread while transformers imports (0.4-0.6 s a fresh process otherwise waits for
-            after the imports; see :mod:`cudaload.gpu_start`). A call refused
+            after the imports; see :mod:`cudaload.execute.runtime.gpu_start`). A call refused
             after that (a plan that does not fit, another rank's error) holds no memory of the load but leaves
             CUDA initialised in the process, as any torch.cuda call does: the context stays on that GPU, and
             CUDA_VISIBLE_DEVICES no longer changes anything in this process. ``prefetch=False`` or

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..checkpoint_coverage import NewWeights, architecture_names, check_coverage, matches
 from ..errors import CheckpointCoverageError, CheckpointError, LoadError
-from ..plans import Plan
+from ..plans.plan import Plan
 from .failures import _release_memory
 from .from_pretrained import _BUILD_LOCK, _from_pretrained, _load_kwargs, _torch_dtype
 from .sharded import _STAGED_NOTE, _fsdp_sharded, _fsdp_weights_on_cpu, _load_sharded

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..request import Request
 from .from_pretrained import resolve_auto_class
@@ -85,13 +85,13 @@ def _before_building(plan: Plan) -> str | None:
         # FA4 JIT-compiles its kernels in every new process (~3 s on the H200) unless its persistent cache is
         # on; cudaload turns it on under its own cache directory where the user has not set it (the variables
         # are read once, when flash_attn.cute is first imported: so before the load imports it)
-        from ..tuning import enable_fa4_compile_cache
+        from .runtime.fa4_cache import enable_fa4_compile_cache
 
         note = enable_fa4_compile_cache().note
     if any(c.ok and c.name in SDPA_VARIANTS for c in plan.attention.candidates):
         # cudaload's sdpa variants are transformers attention functions: registered before the model is built
         # (and for a runtime fallback to one of them)
-        from ..sdpa_decode import register as _register_sdpa_variants
+        from .runtime.sdpa_decode import register as _register_sdpa_variants
 
         _register_sdpa_variants()
     return note

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..plans import Plan
+from ..plans.plan import Plan
 
 
 def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:

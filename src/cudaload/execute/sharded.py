@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from .. import _env
-from ..plans import Placement, Plan
+from ..plans.plan import Placement, Plan
 from .adapters import _lora_config
 from .from_pretrained import _BUILD_LOCK, _torch_dtype
 

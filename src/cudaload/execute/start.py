@@ -1,5 +1,5 @@
 """What a load starts before it plans: the checkpoint's files read into the page cache on threads, and the CUDA
-context made on the GPU the load will use while transformers imports (cudaload.prefetch, cudaload.gpu_start);
+context made on the GPU the load will use while transformers imports (cudaload.execute.runtime.prefetch, cudaload.execute.runtime.gpu_start);
 stopped, and their threads joined, when the call is refused, so nothing of it outlives the error."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Started:
         self.gpu: Any = None
         self._gpu_summary: Any = None
         if req.prefetch:
-            from .. import prefetch as _prefetch
+            from .runtime import prefetch as _prefetch
 
             fp = req.from_pretrained_kwargs
             self.prefetch = _prefetch.start(
@@ -32,7 +32,7 @@ class Started:
     def start_gpu(self, req: Request, caps: Capabilities) -> None:
         """The CUDA context and cuBLAS on the GPU the load will use, made while transformers imports."""
         if self._gpu_wanted:
-            from .. import gpu_start as _gpu_start
+            from .runtime import gpu_start as _gpu_start
 
             self.gpu = _gpu_start.start(caps, req.device_map)
 

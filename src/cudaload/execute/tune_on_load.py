@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..capabilities import Capabilities
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..request import Request
 
 
@@ -12,7 +12,7 @@ def _tuned_plan(req: Request, plan: Plan, caps: Capabilities) -> Plan:
     from ..model_info import model_info
     from ..planner import plan_request
     from ..planner.work import work_for
-    from ..tuning import DEFAULT_BUDGET_S, measured_or_tune
+    from .measure import DEFAULT_BUDGET_S, measured_or_tune
 
     if plan.intent != "inference" or req.attn != "auto" or not caps.gpus:
         return plan  # nothing to measure: training, an explicit backend, or no GPU

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import VerificationError
-from ..plans import Plan
+from ..plans.plan import Plan
 
 
 def _module_devices(model: Any) -> dict[str, set[str]]:

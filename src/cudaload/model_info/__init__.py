@@ -34,12 +34,12 @@ The code looks its helpers up in these modules, so a test patches the module tha
 
 from __future__ import annotations
 
-from ..plans import ModelSummary
 from .build import model_info, summarize
 from .counts import _count as _count  # tests compare the extrapolated counts with a full count
 from .counts import _with_layers as _with_layers
 from .records import FP16_OVERFLOW_TYPES, ModelInfo, ParamCounts, with_summary
 from .safetensors_headers import read_header, safetensors_files
+from .summary import ModelSummary
 
 __all__ = [
     "FP16_OVERFLOW_TYPES",

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..dtypes import dtype_bytes
-from ..plans import ModelSummary
 from .attention_facts import _alibi, _attention_dims, _attention_dropout, _module_attention_facts
 from .config import _load_config
 from .counts import _counts_cached
 from .model_class import _resolve_class
 from .records import ModelInfo, ParamCounts
 from .safetensors_headers import _stored, safetensors_files
+from .summary import ModelSummary
 
 
 def _dtype_name(config: Any) -> str | None:

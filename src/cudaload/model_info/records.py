@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..plans import ModelSummary
+from .summary import ModelSummary
 
 #: model types whose activations overflow fp16 (trained in bf16; their own docs say so)
 FP16_OVERFLOW_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "t5", "mt5"})

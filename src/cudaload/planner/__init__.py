@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..decision import Decision
-from ..decode_plan import DecodePlan
 from ..model_info import ModelInfo, model_info
-from ..plans import Parallelism, Plan
+from ..plans.decision import Decision
+from ..plans.decode import DecodePlan
+from ..plans.plan import Parallelism, Plan
 from ..request import Request
 from ..tuning import Timings
 from .choices import attention_for, base_intent, dtype_for, fallbacks_for, trusted

@@ -8,8 +8,8 @@ from typing import Any
 
 from .. import _env
 from ..capabilities import Capabilities
-from ..decision import Decision
 from ..model_info import ModelInfo
+from ..plans.decision import Decision
 from ..policies.attention import AttentionFacts, AttentionQuery, AttentionTimings, select_attention
 from ..policies.dtype import choose_dtype
 from ..request import Request

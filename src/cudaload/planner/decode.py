@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from .. import compile_cache
 from ..capabilities import Capabilities
-from ..decision import Decision
-from ..decode_plan import DecodePlan, PerCallDecode
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
+from ..plans.decision import Decision
+from ..plans.decode import DecodePlan, PerCallDecode
 from ..policies.decode import (
     COMPILE_CONFIG,
     bound_ms,

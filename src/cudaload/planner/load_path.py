@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..decision import Candidate, Decision
 from ..model_info import ModelInfo
-from ..plans import Parallelism
+from ..plans.decision import Candidate, Decision
+from ..plans.plan import Parallelism
 from ..policies.load_path import choose_load_path, fast_kwargs_blockers
 from ..policies.parallelism import SHARDED_REASON, SHARDED_STEPPED_ASIDE
 from ..request import Request

@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..decision import Decision
 from ..model_info import ModelInfo
+from ..plans.decision import Decision
 from ..policies.memory import LORA_ALPHA, LORA_DROPOUT, LORA_R
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..policies.serving import (

@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..decision import Decision
 from ..errors import DoesNotFitError
 from ..model_info import ModelInfo
-from ..plans import MemoryEstimate, Parallelism, Placement
+from ..plans.decision import Decision
+from ..plans.plan import MemoryEstimate, Parallelism, Placement
+from ..plans.training import StepShape, TrainingPlan
 from ..policies.decode_facts import QuantDecodeCost
 from ..policies.dtype import dtype_bytes
 from ..policies.memory import LORA_R, gpu_terms
@@ -34,7 +35,6 @@ from ..policies.training import (
     step_bounds,
 )
 from ..request import Request
-from ..training_plan import StepShape, TrainingPlan
 from .choices import base_intent
 from .sections import sdpa_family
 from .work import WorkSize

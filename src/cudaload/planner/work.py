@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decode_plan import DecodeWork
 from ..model_info import ModelInfo
+from ..plans.decode import DecodeWork
 from ..request import Request
 from ..tuning import Work
 

@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..decision import Candidate, Decision
-from ..decode_plan import DecodePlan, DecodeWork, PerCallDecode
 from ..errors import InvalidChoiceError
 from ..model_info import ModelSummary
+from ..plans.decision import Candidate, Decision
+from ..plans.decode import DecodePlan, DecodeWork, PerCallDecode
 from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
 from .decode_query import DecodeCosts, DecodeModel, DecodeQuery, Placement, RequestedDecode, StaticCache
 from .dtype import dtype_bytes

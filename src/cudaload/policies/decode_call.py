@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..decision import Candidate, Decision
+from ..plans.decision import Candidate, Decision
 from .decode import MARGIN, bucket_for
 from .decode_facts import Scaled
 

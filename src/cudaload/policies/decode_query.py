@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..decode_plan import DecodeWork, PerCallDecode
+from ..plans.decode import DecodeWork, PerCallDecode
 from .decode_facts import Scaled
 
 #: ``decode=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"):

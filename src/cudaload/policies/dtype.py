@@ -9,9 +9,9 @@ the fp32 alternative instead of silent NaNs.
 from __future__ import annotations
 
 from ..capabilities import Capabilities
-from ..decision import Candidate, Decision
 from ..dtypes import DTYPES, dtype_bytes, normalize_dtype
 from ..errors import InvalidChoiceError
+from ..plans.decision import Candidate, Decision
 
 # names, spellings and sizes live in cudaload.dtypes (model_info reads them too); still importable from here
 __all__ = ["DTYPES", "choose_dtype", "dtype_bytes", "fp16_overflow_warning", "normalize_dtype"]

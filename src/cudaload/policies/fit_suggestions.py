@@ -10,7 +10,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..model_info import ModelInfo
-from ..training_plan import StepShape
+from ..plans.training import StepShape
 from .attention.names import SHORT_DECODE_MAX_TOKENS
 from .memory import BNB_OPTIMIZERS, Breakdown, GiB, MemoryShape, breakdown_of
 from .placement import budgets, parse_size, place

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..decision import Candidate, Decision
 from ..model_info import ModelInfo
-from ..plans import Placement
+from ..plans.decision import Candidate, Decision
+from ..plans.plan import Placement
 
 #: ``from_pretrained`` keywords the fast path honours exactly. ``variant``, ``subfolder``, ``use_safetensors``
 #: and the config's ``transformers_weights`` pick the files through transformers' own

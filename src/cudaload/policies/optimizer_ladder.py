@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 from ..capabilities import Capabilities
-from ..decision import Candidate, Decision
 from ..errors import InvalidChoiceError
+from ..plans.decision import Candidate, Decision
 from .memory import BNB_OPTIMIZERS, OPTIMIZERS, Breakdown, default_optimizer
 from .placement import Fit
 from .quant_methods import bnb_problems

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..capabilities import GPU, Capabilities
 from ..errors import ConfigurationError, DeviceSelectionError
-from ..plans import Placement
+from ..plans.plan import Placement
 from .memory import CUDA_CONTEXT_BYTES, Breakdown, GiB
 
 _UNITS = {

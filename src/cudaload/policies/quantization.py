@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..decision import Candidate, Decision
 from ..errors import DoesNotFitError, InvalidChoiceError
 from ..model_info import ModelInfo
-from ..training_plan import StepShape
+from ..plans.decision import Candidate, Decision
+from ..plans.training import StepShape
 from ..units import param_count
 from .decode_facts import QuantDecodeCost
 from .fit_suggestions import MAX_SUGGESTED_GPUS, Suggestion, render_suggestions, replicate_gpus, suggestions

@@ -11,7 +11,7 @@ graph build per token on lengths the process has not met: 40-60 ms each on the H
 the step itself takes well under a millisecond.
 
 cudaload registers two attention functions with transformers' own extension point (``AttentionInterface``;
-:mod:`cudaload.sdpa_decode` holds the code) that keep sdpa's semantics and masks:
+:mod:`cudaload.execute.runtime.sdpa_decode` holds the code) that keep sdpa's semantics and masks:
 
 - :data:`SDPA_DECODE` (``cudaload_sdpa``): cuDNN only for problem shapes that recur enough to repay its build
   (:func:`recur_threshold`: prompts from the third meeting, padded decode steps from the 65th, unpadded decode
@@ -27,7 +27,7 @@ cudaload registers two attention functions with transformers' own extension poin
 This module is pure: it predicts from a :class:`~cudaload.capabilities.Capabilities` whether cuDNN takes
 decode calls, and it weighs the measured facts (:class:`SdpaFacts`, shipped in the priors or measured by
 ``cudaload tune``) that say whether leaving it out is faster. ``load_model`` confirms the prediction on the
-real GPU (``cudaload.sdpa_decode.decode_backend``) and keeps plain sdpa where cuDNN is not chosen.
+real GPU (``cudaload.execute.runtime.sdpa_decode.decode_backend``) and keeps plain sdpa where cuDNN is not chosen.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capabilities import Capabilities
-from ..decision import Candidate
 from ..detection.versions import version_tuple
+from ..plans.decision import Candidate
 
 SDPA_DECODE = "cudaload_sdpa"
 SDPA_NO_CUDNN = "cudaload_sdpa_nocudnn"
@@ -59,7 +59,7 @@ RECUR_MASKED_DECODE = 64
 
 
 #: the revision of the code cudaload's variants run inside a compiled decode step (2: the grouped decode attention,
-#: cudaload.sdpa_decode.grouped_decode_attention). Part of the compile cache's key
+#: cudaload.execute.runtime.sdpa_decode.grouped_decode_attention). Part of the compile cache's key
 #: (cudaload.policies.decode.decode_cache_key): torch would not reuse a saved graph of the old code anyway, but
 #: the plan would count its artifact as a warm compile. Raise it whenever that code changes.
 COMPILED_STEP_REVISION = 2

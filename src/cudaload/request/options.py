@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _env
-from ..decode_plan import DECODE_MODES
 from ..errors import SYNONYMS, ConfigurationError, InvalidChoiceError, close_names
-from ..training_plan import LAYOUTS, LOSSES
+from ..plans.decode import DECODE_MODES
+from ..plans.training import LAYOUTS, LOSSES
 
 if TYPE_CHECKING:
     from ..policies.quant_methods import RequestedQuantization
@@ -333,7 +333,7 @@ def check_revision(value: Any) -> str | None:
 
 
 def check_prefetch(value: Any) -> bool | str:
-    from ..prefetch import MODES, REMOVED_MODES
+    from .prefetch_modes import MODES, REMOVED_MODES
 
     if value is True or value is False or (isinstance(value, str) and value in MODES):
         return value  # type: ignore[no-any-return]

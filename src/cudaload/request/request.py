@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _env
 from ..errors import ConfigurationError, close_names
-from ..plans import INTENTS
+from ..plans.plan import INTENTS
 from .lora import check_lora
 from .machine import check_hardware
 from .model import check_model

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...capabilities import GPU, Capabilities
-from ...decision import Candidate
 from ...detection.support import flash_support
 from ...detection.versions import version_tuple as _version
 from ...model_info import ModelInfo
+from ...plans.decision import Candidate
 from .. import sdpa_dispatch
 from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from .fa2_fa3_rules import _fa2_pad_note

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ...capabilities import Capabilities
-from ...decision import Candidate, Decision
 from ...errors import InvalidChoiceError
 from ...model_info import ModelInfo
+from ...plans.decision import Candidate, Decision
 from .. import sdpa_dispatch
 from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from ..training_facts import TrainingFacts, training_facts_for

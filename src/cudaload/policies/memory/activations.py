@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...model_info import ModelInfo
-from ...training_plan import StepShape
+from ...plans.training import StepShape
 from .constants import (
     ATTENTION_BACKWARD_ACTS,
     EAGER_BACKWARD_BYTES,

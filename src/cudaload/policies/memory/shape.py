@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...training_plan import StepShape
+from ...plans.training import StepShape
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class MemoryShape:
     Training only: ``optimizer`` (None: :func:`cudaload.policies.memory.default_optimizer`),
     ``gradient_checkpointing`` (None: on), ``gradient_accumulation_steps`` (adds no bytes: gradients persist
     across micro-steps, and the estimate counts them at the activation peak already) and ``step``
-    (:class:`cudaload.training_plan.StepShape`: packed or padded tokens, the loss, LoRA dropout, QLoRA's fp32
+    (:class:`cudaload.plans.training.StepShape`: packed or padded tokens, the loss, LoRA dropout, QLoRA's fp32
     cast; None: a padded step of ``batch_size`` x ``seq_len`` with the plan's defaults: no dropout, no fp32
     cast, under autocast)."""
 

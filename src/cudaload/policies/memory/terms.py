@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ...dtypes import dtype_bytes
 from ...model_info import ModelInfo
-from ...training_plan import StepShape
+from ...plans.training import StepShape
 from .activations import TrainingPhases, training_activations
 from .constants import (
     ADAFACTOR_STEP_FP32_COPIES,

@@ -4,7 +4,7 @@ allocator reports as its allocated and reserved peaks."""
 from __future__ import annotations
 
 from ...model_info import ModelInfo
-from ...training_plan import StepShape
+from ...plans.training import StepShape
 from .constants import CUDA_CONTEXT_BYTES
 from .shape import MemoryShape
 from .terms import Breakdown, breakdown_of

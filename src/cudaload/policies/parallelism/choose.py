@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...capabilities import Capabilities
-from ...decision import Candidate, Decision
 from ...errors import ConfigurationError, DependencyError, DoesNotFitError, InvalidChoiceError
 from ...model_info import ModelInfo
-from ...plans import Parallelism
-from ...training_plan import StepShape
+from ...plans.decision import Candidate, Decision
+from ...plans.plan import Parallelism
+from ...plans.training import StepShape
 from ...units import param_count
 from ..memory import CUDA_CONTEXT_BYTES, MemoryShape, breakdown_of
 from .launch import _settings, launch_command

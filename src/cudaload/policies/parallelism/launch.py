@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...model_info import ModelInfo
-from ...plans import Plan
+from ...plans.plan import Plan
 from .per_gpu import FP8_CONFIG, gc_on
 from .topology import ParallelFacts
 

@@ -14,7 +14,7 @@ from ...capabilities import Capabilities, Distributed
 from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
 from ...model_info import ModelInfo
-from ...plans import Parallelism
+from ...plans.plan import Parallelism
 from ..memory import CUDA_CONTEXT_BYTES, Breakdown, GiB, MiB, default_optimizer
 from .topology import ParallelFacts, _divisors_of_both, rank_gpus_of
 

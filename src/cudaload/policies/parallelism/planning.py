@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...capabilities import Capabilities
-from ...decision import Candidate, Decision
 from ...errors import DoesNotFitError
 from ...model_info import ModelInfo
-from ...plans import MemoryEstimate, Parallelism, Placement
-from ...training_plan import StepShape
+from ...plans.decision import Candidate, Decision
+from ...plans.plan import MemoryEstimate, Parallelism, Placement
+from ...plans.training import StepShape
 from ..memory import GiB, MemoryShape, breakdown_of
 from ..optimizer_ladder import RequestedOptimizer
 from ..quant_methods import RequestedQuantization

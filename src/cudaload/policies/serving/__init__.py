@@ -7,7 +7,7 @@ transformers 5 serves many requests at once through ``model.generate_batch(...)`
 (transformers 5.17 generation/configuration_utils.py:1674-1790). cudaload re-implements none of it: this policy
 decides the values of those fields and why, and the model is handed to transformers' own API with them.
 
-Decided here, each as a :class:`~cudaload.decision.Decision` with every candidate:
+Decided here, each as a :class:`~cudaload.plans.Decision` with every candidate:
 
 * ``attention``: a paged flash form when one is usable here (measured on the H200: paged flash_attention_4
   served 3.5-5.3x the tokens/s of paged sdpa, run10-serving-fa4-t522), else the paged form of the attention
@@ -74,13 +74,13 @@ Where each part lives (``from cudaload.policies.serving import X`` finds every o
 * :mod:`.budget`: the device's room for the cache (weights, context, working set, headroom), the declared work in
   cache tokens, and the cache sized from both (a request the device cannot hold is refused here);
 * :mod:`.plan`: :func:`plan_serving`, the section from those decisions;
-* the section itself, :class:`~cudaload.serving_plan.ServingPlan`, is plan data: it lives below the policies in
-  :mod:`cudaload.serving_plan`.
+* the section itself, :class:`~cudaload.plans.serving.ServingPlan`, is plan data: it lives below the policies in
+  :mod:`cudaload.plans.serving`.
 """
 
 from __future__ import annotations
 
-from ...serving_plan import TF_DEFAULT_BLOCK_SIZE, ServingPlan
+from ...plans.serving import TF_DEFAULT_BLOCK_SIZE, ServingPlan
 from .batching import (
     BLOCK_SIZES,
     CAPTURE_FORWARDS,

@@ -11,9 +11,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ...decision import Candidate, Decision
 from ...detection.versions import version_tuple as _version
-from ...serving_plan import TF_DEFAULT_BLOCK_SIZE
+from ...plans.decision import Candidate, Decision
+from ...plans.serving import TF_DEFAULT_BLOCK_SIZE
 from ..memory import GiB
 from .kv_cache import (
     TF_DEFAULT_MAX_BATCH_TOKENS,

@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 
 from ...dtypes import dtype_bytes
 from ...errors import DoesNotFitError
-from ...serving_plan import TF_DEFAULT_BLOCK_SIZE, ServingPlan
+from ...plans.serving import TF_DEFAULT_BLOCK_SIZE, ServingPlan
 from ..memory import GiB
 
 #: transformers' defaults this plan departs from or keeps (5.17 file:line)
-#: (TF_DEFAULT_BLOCK_SIZE, configuration_utils.py:1753, lives with ServingPlan in cudaload.serving_plan)
+#: (TF_DEFAULT_BLOCK_SIZE, configuration_utils.py:1753, lives with ServingPlan in cudaload.plans.serving)
 TF_DEFAULT_MAX_BATCH_TOKENS = 8192  # cache.py:579 (_default_max_batch_tokens)
 TF_MIN_MAX_BATCH_TOKENS = 256  # cache.py:578
 TF_Q_PADDING = 64  # initialization.py:34 (graph query padding, tokens)

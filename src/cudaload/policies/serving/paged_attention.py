@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ...decision import Candidate, Decision
 from ...detection.versions import version_tuple as _version
+from ...plans.decision import Candidate, Decision
 
 #: the first transformers version whose flash/sdpa paged forms drop the "paged|" prefix: 5.19.0
 #: modeling_utils.py:1737-1749 strips it with a FutureWarning announcing its removal in 5.23 (5.22.2 :1732-1744 and

@@ -16,10 +16,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ...decision import Decision
 from ...dtypes import dtype_bytes
 from ...model_info import ModelInfo
-from ...serving_plan import TF_DEFAULT_BLOCK_SIZE, ServingPlan
+from ...plans.decision import Decision
+from ...plans.serving import TF_DEFAULT_BLOCK_SIZE, ServingPlan
 from ..memory import GiB
 from .batching import (
     H200_LAUNCH_S_PER_LAYER,

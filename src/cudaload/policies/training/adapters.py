@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...decision import Candidate, Decision
+from ...plans.decision import Candidate, Decision
 from ..memory import LORA_DROPOUT
 
 

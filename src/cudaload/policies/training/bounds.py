@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...decision import Candidate, Decision
 from ...errors import ConfigurationError
-from ...training_plan import StepShape
+from ...plans.decision import Candidate, Decision
+from ...plans.training import StepShape
 from .ladder import EVERY, OFF, Attempt, checkpointed
 
 #: Trainer's default ``per_device_train_batch_size`` (transformers 5.17 training_args.py, the field's

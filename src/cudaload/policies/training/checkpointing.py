@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...capabilities import Capabilities
-from ...decision import Candidate, Decision
 from ...detection.versions import version_tuple
 from ...model_info import ModelInfo
+from ...plans.decision import Candidate, Decision
 from .ladder import EVERY, OFF, Attempt
 
 #: the first transformers whose ``gradient_checkpointing_enable`` takes ``every_n_layers`` (and ``offload``):

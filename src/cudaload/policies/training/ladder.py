@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...errors import DoesNotFitError
-from ...training_plan import StepShape
+from ...plans.training import StepShape
 
 #: the fit probe the planner passes in: (step, gradient_checkpointing) -> a fit result (raises DoesNotFitError);
 #: with checkpointing on, ``step.checkpoint_every`` says which layers

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ...decision import Candidate, Decision
 from ...errors import InvalidChoiceError
 from ...model_info import ModelInfo
+from ...plans.decision import Candidate, Decision
 from ..attention.names import VARLEN
 from ..memory import sdpa_math
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import Literal
 
 from ...capabilities import Capabilities
-from ...decision import Candidate, Decision
 from ...errors import InvalidChoiceError
 from ...model_info import ModelInfo
+from ...plans.decision import Candidate, Decision
 from .ladder import EVERY, OFF, Attempt, checkpointed
 
 #: ``loss=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"): "auto"

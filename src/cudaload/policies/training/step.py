@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...capabilities import Capabilities
-from ...decision import Candidate, Decision
 from ...model_info import ModelInfo
-from ...training_plan import StepShape, TrainingPlan
+from ...plans.decision import Candidate, Decision
+from ...plans.training import StepShape, TrainingPlan
 from .bounds import bounds_to_try, fmt_tokens, tokens_decision
 from .checkpointing import checkpointing_decision, partial_problems
 from .ladder import FitProbe, shape_at, walk
