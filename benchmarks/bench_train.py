@@ -13,6 +13,11 @@ For each (shape, mode, length distribution) two fresh processes train the same s
   ``prepare_model_for_kbit_training`` (fp32 cast, checkpointing), the same LoRA, paged 8-bit AdamW.
 - ``cudaload``: ``load_model(path, intent=mode, seq_len=S, batch_size=8)`` and ``training_setup(model, data)``:
   its arguments, collator and (packed) data set, nothing else.
+- ``cudaload-varlen``, ``cudaload-sdpa-packed``, ``cudaload-sdpa-padded`` (issue 44): the same with the attention
+  and the layout pinned (:data:`VARIANTS`): torch's own varlen flash kernels on packed steps (no flash-attn
+  package), sdpa on packed steps (a block-diagonal mask from the position ids), sdpa on padded batches; each
+  planned as cudaload plans it otherwise, on the same data. ``--methods cudaload-varlen,cudaload-sdpa-packed,
+  cudaload-sdpa-padded`` gives tokens/s for each in one command (results.md's "Attention and layout" table).
 
 Measured over ``--steps`` optimizer steps after ``--warmup``: real (non-padding) tokens per second (the steps'
 tokens over their wall time, data loading included, CUDA synchronised at each step's end), the spread of
@@ -57,6 +62,12 @@ DISTS = {
 }
 BATCH = 8
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear", "bias": "none"}
+#: cudaload methods with the attention and batch layout pinned (load_model keywords), for issue 44's comparison
+VARIANTS: dict[str, dict[str, str]] = {
+    "cudaload-varlen": {"attn": "cudaload_varlen", "batch_layout": "packed"},
+    "cudaload-sdpa-packed": {"attn": "sdpa", "batch_layout": "packed"},
+    "cudaload-sdpa-padded": {"attn": "sdpa", "batch_layout": "padded"},
+}
 
 
 def lengths(dist: str, n: int, seed: int = 0, cap: int | None = None) -> list[int]:
@@ -170,6 +181,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             from cudaload.policies.memory import CUDA_CONTEXT_BYTES
 
             kw["max_memory"] = {"cuda:0": int(card * GiB) + CUDA_CONTEXT_BYTES}
+        kw.update(VARIANTS.get(spec["method"], {}))
         model = cudaload.load_model(spec["path"], intent=spec["mode"], seq_len=seq, batch_size=BATCH, **kw)
         if spec["method"] == "cudaload-peftcast":
             # the A/B of the plan's adapter_cast decision: PEFT's own cast of every adapted input put back
@@ -455,6 +467,22 @@ def write(out: Path, res: dict[str, Any]) -> None:
             f"{_gib(r['cudaload_peak'])} | {_gib(r['cudaload_bound'])} | "
             f"{_gib(r['cudaload_predicted_at_max_step'])} ({_fmt(pr, 2)}) | {plan} |"
         )
+    variants = [r for r in res["runs"] if r["spec"]["method"] in ("cudaload", *VARIANTS)]
+    if any(r["spec"]["method"] in VARIANTS for r in variants):
+        lines += [
+            "",
+            "## Attention and layout (same data, cudaload's plan with these pinned)",
+            "",
+            "| shape | mode | lengths | method | attention | layout | tok/s | peak GiB |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in variants:
+            s, p = r["spec"], r.get("plan") or {}
+            lines.append(
+                f"| {s['shape']} | {s['mode']} | {s['dist']} | {s['method']} | {p.get('attention')} | "
+                f"{p.get('layout')} ({p.get('boundaries') or 'mask'}) | {_fmt(r.get('tokens_per_s'))} | "
+                f"{_gib(r.get('peak_allocated'))} |"
+            )
     lines += ["", "## Runs", ""]
     for r in res["runs"]:
         s = r["spec"]

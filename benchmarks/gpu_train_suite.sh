@@ -4,6 +4,8 @@
 #   benchmarks/gpu_train_suite.sh 2   0.6B on chat and document lengths, 8B on chat lengths, 8B LoRA on a 46 GiB card
 #   benchmarks/gpu_train_suite.sh 3   the adapter_cast A/B (8B LoRA instruct: plain, cudaload, cudaload with PEFT's
 #                                     cast put back; twice, the order reversed), the 46 GiB card again, 0.6B QLoRA
+#   benchmarks/gpu_train_suite.sh 4   issue 44: cudaload_varlen's GPU tests, then 8B LoRA on chat lengths with
+#                                     torch's varlen kernels, packed sdpa and padded sdpa on the same data
 # Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,13 @@ case ${1:-1} in
       --methods cudaload --card-gib 46 --budget-s 65 2>&1 | log > "$out/bench3.log"
     timeout 90 python benchmarks/bench_train.py --out "$out/t4" --shapes 0.6b --modes qlora --dists chat \
       --budget-s 85 2>&1 | log > "$out/bench4.log"
+    ;;
+  4)
+    timeout 200 python -m pytest -q -p no:cacheprovider tests/test_torch_varlen_gpu.py tests/test_torch_varlen.py \
+      2>&1 | tail -60 > "$out/varlen_tests.log"
+    timeout 380 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists chat \
+      --methods cudaload-varlen,cudaload-sdpa-packed,cudaload-sdpa-padded --budget-s 370 2>&1 | log > "$out/bench1.log"
+    cp "$out/t1/results.md" "$out/varlen_results.md" 2>/dev/null  # its "Attention and layout" table
     ;;
 esac
 rm -f "$out"/*/results.md

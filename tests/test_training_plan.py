@@ -47,13 +47,21 @@ def test_8b_lora_on_an_h200_with_fa4_packs_with_varlen_boundaries_and_no_checkpo
     assert "batch layout: packed" in text and "tokens per step:" in text and "LoRA dropout: 0" in text
 
 
-def test_without_a_flash_package_sdpa_packs_by_position_ids_with_its_bias_in_memory() -> None:
+def test_sdpa_packs_by_position_ids_with_its_bias_in_memory_and_the_default_install_runs_varlen() -> None:
     fa4 = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=2048, batch_size=8)
-    p = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8)
+    p = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8, attn="sdpa")
     t = p.training
     assert t is not None and p.attention.choice == "sdpa" and t.boundaries == "position_ids"
     assert any("attention bias per layer" in n for n in p.memory.notes)
     assert fa4.training is not None and t.step.tokens <= fa4.training.step.tokens
+    # without a flash package the plan's own choice is torch's varlen kernels (issue 44): boundaries, no bias
+    auto = plan(Q8, hardware=h200(), intent="lora", seq_len=2048, batch_size=8)
+    assert auto.attention.choice == "cudaload_varlen" and auto.training is not None
+    assert auto.training.boundaries == "cu_seq_lens"
+    assert not any("attention bias per layer" in n for n in auto.memory.notes)
+    assert auto.memory.terms["activations"] < p.memory.terms["activations"] or (
+        auto.training.step.tokens > t.step.tokens
+    )
 
 
 def test_training_attention_follows_the_architecture_where_nothing_was_measured() -> None:

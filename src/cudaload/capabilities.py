@@ -267,6 +267,10 @@ class Capabilities:
     torch_version: str | None = None
     torch_cuda_version: str | None = None  # the CUDA torch was built with; None for a CPU build
     cudnn_version: str | None = None  # the cuDNN distribution torch loads (nvidia-cudnn-cu*), when installed
+    #: torch's own varlen flash attention with a backward, read from its files (detection.versions.torch_varlen):
+    #: "varlen_attn" (torch.nn.attention.varlen with scale and window, 2.11+), "aten" (the aten op only), "none";
+    #: None: not recorded (a profile, or a snapshot from before this field)
+    torch_varlen: str | None = None
     transformers_version: str | None = None
     accelerate_version: str | None = None
     python_version: str | None = None
@@ -341,6 +345,7 @@ class Capabilities:
             "torch_version": self.torch_version,
             "torch_cuda_version": self.torch_cuda_version,
             "cudnn_version": self.cudnn_version,
+            "torch_varlen": self.torch_varlen,
             "transformers_version": self.transformers_version,
             "accelerate_version": self.accelerate_version,
             "python_version": self.python_version,
@@ -372,6 +377,7 @@ class Capabilities:
             torch_version=d.get("torch_version"),
             torch_cuda_version=d.get("torch_cuda_version"),
             cudnn_version=d.get("cudnn_version"),
+            torch_varlen=d.get("torch_varlen"),
             transformers_version=d.get("transformers_version"),
             accelerate_version=d.get("accelerate_version"),
             python_version=d.get("python_version"),

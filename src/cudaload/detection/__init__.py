@@ -348,6 +348,7 @@ def assemble(
     torch_version: str | None = None,
     torch_cuda_version: str | None = None,
     cudnn_version: str | None = None,
+    torch_varlen: str | None = None,
     transformers_version: str | None = None,
     accelerate_version: str | None = None,
     python_version: str | None = None,
@@ -392,6 +393,7 @@ def assemble(
         torch_version=torch_version,
         torch_cuda_version=torch_cuda_version,
         cudnn_version=cudnn_version,
+        torch_varlen=torch_varlen,
         transformers_version=transformers_version,
         accelerate_version=accelerate_version,
         python_version=python_version,
@@ -466,6 +468,8 @@ def detect(
         torch_cuda_version=torch_cuda,
         # torch's CUDA wheels load cuDNN from this distribution (its version decides SDPA's dispatch)
         cudnn_version=_versions.dist_version("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11"),
+        # torch's own varlen flash attention (cudaload_varlen), read from its files: torch is not imported
+        torch_varlen=_versions.torch_varlen(),
         transformers_version=transformers_version,
         accelerate_version=_versions.dist_version("accelerate"),
         python_version=platform.python_version(),

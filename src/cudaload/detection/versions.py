@@ -84,6 +84,32 @@ def torch_cuda_version() -> str | None:
     return m.group(1) if m else None
 
 
+def torch_varlen() -> str | None:
+    """torch's own varlen flash attention with a backward, read from the installed files (torch is not imported,
+    CUDA not initialised): "varlen_attn" where ``torch/nn/attention/varlen.py``'s ``varlen_attn`` takes a scale
+    and a window and registers a backward (torch 2.11+); else "aten" where ``aten._flash_attention_forward`` takes
+    cum_seq and window sizes and has a derivative (torchgen's packaged native_functions.yaml and
+    derivatives.yaml: torch 2.9, 2.10); else "none". None: no torch installed. The build (CPU or CUDA) is
+    :func:`torch_cuda_version`'s business."""
+    if not package_locations("torch"):
+        return None
+    varlen = _module_file("torch", "nn/attention/varlen.py")
+    if varlen is not None:
+        text = varlen.read_text(encoding="utf-8", errors="replace")
+        sig = text[text.find("def varlen_attn(") :]
+        sig = sig[: sig.find(")")]
+        if "register_autograd" in text and "scale" in sig and "window_size" in sig:
+            return "varlen_attn"
+    native = _module_file("torch", "../torchgen/packaged/ATen/native/native_functions.yaml")
+    derivs = _module_file("torch", "../torchgen/packaged/autograd/derivatives.yaml")
+    if native is not None and derivs is not None:
+        fwd = re.search(r"^- func: _flash_attention_forward\(.*$", native.read_text(errors="replace"), re.M)
+        has_grad = "name: _flash_attention_forward(" in derivs.read_text(errors="replace")
+        if fwd and "cum_seq_q" in fwd.group() and "window_size_left" in fwd.group() and has_grad:
+            return "aten"
+    return "none"
+
+
 def _vtuple(v: str) -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", v)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..capabilities import Capabilities
 from ..plans.plan import Plan
+from ..policies.attention.names import TORCH_VARLEN
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..request import Request
 from .from_pretrained import resolve_auto_class
@@ -94,4 +95,9 @@ def _before_building(plan: Plan) -> str | None:
         from .runtime.sdpa_decode import register as _register_sdpa_variants
 
         _register_sdpa_variants()
+    if any(c.ok and c.name == TORCH_VARLEN for c in plan.attention.candidates):
+        # cudaload_varlen (torch's own varlen flash kernels) is a transformers attention function too
+        from .varlen_attention import register as _register_torch_varlen
+
+        _register_torch_varlen()
     return note

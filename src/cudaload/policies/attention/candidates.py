@@ -24,7 +24,9 @@ from .names import (
     ALL_NAMES,
     FLASH_PACKAGE,
     HUB_KERNEL,
+    TORCH_VARLEN,
 )
+from .torch_varlen_rules import torch_varlen_candidate
 
 
 def priority(gpu: GPU | None) -> tuple[str, ...]:
@@ -164,7 +166,12 @@ def _candidates(
     cands: list[Candidate] = []
     variants = {c.name: c for c in sdpa_dispatch.candidates(caps, _sdpa(info, caps), sdpa_facts, dtype)}
     for name in order:
-        if name in FLASH_PACKAGE:
+        if name == TORCH_VARLEN:
+            # an attention for packed training steps: inference has no packed rows (its prompts run sdpa's
+            # flash kernel already), so it is a candidate for the training intents only
+            if intent in _TRAINING:
+                cands.append(torch_varlen_candidate(info, caps, dtype, intent))
+        elif name in FLASH_PACKAGE:
             cands.append(_package_candidate(name, info, caps, dtype, intent, seq_len))
         elif name in _KERNEL_TO_IMPL:
             cands.append(

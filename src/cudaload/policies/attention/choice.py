@@ -33,7 +33,7 @@ from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
 from ..training_facts import TrainingFacts, training_facts_for
 from .candidates import _candidates
 from .first_use import FIRST_USE
-from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS, VARLEN
+from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS, TORCH_VARLEN, VARLEN
 from .query import AttentionFacts, AttentionQuery, AttentionTimings
 
 
@@ -359,8 +359,9 @@ def _training_order(
     caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[TrainingFacts]
 ) -> tuple[tuple[str, ...], Callable[[str], list[str]]]:
     """Training's preference: the varlen flash kernels (those measured on this GPU's architecture fastest first,
-    then :func:`_varlen_rule_order`), then sdpa, flex_attention and eager. Returns the order and a function giving
-    the chosen backend's reasons."""
+    then the flash packages in :func:`_varlen_rule_order`, then ``cudaload_varlen``, torch's own flash kernels
+    that need no package), then sdpa, flex_attention and eager. Returns the order and a function giving the
+    chosen backend's reasons."""
     f = training_facts_for(caps, facts)
     measured = (
         sorted((n for n in f.tokens_per_s if n in by and by[n].ok), key=lambda n: -f.tokens_per_s[n])
@@ -369,7 +370,9 @@ def _training_order(
     )
     # a measurement reorders what it measured against each other, not the classes: a valid varlen kernel, even
     # unmeasured here, goes before sdpa (which packs with a tokens x tokens mask), as every measured one did
-    varlen = [*(n for n in measured if n in VARLEN), *_varlen_rule_order(caps)]
+    # (cudaload_varlen after the flash packages: an installed package is the user's choice, and one measured
+    # faster stays ahead; measured faster itself, it goes first like any measured varlen kernel)
+    varlen = [*(n for n in measured if n in VARLEN), *_varlen_rule_order(caps), TORCH_VARLEN]
     rest = [*(n for n in measured if n not in VARLEN), "sdpa", "flex_attention", "eager"]
     order = tuple(dict.fromkeys((*varlen, *rest, *by)))
 
@@ -386,10 +389,19 @@ def _training_order(
                 + f" tokens/s ({f.source})"
             )
             unmeasured = [
-                n for n in _varlen_rule_order(caps) if n in by and by[n].ok and n not in f.tokens_per_s
+                n
+                for n in (*_varlen_rule_order(caps), TORCH_VARLEN)
+                if n in by and by[n].ok and n not in f.tokens_per_s
             ]
             if unmeasured:
                 out.append("also valid, not measured for training here: " + ", ".join(unmeasured))
+        elif chosen == TORCH_VARLEN:
+            skipped = [n for n in _varlen_rule_order(caps) if n in by]
+            out.append(
+                "training: torch's own flash kernels with a varlen forward and backward (cudaload_varlen): packed "
+                "sequences kept apart by their boundaries, no mask and no padding computed, no flash-attn package"
+                + (f" ({', '.join(skipped)} rejected below)" if skipped else "")
+            )
         elif chosen in VARLEN:
             out.append(
                 "training: a flash kernel with varlen forward and backward: packed sequences kept apart by their "

@@ -28,7 +28,10 @@ _TRAINING = ("training", "lora", "qlora")
 #: the flash implementations (package and Hub-kernel forms): each takes a packed step's boundaries
 #: (``cu_seq_lens``) and runs a varlen forward and backward (transformers' flash path,
 #: modeling_flash_attention_utils._flash_attention_forward, 5.17 lines 759-817)
-VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values()})
+#: cudaload's attention function over torch's own flash kernels (varlen forward and backward, no package:
+#: cudaload.execute.varlen_attention; its rules: :mod:`.torch_varlen_rules`)
+TORCH_VARLEN = "cudaload_varlen"
+VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values(), TORCH_VARLEN})
 
 #: Declared work of one sequence up to this many tokens (prompt + new) is decode-bound: each new token costs
 #: one attention call per layer and the host-side cost of the call decides. Measured on the H200, Qwen3-8B
@@ -47,6 +50,7 @@ ALL_NAMES = (
     "sdpa",
     SDPA_DECODE,
     SDPA_NO_CUDNN,
+    TORCH_VARLEN,
     "flex_attention",
     "eager",
 )

@@ -9,7 +9,7 @@ from typing import Literal
 from ...errors import InvalidChoiceError
 from ...model_info import ModelInfo
 from ...plans.decision import Candidate, Decision
-from ..attention.names import VARLEN
+from ..attention.names import TORCH_VARLEN, VARLEN
 from ..memory import sdpa_math
 
 #: ``batch_layout=`` as the request hands it on (cudaload.request: case and spaces dropped, None read as "auto"):
@@ -60,7 +60,10 @@ def choose_layout(info: ModelInfo, attn: str, act_bytes: int, requested: Request
     bad = packing_blockers(info)
     costs = packing_costs(info, attn, act_bytes)
     how = (
-        f"{attn}'s varlen kernels take the sequence boundaries (cu_seq_lens), computed once per step by the "
+        "cudaload_varlen runs torch's own flash kernels (no flash-attn package) over the sequence boundaries "
+        "(cu_seq_lens), computed once per step by the collator; no tokens x tokens mask is built"
+        if attn == TORCH_VARLEN
+        else f"{attn}'s varlen kernels take the sequence boundaries (cu_seq_lens), computed once per step by the "
         "collator"
         if attn in VARLEN
         else f"transformers builds a block-diagonal mask for {attn} from the restarting position ids "
