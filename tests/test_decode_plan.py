@@ -398,8 +398,12 @@ def test_an_unknown_decode_mode_is_refused_at_the_request_with_the_closest_name(
         plan(Q8, hardware="H200", decode="compild")
 
 
+def _h200() -> DecodeFacts:
+    return next(f for f in load_decode_facts() if f.gpu_name == "NVIDIA H200")
+
+
 def test_decode_facts_round_trip_and_costs() -> None:
-    (f,) = load_decode_facts()
+    f = _h200()
     assert DecodeFacts.from_dict(f.to_dict()) == f
     assert f.dynamic_ms_at(768) == pytest.approx((36.4 + 41.9) / 2)  # run41's and run44's 512+256 calls
     assert f.dynamic_ms_at(100_000) == f.dynamic_ms_at(5512)  # held flat past the longest measured
@@ -551,7 +555,7 @@ def test_precompile_and_load_model_of_the_same_work_share_the_key() -> None:
 
 
 def test_compiled_cost_grows_past_the_longest_measured_where_it_rose() -> None:
-    (f,) = load_decode_facts()
+    f = _h200()
     rising = DecodeFacts.from_dict({**f.to_dict(), "compiled_ms_per_token": [[2048, 6.0], [6144, 7.0]]})
     assert rising.compiled_ms_at(10240) == pytest.approx(8.0)  # along the last segment
     falling = DecodeFacts.from_dict({**f.to_dict(), "compiled_ms_per_token": [[2048, 7.0], [6144, 6.0]]})

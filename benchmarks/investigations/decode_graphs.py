@@ -368,14 +368,137 @@ def part_cgb(fh: Any, model: Any, device: str, prompt: int, new: int, max_len: i
         gc.max_cache_len = None
 
 
+def part_prod(
+    fh: Any, model: Any, device: str, prompt: int, new: int, max_len: int, batches: list[int]
+) -> dict[str, Any]:
+    """cudaload's graphed decode as a user's generate() meets it: transformers' static cache, cudaload's late-stop
+    loop with each decode step replayed from ``DecodeGraphs`` (each call captures: a new static cache per call).
+    Parity: the dynamic path's greedy tokens, and its top-2 logit margin where the two first differ."""
+    from cudaload.execute.runtime.decode_loop import graphed_sample
+    from cudaload.execute.runtime.graphed_step import DecodeGraphs
+
+    model.set_attn_implementation("cudaload_sdpa")
+    graphs = DecodeGraphs(model)
+    settings = {
+        "cache_implementation": "static",
+        "max_cache_len": max_len,
+        "disable_compile": True,
+        "custom_generate": graphed_sample(graphs.step),
+    }
+    gen = type(model).generate
+    results: dict[str, Any] = {"max_len": max_len, "ms": [], "capture": []}
+    for b in batches:
+        lengths = [prompt - i * prompt // (2 * b) for i in range(b)]
+        ids, mask = prompts(model, b, lengths, device)
+        try:
+            for i in range(3):
+                _sync(device)
+                t = time.perf_counter()
+                gen(model, input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False, **settings)
+                _sync(device)
+                pre = time.perf_counter() - t
+                t = time.perf_counter()
+                out = gen(
+                    model,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    **settings,
+                )
+                _sync(device)
+                call = time.perf_counter() - t
+                ms = (call - pre) / (new - 1) * 1e3
+                emit(
+                    fh,
+                    part="prod",
+                    batch=b,
+                    call=i,
+                    prefill_s=pre,
+                    call_s=call,
+                    ms_per_step=ms,
+                    captures=list(graphs.captures),
+                )
+                if b == 1 and graphs.captures:
+                    results["ms"].append(ms)
+                    results["capture"].append(graphs.captures[-1].get("seconds"))
+            n = min(new, 48)
+            ref = gen(
+                model,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            got = out[:, ids.shape[1] : ids.shape[1] + n]
+            ref_new = ref.sequences[:, ids.shape[1] :]
+            same, margins = [], []
+            for row in range(b):
+                k = 0
+                while k < n and int(ref_new[row, k]) == int(got[row, k]):
+                    k += 1
+                same.append(k)
+                if k < n:
+                    top = ref.scores[k][row].float().topk(2).values
+                    margins.append(round(float(top[0] - top[1]), 5))
+            emit(fh, part="prod-parity", batch=b, compared=n, equal_prefix=same, margin_at_divergence=margins)
+        except Exception as e:  # an investigation: record and go on
+            emit(
+                fh,
+                part="prod",
+                batch=b,
+                error=f"{type(e).__name__}: {e}"[:600],
+                tb=traceback.format_exc()[-1500:],
+            )
+    return results
+
+
+def record(fh: Any, priors: str, res: dict[str, Any], source: str) -> None:
+    """Put the graphed decode measured here into the priors' decode record of this GPU (by its name)."""
+    import torch
+
+    ms, cap = res.get("ms") or [], [c for c in res.get("capture") or [] if c is not None]
+    if not ms or not cap:
+        emit(fh, part="record", skipped="no graphed measurement")
+        return
+    major, minor = torch.cuda.get_device_capability()
+    gpu = f"{torch.cuda.get_device_name()}/sm{major}{minor}"
+    d = json.loads(Path(priors).read_text())
+    recs = [r for r in d.get("decode", []) if r.get("gpu") == gpu]
+    if not recs:
+        emit(fh, part="record", skipped=f"no decode record for {gpu}")
+        return
+    r = recs[0]
+    r["graphed_ms_per_token"] = [[res["max_len"], round(x, 2)] for x in ms]
+    r["graph_capture_s"] = round(statistics.median(cap), 3)
+    r["source"] = r["source"].split(" || graphed:")[0] + (
+        f" || graphed: {source}, {len(ms)} calls at batch 1 (640+300, static cache of {res['max_len']:,} slots), "
+        "(call - its prefill) / 299; capture: the median of theirs"
+    )
+    Path(priors).write_text(json.dumps(d, indent=1, ensure_ascii=False) + "\n")
+    emit(
+        fh,
+        part="record",
+        gpu=gpu,
+        graphed_ms_per_token=r["graphed_ms_per_token"],
+        capture=r["graph_capture_s"],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8b", choices=["8b", "0.6b", "tiny"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default=os.environ.get("CUDALOAD_BENCH_WORK", "/tmp/cudaload-bench"))
-    ap.add_argument("--parts", default="dyn,graph,cgb")
+    ap.add_argument("--parts", default="dyn,graph,prod,cgb")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--record", help="priors.json whose decode record of this GPU gets the graphed figures")
+    ap.add_argument("--record-source", default="benchmarks/investigations/decode_graphs.py's prod part")
     args = ap.parse_args(argv)
     tiny = args.shape == "tiny"
     prompt, new = (12, 8) if tiny else (640, 64)
@@ -399,6 +522,18 @@ def main(argv: list[str] | None = None) -> int:
                 24 if tiny else 300,
                 64 if tiny else args.max_len,
             )
+        if "prod" in parts:
+            res = part_prod(
+                fh,
+                model,
+                device,
+                prompt,
+                24 if tiny else 300,
+                64 if tiny else args.max_len,
+                [1, 2] if tiny else [1, 8],
+            )
+            if args.record and device == "cuda":
+                record(fh, args.record, res, args.record_source)
         if "cgb" in parts and not tiny:
             part_cgb(fh, model, device, prompt, 300, args.max_len)
     return 0

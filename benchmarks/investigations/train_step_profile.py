@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--attn")
     ap.add_argument("--intent", default="lora")
+    ap.add_argument("--compile-layers", action="store_true", help="torch.compile each decoder layer")
     args = ap.parse_args(argv)
 
     import torch
@@ -97,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     model = cudaload.load_model(path, intent=args.intent, seq_len=seq, batch_size=args.batch, **kw)
     setup = cudaload.training_setup(model, examples)
     plan = model.cudaload_plan
+    compiled = 0
+    if args.compile_layers:
+        # regional compile: each decoder layer's forward (and so its backward) through torch.compile, one graph
+        # for all of them (same code; parameters are inputs), dynamic in the packed row's length
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        for layer in base.model.layers:
+            layer.compile(dynamic=True)
+            compiled += 1
     res: dict[str, Any] = {
         "shape": args.shape,
         "load_s": time.perf_counter() - t0,
@@ -105,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_per_step": plan.training.step.tokens if plan.training else None,
         "checkpointing": plan.gradient_checkpointing.choice if plan.gradient_checkpointing else None,
         "pack": setup.describe(),
+        "compiled_layers": compiled,
         "steps": [],
     }
     targs = dict(setup.arguments)

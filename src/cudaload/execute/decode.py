@@ -365,6 +365,10 @@ class CallState:
         self.shares: list[float] = []
         self.count = 0
         self._facts: Scaled | None = None
+        # the graphed decode: this model's graphs (made at its first graphed call), the shapes captured / failed
+        self.graphs: Any = None
+        self.graphed: set[tuple[int, int]] = set()
+        self.graph_failed: set[tuple[int, int]] = set()
 
     def facts(self) -> Scaled:
         if self._facts is None:
@@ -447,6 +451,8 @@ def _per_call_generate(self: Any, state: CallState, *args: Any, **kwargs: Any) -
     )
     if choice.compiled:
         out = _run_compiled(self, state, query, choice, entry, args, kwargs)
+    elif choice.graphed:
+        out = _run_graphed(self, state, query, choice, entry, args, kwargs)
     else:
         out = type(self).generate(self, *args, **kwargs)
     _observe(state, query, out, entry, t0)
@@ -517,9 +523,34 @@ def _read_call(
             max_positions=pc.max_positions,
             cache_bytes=(bucket or 0) * batch * pc.kv_bytes_per_slot,
             free_bytes=free,
+            graphable=graph_refusal(model, ids),
+            graph_failed_here=shape in state.graph_failed,
         ),
         None,
     )
+
+
+#: attention functions whose decode step runs cudaload's grouped decode attention inside a captured graph
+#: (cudaload.execute.runtime.sdpa_decode.grouped_decode); sdpa would scan every slot of the static cache
+_GRAPHED_ATTENTION = ("cudaload_sdpa", "cudaload_sdpa_nocudnn")
+
+
+def graph_refusal(model: Any, ids: Any) -> str | None:
+    """Why this model's decode step is not captured as a CUDA graph here (None: it can be): not on CUDA, an
+    attention other than cudaload's sdpa variants, sliding-window layers (their static cache branches on the host
+    each step), or a quantized model (its kernels were never captured in a measurement)."""
+    if getattr(ids.device, "type", None) != "cuda":
+        return f"the prompt is on {ids.device.type}: CUDA graphs need CUDA"
+    config: Any = getattr(model, "config", None)
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in _GRAPHED_ATTENTION:
+        return f"attention {attn!r}: only {' and '.join(_GRAPHED_ATTENTION)} run the grouped decode step in a graph"
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if any("sliding" in str(t) for t in (getattr(text, "layer_types", None) or ())):
+        return "sliding-window layers: their static cache decides on the host at each step"
+    if getattr(model, "hf_quantizer", None) is not None:
+        return "a quantized model: its kernels were not measured in a captured step"
+    return None
 
 
 def _static_settings(state: CallState, bucket: int) -> dict[str, Any]:
@@ -587,6 +618,51 @@ def _run_compiled(
         return _fall_back(model, state, shape, entry, "compiled call", e, args, kwargs)
 
 
+def _run_graphed(
+    model: Any,
+    state: CallState,
+    query: CallQuery,
+    choice: CallChoice,
+    entry: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A call the policy graphed: transformers' static cache of the bucket, no compile, and the late-stop loop
+    with each decode step replayed from this model's :class:`~cudaload.execute.runtime.graphed_step.DecodeGraphs`
+    (the first step of a new bucket and batch is captured). A step that could not be captured ran eagerly (the
+    same tokens): the shape is then left out of the graphed path for this process. A call that fails runs on
+    transformers' dynamic path, as a failed compiled call does."""
+    from .runtime.graphed_step import DecodeGraphs
+
+    assert choice.bucket is not None
+    shape = (choice.bucket, query.batch)
+    if state.graphs is None:
+        state.graphs = DecodeGraphs(model)
+    seen = len(state.graphs.captures)
+    settings = {"cache_implementation": "static", "max_cache_len": choice.bucket, "disable_compile": True}
+    try:
+        out = type(model).generate(
+            model, *args, **kwargs, **settings, custom_generate=decode_loop.graphed_sample(state.graphs.step)
+        )
+    except Exception as e:
+        return _fall_back(model, state, shape, entry, "graphed call", e, args, kwargs, state.graph_failed)
+    captured = state.graphs.captures[seen:]
+    if captured:
+        entry["capture"] = captured[-1]
+    if any("error" in c for c in captured):
+        state.graph_failed.add(shape)
+        warnings.warn(
+            f"cudaload: generate()'s decode step for a static cache of {shape[0]:,} slots at batch {shape[1]} "
+            f"could not be captured as a CUDA graph ({captured[-1].get('error')}); the call ran it eagerly, and "
+            "this shape leaves the graphed path in this process (plan.verified['decode']['calls'])",
+            CudaloadWarning,
+            stacklevel=4,
+        )
+    elif captured or shape in state.graphed:
+        state.graphed.add(shape)
+    return out
+
+
 def _fall_back(
     model: Any,
     state: CallState,
@@ -596,15 +672,17 @@ def _fall_back(
     err: Exception,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    failed: set[tuple[int, int]] | None = None,
 ) -> Any:
-    new = shape not in state.failed
-    state.failed.add(shape)
+    failed = state.failed if failed is None else failed
+    new = shape not in failed
+    failed.add(shape)
     entry["fallback"] = f"the {what} failed ({type(err).__name__}: {err}); ran dynamic"
     try:
         out = type(model).generate(model, *args, **kwargs)
     except Exception:
         if new:  # the dynamic path fails too: the call's own error, not the compiled path's
-            state.failed.discard(shape)
+            failed.discard(shape)
         entry["fallback"] = f"the {what} failed, and so did the dynamic path: the call's own error"
         raise
     warnings.warn(

@@ -1,32 +1,37 @@
-"""How one ``generate()`` call decodes when no work was declared (issue 43): transformers' dynamic cache, or a
-static cache of a bucket with the decode step compiled. Pure: :mod:`cudaload.execute.decode` reads the call and
-the process's state into a :class:`CallQuery`, and :func:`choose_call_decode` returns the choice with every
-candidate and its reason.
+"""How one ``generate()`` call decodes when no work was declared (issue 43): transformers' dynamic cache, a static
+cache of a bucket with the eager decode step replayed as a CUDA graph (``graphed``), or with the step compiled by
+inductor (``compiled``). Pure: :mod:`cudaload.execute.decode` reads the call and the process's state into a
+:class:`CallQuery`, and :func:`choose_call_decode` returns the choice with every candidate and its reason.
 
-The rule: a call's decode steps x (dynamic - compiled ms per step) must beat what the compiled path pays first,
-by :data:`cudaload.policies.decode.MARGIN` of the dynamic time:
+The rule: each path costs what it pays first plus the call's decode steps x its ms per step; a path that pays
+more first must beat the cheapest one before it by :data:`cudaload.policies.decode.MARGIN` of that one's time
+(dynamic, then graphed, then compiled). What each pays first:
 
-* nothing, when this process has already compiled the call's bucket and batch (the graph is in memory);
-* the warm compile (:func:`cudaload.compile_cache.present`: cudaload's saved artifacts for the bucket's key);
-* the cold compile otherwise.
+* dynamic: nothing;
+* graphed: the capture (one warm-up step and the capture, about two eager steps), at every call: transformers
+  builds a new static cache for each generate() call (5.17 generation/utils.py:1987-2032), and a graph replays the
+  addresses it captured;
+* compiled: nothing where this process compiled the call's bucket and batch already, else the warm compile
+  (:func:`cudaload.compile_cache.present`: cudaload's saved artifacts for the bucket's key), else the cold one.
 
-The ms per step and the compile seconds are the measured decode facts
+The ms per step, the capture and the compile seconds are the measured decode facts
 (:mod:`cudaload.policies.decode_facts`), scaled to the model as the plan scales them.
 
-An EOS may stop the call before ``max_new_tokens``. The compile is paid whole before the first step; the saving
-accrues per step; and how far a call will run is unknown before it runs. So the steps counted are:
+An EOS may stop the call before ``max_new_tokens``. What a path pays first is paid whole before the first step;
+the saving accrues per step; and how far a call will run is unknown before it runs. So the steps counted are:
 
 * all of them where nothing can stop the call early (no ``eos_token_id``, or ``min_new_tokens`` reaching
   ``max_new_tokens``);
 * else ``min_new_tokens`` plus a share of the rest: the mean share this process's earlier EOS calls ran (from
   :data:`OBSERVED_MIN` such calls on), or :data:`EOS_SHARE` before that. :data:`EOS_SHARE` is 0.5, the mean of a
-  stop equally likely anywhere up to the cap: a call that stops at once then loses at most the compile, and one
-  that runs to the cap is counted at half its saving.
+  stop equally likely anywhere up to the cap: a call that stops at once then loses at most what was paid first,
+  and one that runs to the cap is counted at half its saving.
 
-A call is kept dynamic, whatever it would save, where the compiled path cannot serve it: no decode step (one new
-token), a length past the model's context, a static cache that the free GPU memory cannot hold, a bucket and batch
-whose compile failed earlier in this process, or more compiled shapes than :data:`MAX_COMPILED` (dynamo's
-recompile limit).
+A call is kept dynamic, whatever it would save, where no static cache can serve it: no decode step (one new
+token), a length past the model's context, or a static cache that the free GPU memory cannot hold. The graphed
+path is left out where its step cannot be captured here (``graphable``: the attention or the device) or its capture
+failed for the bucket and batch earlier in this process; the compiled path where the bucket and batch's compile
+failed earlier, or past :data:`MAX_COMPILED` compiled shapes (dynamo's recompile limit).
 """
 
 from __future__ import annotations
@@ -79,7 +84,8 @@ class CallQuery:
     compiled; ``observed_shares``: the shares of ``max_new_tokens`` earlier EOS calls of this process ran;
     ``max_positions``: the model's context (None: unknown); ``cache_bytes``: the static cache's bytes (0: not
     known); ``free_bytes``: the GPU memory free at the call (None: not known); ``facts``: the decode measurement
-    scaled to this model (None: none speaks for it)."""
+    scaled to this model (None: none speaks for it); ``graphable``: why the step cannot be captured here (None:
+    it can); ``graph_failed_here``: this bucket and batch's capture failed earlier in this process."""
 
     batch: int
     prompt_len: int
@@ -96,6 +102,8 @@ class CallQuery:
     max_positions: int | None = None
     cache_bytes: int = 0
     free_bytes: int | None = None
+    graphable: str | None = "not asked"
+    graph_failed_here: bool = False
 
     @property
     def length(self) -> int:
@@ -105,10 +113,10 @@ class CallQuery:
 
 @dataclass(frozen=True)
 class CallChoice:
-    """The call's decode: ``decision.choice`` ``dynamic`` or ``compiled`` (with every candidate), the static cache's
-    ``bucket`` (compiled only), the ``compile`` it pays (``none``, ``warm`` or ``cold``; compiled only) and the
-    figures weighed (``expected``: steps counted, ms per step of each path, the compile seconds, each path's
-    seconds)."""
+    """The call's decode: ``decision.choice`` ``dynamic``, ``graphed`` or ``compiled`` (with every candidate), the
+    static cache's ``bucket`` (graphed and compiled), what it pays first (``compile``: ``none``, ``warm`` or
+    ``cold`` for compiled, ``capture`` for graphed) and the figures weighed (``expected``: steps
+    counted, each path's ms per step, what it pays first, its seconds)."""
 
     decision: Decision
     bucket: int | None = None
@@ -118,6 +126,10 @@ class CallChoice:
     @property
     def compiled(self) -> bool:
         return self.decision.choice == "compiled"
+
+    @property
+    def graphed(self) -> bool:
+        return self.decision.choice == "graphed"
 
     @property
     def reason(self) -> str:
@@ -166,74 +178,124 @@ def expected_steps(q: CallQuery) -> tuple[float, str]:
     )
 
 
+@dataclass(frozen=True)
+class _Path:
+    name: str
+    first_s: float  # what it pays before its first step
+    ms: float  # per decode step
+    pays: str  # what it pays first, in words
+
+    def seconds(self, steps: float) -> float:
+        return self.first_s + steps * self.ms / 1000
+
+
 def choose_call_decode(q: CallQuery) -> CallChoice:
-    """``dynamic`` or ``compiled`` for one call, with every candidate and its reason (module docstring)."""
+    """``dynamic``, ``graphed`` or ``compiled`` for one call, with every candidate and its reason (module
+    docstring)."""
     blocked = _blockers(q)
     f = q.facts
     if f is None:
         blocked.insert(0, "no decode measurement speaks for this GPU and model")
     if blocked:
-        return _dynamic(("the compiled path cannot serve this call: " + "; ".join(blocked),), blocked, {})
+        why = "no static cache can serve this call: " + "; ".join(blocked)
+        return _dynamic((why,), {"graphed": blocked, "compiled": blocked}, {})
     assert f is not None and q.bucket is not None
     steps, counted = expected_steps(q)
-    dyn_ms = f.dynamic_ms(q.length, q.batch)
-    comp_ms = f.compiled_ms(q.bucket, q.batch)
-    kind = "none" if q.compiled_here else "warm" if q.warm else "cold"
-    compile_s = 0.0 if q.compiled_here else f.compile_s(q.warm)
-    dyn_s = steps * dyn_ms / 1000
-    comp_s = steps * comp_ms / 1000 + compile_s
-    saved_s = dyn_s - steps * comp_ms / 1000
-    expected = {
-        "steps": steps,
-        "ms_per_step_dynamic": dyn_ms,
-        "ms_per_step_compiled": comp_ms,
-        "compile_s": compile_s,
-        "seconds_dynamic": dyn_s,
-        "seconds_compiled": comp_s,
+    paths, refused = _paths(q, f)
+    expected: dict[str, float] = {"steps": steps}
+    for p in paths:
+        expected[f"ms_per_step_{p.name}"] = p.ms
+        expected[f"first_s_{p.name}"] = p.first_s
+        expected[f"seconds_{p.name}"] = p.seconds(steps)
+    best = paths[0]
+    lines: dict[str, str] = {
+        "dynamic": f"~{best.seconds(steps):.1f} s of decode steps, nothing captured or compiled ({counted})"
     }
-    pays = {
-        "none": f"no compile: this process compiled the {q.bucket:,}-slot bucket at batch {q.batch} already",
-        "warm": f"{compile_s:.0f} s warm compile (cudaload's saved artifacts)",
-        "cold": f"{compile_s:.0f} s cold compile",
-    }[kind]
-    saving = f"saves {steps:,.0f} x ({dyn_ms:.1f} - {comp_ms:.1f}) ms = {saved_s:.1f} s"
-    dyn_reason = f"~{dyn_s:.1f} s of decode steps, nothing compiled ({counted})"
-    margin = f"{MARGIN * dyn_s:.1f} s margin ({MARGIN:.0%} of the dynamic decode)"
-    if comp_s <= (1 - MARGIN) * dyn_s:
-        comp_reason = f"{saving} > {pays} + {margin}" if compile_s else f"{saving} > {margin}; {pays}"
-        return CallChoice(
-            Decision(
-                "compiled",
-                (f"compiled, static cache of {q.bucket:,} slots: {comp_reason} ({counted})",),
-                (
-                    Candidate("dynamic", True, (dyn_reason, f"{MARGIN:.0%} or more slower for this call")),
-                    Candidate("compiled", True, (comp_reason, f"static cache of {q.bucket:,} slots")),
-                ),
-            ),
-            bucket=q.bucket,
-            compile=kind,
-            expected=expected,
+    for p in paths[1:]:
+        bar = (1 - MARGIN) * best.seconds(steps)
+        saved = steps * (best.ms - p.ms) / 1000
+        sign = ">" if p.seconds(steps) <= bar else "<"
+        lines[p.name] = (
+            f"saves {steps:,.0f} x ({best.ms:.1f} - {p.ms:.1f}) ms = {saved:.1f} s {sign} {p.pays} + "
+            f"{MARGIN * best.seconds(steps):.1f} s margin ({MARGIN:.0%} of {best.name}'s {best.seconds(steps):.1f} s)"
         )
-    comp_reason = f"{saving} < {pays} + {margin}" if compile_s else f"{saving} < {margin}; {pays}"
-    return _dynamic(
-        (f"dynamic: compiled {comp_reason} ({counted})",),
-        [comp_reason],
-        expected,
-        dyn_reason,
+        if sign == ">":
+            best = p
+    candidates = tuple(
+        Candidate(p.name, True, (lines[p.name],) if p.name == "dynamic" else (lines[p.name], _cache(q)))
+        for p in paths
+    ) + tuple(Candidate(n, False, tuple(w)) for n, w in refused.items())
+    if best.name == "dynamic":
+        reason = (
+            f"dynamic: {counted}"
+            + "".join(f"; {n}: {lines[n]}" for n in lines if n != "dynamic")
+            + "".join(f"; {n} closed: {'; '.join(w)}" for n, w in refused.items())
+        )
+        return CallChoice(Decision("dynamic", (reason,), candidates), expected=expected)
+    kind = "capture" if best.name == "graphed" else "none" if q.compiled_here else "warm" if q.warm else "cold"
+    return CallChoice(
+        Decision(best.name, (f"{best.name}, {_cache(q)}: {lines[best.name]} ({counted})",), candidates),
+        bucket=q.bucket,
+        compile=kind,
+        expected=expected,
     )
 
 
+def _cache(q: CallQuery) -> str:
+    assert q.bucket is not None
+    return f"static cache of {q.bucket:,} slots"
+
+
+def _paths(q: CallQuery, f: Scaled) -> tuple[list[_Path], dict[str, list[str]]]:
+    """The paths open to the call, cheapest first paid first, and why each other one is closed."""
+    assert q.bucket is not None
+    paths = [_Path("dynamic", 0.0, f.dynamic_ms(q.length, q.batch), "nothing")]
+    refused: dict[str, list[str]] = {}
+    no_graph = []
+    if not f.facts.graphed:
+        no_graph.append("no graphed decode measured for this GPU")
+    if q.graphable is not None:
+        no_graph.append(f"its step cannot be captured here: {q.graphable}")
+    if q.graph_failed_here:
+        no_graph.append("its capture failed earlier in this process")
+    if no_graph:
+        refused["graphed"] = no_graph
+    else:
+        first = f.capture_s()
+        paths.append(_Path("graphed", first, f.graphed_ms(q.bucket, q.batch), f"{first:.2f} s capture"))
+    no_compile = []
+    if q.failed_here:
+        no_compile.append("its compile failed earlier in this process")
+    elif not q.compiled_here and q.compiled_count >= MAX_COMPILED:
+        no_compile.append(
+            f"this process compiled {q.compiled_count} shapes already, the most it compiles ({MAX_COMPILED}: "
+            "dynamo's recompile limit)"
+        )
+    if no_compile:
+        refused["compiled"] = no_compile
+    else:
+        kind = "none" if q.compiled_here else "warm" if q.warm else "cold"
+        first = 0.0 if q.compiled_here else f.compile_s(q.warm)
+        pays = {
+            "none": f"no compile: this process compiled the {q.bucket:,}-slot bucket at batch {q.batch} already",
+            "warm": f"{first:.0f} s warm compile (cudaload's saved artifacts)",
+            "cold": f"{first:.0f} s cold compile",
+        }[kind]
+        paths.append(_Path("compiled", first, f.compiled_ms(q.bucket, q.batch), pays))
+    return paths, refused
+
+
 def _dynamic(
-    reasons: Sequence[str],
-    comp_why: Sequence[str],
-    expected: Mapping[str, float],
-    dyn_reason: str = "transformers' DynamicCache, nothing compiled",
+    reasons: Sequence[str], refused: Mapping[str, Sequence[str]], expected: Mapping[str, float]
 ) -> CallChoice:
     return CallChoice(
         Decision(
             "dynamic",
             tuple(reasons),
-            (Candidate("dynamic", True, (dyn_reason,)), Candidate("compiled", False, tuple(comp_why))),
+            (
+                Candidate("dynamic", True, ("transformers' DynamicCache, nothing captured or compiled",)),
+                *(Candidate(n, False, tuple(w)) for n, w in refused.items()),
+            ),
         ),
         expected=expected,
     )
@@ -247,13 +309,6 @@ def _blockers(q: CallQuery) -> list[str]:
         out.append(f"{q.length:,} tokens exceed the model's context of {q.max_positions:,}")
     elif q.bucket is None:
         out.append(f"no static-cache bucket holds {q.length:,} tokens")
-    if q.failed_here:
-        out.append("its compile failed earlier in this process")
-    elif not q.compiled_here and q.compiled_count >= MAX_COMPILED:
-        out.append(
-            f"this process compiled {q.compiled_count} shapes already, the most it compiles ({MAX_COMPILED}: "
-            "dynamo's recompile limit)"
-        )
     if q.free_bytes is not None and q.cache_bytes > HEADROOM * q.free_bytes:
         out.append(
             f"its static cache ({q.cache_bytes / 2**30:.1f} GiB) is more than {HEADROOM:.0%} of the "

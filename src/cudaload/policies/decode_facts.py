@@ -48,6 +48,8 @@ class DecodeFacts:
     bound_ms: float | None = None
     quantized_s: Mapping[str, float] = field(default_factory=dict)
     quantized_work: str = ""
+    graphed_ms: tuple[tuple[int, float], ...] = ()
+    capture_s: float | None = None
 
     @property
     def gpu_name(self) -> str:
@@ -77,6 +79,8 @@ class DecodeFacts:
             bound_ms=None if d.get("memory_bound_ms") is None else float(d["memory_bound_ms"]),
             quantized_s={str(k): float(v) for k, v in dict(d.get("quantized_s") or {}).items()},
             quantized_work=str(d.get("quantized_work") or ""),
+            graphed_ms=tuple(sorted((int(n), float(ms)) for n, ms in d.get("graphed_ms_per_token") or ())),
+            capture_s=None if d.get("graph_capture_s") is None else float(d["graph_capture_s"]),
         )
         if not out.dynamic_ms or not out.compiled_ms or out.weight_bytes <= 0 or out.layers <= 0:
             raise ValueError("a decode record needs dynamic and compiled timings, weight_bytes and layers")
@@ -98,6 +102,8 @@ class DecodeFacts:
             "memory_bound_ms": self.bound_ms,
             "quantized_s": dict(self.quantized_s),
             "quantized_work": self.quantized_work,
+            "graphed_ms_per_token": [list(p) for p in self.graphed_ms],
+            "graph_capture_s": self.capture_s,
             "source": self.source,
         }
 
@@ -116,6 +122,17 @@ class DecodeFacts:
         slots measured 6.2 ms against the 2,048 slots' 6.7 mean, whose samples include a process's first calls),
         the shortest's below it."""
         return _interpolate(_averaged(self.compiled_ms), max_cache_len, extrapolate=True)
+
+    def graphed_ms_at(self, max_cache_len: int) -> float:
+        """ms per new token of the graphed decode (the eager step replayed as a CUDA graph) with a static cache of
+        ``max_cache_len`` slots, as :meth:`compiled_ms_at` extends its points. Only where ``graphed_ms`` holds
+        a measurement (:attr:`graphed` True)."""
+        return _interpolate(_averaged(self.graphed_ms), max_cache_len, extrapolate=True)
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the graphed decode was measured here (its step and its capture)."""
+        return bool(self.graphed_ms) and self.capture_s is not None
 
     def batch_factor(self, batch: int) -> float:
         """A decode step of ``batch`` sequences over one of a single sequence: linear from 1 at batch 1 to the
@@ -155,6 +172,13 @@ class Scaled:
 
     def compile_s(self, warm: bool) -> float:
         return self.facts.compile_s["warm" if warm else "cold"] * self.layers
+
+    def graphed_ms(self, max_cache_len: int, batch: int = 1) -> float:
+        return self.facts.graphed_ms_at(max_cache_len) * self.weights * self.facts.batch_factor(batch)
+
+    def capture_s(self) -> float:
+        """The graph's capture: one warm-up step and the capture, scaled by layers as the compile is."""
+        return (self.facts.capture_s or 0.0) * self.layers
 
 
 def scaled(facts: DecodeFacts, weight_bytes: int, layers: int, gpu_name: str | None = None) -> Scaled:

@@ -22,6 +22,7 @@ the model class's ``_sample`` itself (:func:`late_stop_refusal` says why). :func
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigurationError
@@ -119,6 +120,60 @@ def late_stop_sample(
 
     A call that transformers' final generation config makes a beam or assisted search (a mode :func:`install`'s
     pre-check could not see) goes to that mode's own method with the same, already prepared, arguments."""
+    return _sample_or_mode(
+        None,
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus,
+        streamer,
+        model_kwargs,
+    )
+
+
+def graphed_sample(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``custom_generate`` callable like :func:`late_stop_sample` whose decode steps run ``step(**inputs)``
+    (:meth:`cudaload.execute.runtime.graphed_step.DecodeGraphs.step`: the step as a CUDA graph) instead of the
+    model's call; the prefill stays eager."""
+
+    def sample(
+        model: Any,
+        input_ids: Any,
+        logits_processor: Any,
+        stopping_criteria: Any,
+        generation_config: Any,
+        synced_gpus: bool = False,
+        streamer: Any = None,
+        **model_kwargs: Any,
+    ) -> Any:
+        return _sample_or_mode(
+            step,
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            synced_gpus,
+            streamer,
+            model_kwargs,
+        )
+
+    return sample
+
+
+def _sample_or_mode(
+    step: Callable[..., Any] | None,
+    model: Any,
+    input_ids: Any,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    synced_gpus: bool,
+    streamer: Any,
+    model_kwargs: dict[str, Any],
+) -> Any:
     from transformers.generation.utils import GENERATION_MODES_MAPPING
 
     name = GENERATION_MODES_MAPPING[
@@ -128,7 +183,7 @@ def late_stop_sample(
         refused = late_stop_refusal(model, input_ids, generation_config, synced_gpus, model_kwargs)
         if refused is None and streamer is None:  # a streamer needs each token on the host: that same wait
             return _loop(
-                model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
+                model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs, step
             )
     # transformers' own loop for this mode: the class's method, as generate() takes it (5.17
     # generation/utils.py:2615)
@@ -157,6 +212,7 @@ def _loop(
     stopping_criteria: Any,
     generation_config: Any,
     model_kwargs: dict[str, Any],
+    step: Callable[..., Any] | None = None,
 ) -> Any:
     """The body of ``GenerationMixin._sample`` (5.17 generation/utils.py:2961-3105) without the outputs that
     ``return_dict_in_generate`` collects and without a streamer, with :class:`LateStop` as its stop check.
@@ -173,11 +229,14 @@ def _loop(
     unfinished_sequences = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(input_ids.device)
-    model_forward = (
-        model.get_compiled_call(generation_config.compile_config)
-        if model._valid_auto_compile_criteria(model_kwargs, generation_config)
-        else model.__call__
-    )
+    if (
+        step is not None
+    ):  # the graphed decode: the eager step captured (cudaload.execute.runtime.graphed_step)
+        model_forward = step
+    elif model._valid_auto_compile_criteria(model_kwargs, generation_config):
+        model_forward = model.get_compiled_call(generation_config.compile_config)
+    else:
+        model_forward = model.__call__
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     stop_check = LateStop(input_ids, stopping_criteria.max_length)
     device = input_ids.device

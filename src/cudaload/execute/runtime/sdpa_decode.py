@@ -32,7 +32,9 @@ nothing. It imports torch and transformers, so cudaload imports it only when a l
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,6 +45,7 @@ __all__ = [
     "SDPA_DECODE",
     "SDPA_NO_CUDNN",
     "decode_backend",
+    "grouped_decode",
     "grouped_decode_attention",
     "register",
     "registered",
@@ -155,12 +158,28 @@ def _grouped_applies(query: Any, key: Any, attention_mask: Any, kwargs: dict[str
     )
 
 
+_GROUPED = threading.local()
+
+
+@contextlib.contextmanager
+def grouped_decode() -> Iterator[None]:
+    """Inside: this thread's decode steps run :func:`grouped_decode_attention` as a compiled step does (the
+    graphed decode captures them: :mod:`cudaload.execute.runtime.graphed_step`)."""
+    before = getattr(_GROUPED, "on", False)
+    _GROUPED.on = True
+    try:
+        yield
+    finally:
+        _GROUPED.on = before
+
+
 def _compiled_decode_step(
     query: Any, key: Any, value: Any, attention_mask: Any, kwargs: dict[str, Any]
 ) -> Any:
-    """Both variants' rule inside a compiled graph: a decode step :func:`_grouped_applies` to runs grouped (its
-    result), anything else None (the variant's own path)."""
-    if torch.compiler.is_compiling() and _grouped_applies(query, key, attention_mask, kwargs):
+    """Both variants' rule inside a compiled or captured step (:func:`grouped_decode`): a decode step
+    :func:`_grouped_applies` to runs grouped (its result), anything else None (the variant's own path)."""
+    inside = torch.compiler.is_compiling() or getattr(_GROUPED, "on", False)
+    if inside and _grouped_applies(query, key, attention_mask, kwargs):
         return grouped_decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
     return None
 
