@@ -331,8 +331,15 @@ def select_decode(
         choice = "dynamic"
         why = [
             "no generate() work declared: load_model() compiles nothing, and each generate() call decides its own "
-            "decode from its batch, prompt length and max_new_tokens (cudaload.policies.decode_call): a static "
-            "cache with the compiled step only where the call's decode steps save more than the compile costs "
+            "decode from its batch, prompt length and max_new_tokens (cudaload.policies.decode_call): "
+            + (
+                f"a static cache with the step replayed as a CUDA graph where its ~{facts.capture_s():.2f} s "
+                f"capture pays ({facts.graphed_ms(4096):.1f} against {facts.dynamic_ms(1024):.1f} ms a step "
+                "dynamic, 4,096 slots), and with the compiled step "
+                if facts.facts.graphed
+                else "a static cache with the compiled step "
+            )
+            + "only where the call's decode steps save more than the compile costs "
             f"(~{facts.compile_s(False):.0f} s cold, ~{facts.compile_s(True):.0f} s from cudaload's saved "
             "artifacts, nothing for a bucket the process compiled already); each call's choice and why in "
             "plan.verified['decode']['calls']; to pay the compile at load instead, declare the work (new_tokens=, "
