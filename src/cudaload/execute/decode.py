@@ -5,7 +5,7 @@ compile before the user's first ``generate()``.
 Nothing is patched: a compiled plan sets three fields of ``model.generation_config`` that ``generate()`` reads
 (transformers 5.17-5.24 all have them; see :func:`apply_decode`), and gives the model a ``generate`` that passes
 transformers' ``custom_generate`` hook the sampling loop with the stop read one step late
-(:mod:`cudaload.decode_loop`). transformers then builds a ``StaticCache`` and
+(:mod:`cudaload.execute.runtime.decode_loop`). transformers then builds a ``StaticCache`` and
 runs each decode step through ``model.get_compiled_call(compile_config)`` (5.17 generation/utils.py:2995-2998;
 modeling_utils.py:4676-4692); the prefill stays eager, so only calls that decode at least one token compile.
 
@@ -100,7 +100,7 @@ def apply_decode(model: Any, decode: DecodePlan) -> dict[str, Any]:
     # read by generation/utils.py:2122-2123; 5.22 and 5.24 the same)
     gc.max_cache_len = out["max_cache_len"] = settings["max_cache_len"]
     # the compiled step leaves the host's per-token wait as the largest cost above the GPU's work: greedy and
-    # sampling calls read the stop one step late (cudaload.decode_loop), so the host queues the next step meanwhile
+    # sampling calls read the stop one step late (cudaload.execute.runtime.decode_loop), so the host queues the next step meanwhile
     why = decode_loop.install(model)
     out["stop_check"] = "late" if why is None else f"transformers' ({why})"
     device = getattr(model, "device", None)
@@ -391,9 +391,9 @@ class CallState:
 
 def install_per_call(model: Any, per_call: PerCallDecode) -> dict[str, Any]:
     """Give ``model`` a ``generate`` that decides each call's decode (:func:`_per_call_generate`), bound with
-    ``functools.partial`` as :func:`cudaload.decode_loop.install` binds its own (the instance-attribute route
+    ``functools.partial`` as :func:`cudaload.execute.runtime.decode_loop.install` binds its own (the instance-attribute route
     transformers takes for a checkpoint's ``custom_generate``, 5.17 generation/utils.py:568-573). Refused where
-    the late stop is (:func:`cudaload.decode_loop.install_refusal`: not CUDA, an encoder-decoder, a class's own
+    the late stop is (:func:`cudaload.execute.runtime.decode_loop.install_refusal`: not CUDA, an encoder-decoder, a class's own
     ``generate`` or ``_sample``, a ``generate`` already on the instance). Returns what ``verified["decode"]``
     records: ``per_call`` (how) and ``calls`` (the list each call's record goes to)."""
     why = decode_loop.install_refusal(model)
@@ -463,7 +463,7 @@ def _read_call(
     model: Any, state: CallState, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[CallQuery | None, str | None]:
     """The call as the policy reads it, or why it keeps transformers' generate() untouched: what the late stop
-    refuses (:func:`cudaload.decode_loop.call_refusal` and :func:`~cudaload.decode_loop.late_stop_refusal`: beams,
+    refuses (:func:`cudaload.execute.runtime.decode_loop.call_refusal` and :func:`~cudaload.execute.runtime.decode_loop.late_stop_refusal`: beams,
     assisted, a streamer, the caller's processors or criteria, a tokenizer, more than ids returned, multi-rank, a
     prompt not on CUDA), a call that chooses its own cache or compile (:data:`_OWN_CACHE_OR_COMPILE`, or
     ``cache_implementation`` / ``compile_config`` in its config), several sequences returned per prompt, no cache,
@@ -565,7 +565,7 @@ def _static_settings(state: CallState, bucket: int) -> dict[str, Any]:
 
 
 def _static_generate(model: Any, settings: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
-    """The class's ``generate()`` with a compiled call's settings and the late stop (:mod:`cudaload.decode_loop`),
+    """The class's ``generate()`` with a compiled call's settings and the late stop (:mod:`cudaload.execute.runtime.decode_loop`),
     as a compiled plan's generate() runs it."""
     return type(model).generate(
         model, *args, **kwargs, **settings, custom_generate=decode_loop.late_stop_sample

@@ -7,8 +7,8 @@ cache lengths fit in memory.
 The compile is the price: ~58 s cold, 11-13 s from cudaload's saved artifacts on the H200 for the 8B shape,
 against decode steps ~5.5x faster after it (6.0-6.3 ms at 2,048 slots, 6.2 at 6,144, a process's first calls
 8-10, against the dynamic path's 30-44 ms; benchmarks/results/2026-12-03-h200, runs 43-47: the compiled step runs
-cudaload_sdpa's grouped decode attention, :mod:`cudaload.sdpa_decode`, and generate() reads its stop one step
-late, :mod:`cudaload.decode_loop`). So:
+cudaload_sdpa's grouped decode attention, :mod:`cudaload.execute.runtime.sdpa_decode`, and generate() reads its stop one step
+late, :mod:`cudaload.execute.runtime.decode_loop`). So:
 
 * no work declared: ``dynamic`` at load, nothing compiled; with ``decode='auto'`` where the compiled path can run
   here and a measurement speaks for the GPU, each ``generate()`` call then decides its own decode from the call
@@ -154,7 +154,7 @@ def decode_key_base(
 ) -> tuple[dict[str, Any], tuple[str, str]]:
     """What :func:`decode_cache_key` hashes that does not depend on the call (everything but the bucket and the
     batch), as plain JSON values, and the readable prefix's two halves: what a per-call plan keeps
-    (:class:`cudaload.decode_plan.PerCallDecode`) to name each call's artifact with the key a declared plan or
+    (:class:`cudaload.plans.decode.PerCallDecode`) to name each call's artifact with the key a declared plan or
     ``cudaload precompile --decode`` gives the same bucket and batch."""
     gpu = caps.gpus[0] if caps.gpus else None
     parts: dict[str, Any] = {

@@ -339,7 +339,7 @@ class Request:
         }
 
     def tune_kwargs(self) -> dict[str, Any]:
-        """``cudaload.tuning.tune(self.model, **kwargs)``'s keywords for the work given: tune() takes the prompt's
+        """``cudaload.execute.measure.tune(self.model, **kwargs)``'s keywords for the work given: tune() takes the prompt's
         length, and ``seq_len`` here counts the prompt and the new tokens, as plan() does."""
         out: dict[str, Any] = {"padded": self.padded}
         if self.batch_size is not None:

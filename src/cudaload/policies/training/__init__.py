@@ -16,7 +16,7 @@
   only it makes the step fit without checkpointing (measured slower where memory was not short).
 * **LoRA dropout** (:func:`choose_lora_dropout`) and **QLoRA's k-bit preparation** (:func:`choose_kbit_upcast`).
 
-Each is a :class:`~cudaload.decision.Decision` with its candidates, like every other policy; the fits are
+Each is a :class:`~cudaload.plans.decision.Decision` with its candidates, like every other policy; the fits are
 probed through a function the planner passes in (pure arithmetic: :func:`cudaload.policies.quantization.fit`).
 Measured training throughput (:class:`TrainingFacts`, shipped in the priors file) ranks the attention
 backends for training in :mod:`cudaload.policies.attention.choice`.

@@ -48,7 +48,7 @@ def packing_costs(info: ModelInfo, attn: str, act_bytes: int) -> list[str]:
 
 
 def boundaries_for(attn: str) -> str:
-    """How a packed step tells ``attn`` where its sequences start (:data:`cudaload.training_plan.BOUNDARIES`)."""
+    """How a packed step tells ``attn`` where its sequences start (:data:`cudaload.plans.training.BOUNDARIES`)."""
     return "cu_seq_lens" if attn in VARLEN else "position_ids"
 
 
