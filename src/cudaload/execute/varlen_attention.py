@@ -5,7 +5,7 @@ sequence boundaries, with a forward and a backward, and no flash-attn package:
 
 - ``torch.nn.attention.varlen.varlen_attn`` where it takes ``scale`` and ``window_size`` (torch 2.11 and later:
   torch 2.11 ``nn/attention/varlen.py`` :159-250, a custom op with ``register_autograd`` :407; torch 2.13 the same
-  and an ``enable_gqa`` flag that must be set when query and key heads differ, :223-233 of its varlen_attn);
+  plus an ``enable_gqa`` flag, which its varlen_attn requires when query and key heads differ);
 - ``torch.ops.aten._flash_attention_forward`` otherwise (torch 2.9 and 2.10: 2.9 has no ``nn/attention/varlen``,
   2.10's varlen_attn takes neither a scale nor a window). The op is differentiable by itself: derivatives.yaml
   gives it ``_flash_attention_backward`` (torchgen/packaged/autograd/derivatives.yaml, 2.9 :2899-2901, 2.11
@@ -18,7 +18,7 @@ takes query / key / value as (batch, heads, tokens, head_dim). A call runs varle
 whose keys are its queries (no cache content) and no mask was built for it; the boundaries are, in order:
 
 1. ``cu_seq_lens_q`` / ``cu_seq_lens_k`` and ``max_length_q`` / ``max_length_k`` where the collator passed them
-   (cudaload.training_data's ``PackedCollator(boundaries="cu_seq_lens")``, transformers' DataCollatorWithFlattening);
+   (cudaload.train.data's ``PackedCollator(boundaries="cu_seq_lens")``, transformers' DataCollatorWithFlattening);
 2. else derived from ``position_ids``, once per forward (the same tensor reaches every layer; the result is
    kept for it): a sequence starts wherever a position does not continue the previous one by +1, the rule
    transformers' masks use for sdpa (masking_utils.find_packed_sequence_indices, 5.17 :729-758), so the
