@@ -388,7 +388,8 @@ def test_gpu_compiled_decode_matches_the_dynamic_path_where_logits_are_not_tied(
         ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(top2[..., 0].abs())))
         dynamic.append((out.sequences[:, p.shape[1] :], top2[..., 0] - top2[..., 1], 4 * ulp))
     plan = _gpu_plan()
-    assert apply_decode(gpu_lm, plan)["stop_check"] == "late"  # the compiled calls run cudaload.execute.runtime.decode_loop
+    # the compiled calls run cudaload.execute.runtime.decode_loop
+    assert apply_decode(gpu_lm, plan)["stop_check"] == "late"
     warm = warm_decode(gpu_lm, plan)
     assert warm["compiled"]
     compared = 0
@@ -585,6 +586,41 @@ def test_a_warm_up_that_does_not_compile_puts_the_dynamic_cache_back(tiny_lm: An
     assert got["warmup"]["compiled"] is False and "dynamic cache is kept" in got["undone"]
     gc = tiny_lm.generation_config
     assert gc.cache_implementation is None and gc.compile_config is None and gc.max_cache_len is None
+
+
+def test_a_warm_up_that_does_not_compile_leaves_a_plan_that_says_dynamic(
+    tiny_lm: Any, tiny_model: Callable[..., Path]
+) -> None:
+    """The load's plan says what the model runs: a compiled decode undone after its warm-up is replanned dynamic,
+    its decision says why (and what the plan had chosen), and ``verified["replanned"]`` lists it, as a runtime
+    attention fallback's new plan does."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import cudaload
+    from cudaload.execute.load import _ready
+    from cudaload.plans.plan import Plan
+
+    first = cudaload.plan(
+        str(tiny_model("qwen3")), device_map="cpu", seq_len=128, new_tokens=64, batch_size=1
+    )
+    first = replace(
+        first, decode=_plan(compile={"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"})
+    )
+    verified: dict[str, Any] = {"load_path": "from_pretrained", "replanned": []}
+    with pytest.warns(CudaloadWarning, match="did not compile"):
+        _, got = _ready(SimpleNamespace(warmup=True), tiny_lm, first, verified)  # type: ignore[arg-type]
+    assert got.decode is not None and not got.decode.compiled and got.decode.mode.choice == "dynamic"
+    assert got.decode.max_cache_len is None and got.decode.generation_settings() == {}
+    assert got.decode.mode.reasons == (
+        "replanned after loading: the warm-up's generate() did not compile: the dynamic cache is kept",
+        "the plan chose compiled: test",
+    )
+    assert got.verified is not None and got.verified["replanned"] == [
+        "decode planned again as dynamic: the warm-up's generate() did not compile: the dynamic cache is kept"
+    ]
+    assert "decode: dynamic" in got.explain() and "replanned after loading" in got.explain()
+    assert Plan.from_json(got.to_json()).decode == got.decode
 
 
 def test_a_dynamic_plan_keeps_a_checkpoints_dynamic_cache_kind(tiny_lm: Any) -> None:

@@ -29,6 +29,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .. import compile_cache
@@ -331,6 +332,19 @@ def ready_decode(model: Any, decode: DecodePlan, *, warm: bool) -> dict[str, Any
     else:
         out["artifacts_loaded"] = load_artifacts(decode.cache_key)
     return out
+
+
+def replanned_decode(decode: DecodePlan, why: str) -> DecodePlan:
+    """The decode section as the model decodes after :func:`ready_decode` undid a compiled plan (``why``: its
+    ``undone``): dynamic, with no static cache, its decision saying why and keeping every candidate, as the
+    attention path's new plan says why the load left the first plan's backend."""
+    planned = "; ".join(decode.mode.reasons) or "-"
+    mode = replace(
+        decode.mode,
+        choice="dynamic",
+        reasons=(f"replanned after loading: {why}", f"the plan chose compiled: {planned}"),
+    )
+    return replace(decode, mode=mode, max_cache_len=None, cache_buckets=(), batch_sizes=(), cache_key=None)
 
 
 # -- the decode decided at each generate() call (issue 43) -------------------------------------------------------

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..capabilities import Capabilities
@@ -19,7 +19,7 @@ from ..request import Request
 from . import serving as _serving
 from .adapters import _wrap_peft, apply_adapter_cast, enable_planned_checkpointing
 from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback, replanned
-from .decode import ready_decode
+from .decode import ready_decode, replanned_decode
 from .failures import _gpu_memory_snapshot, _release_memory, _translate
 from .load_path import _load_covered
 from .phases import _Phases
@@ -408,6 +408,10 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
             # the declared work, the first generate() would pay it anyway, and only a compile run here can save
             # its artifacts for the next process (a user's own generate() call ends outside cudaload)
             verified["decode"] = ready_decode(model, plan.decode, warm=req.warmup or plan.decode.compiled)
+            undone = verified["decode"].get("undone")
+            if undone:  # the model decodes dynamically now: the plan says so, as a new attention plan does
+                plan = replace(plan, decode=replanned_decode(plan.decode, undone))
+                verified.setdefault("replanned", []).append(f"decode planned again as dynamic: {undone}")
     else:
         model.train()
         enable_planned_checkpointing(model, plan)
