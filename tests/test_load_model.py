@@ -375,7 +375,7 @@ def test_hardware_as_a_profile_name_is_a_clear_error(tiny_model) -> None:  # typ
 def test_translated_unknown_model_type_is_one_short_line() -> None:
     """Issue 16.9: from_pretrained's 'Unrecognized model' error lists every model type (~10 KB)."""
     from cudaload.errors import CheckpointError
-    from cudaload.execute import _translate
+    from cudaload.execute.failures import _translate
 
     listing = ", ".join(f"type{i}" for i in range(2000))
     exc = ValueError(
@@ -385,6 +385,92 @@ def test_translated_unknown_model_type_is_one_short_line() -> None:
     err = _translate(exc, "loading /x")
     assert isinstance(err, CheckpointError)
     assert len(str(err)) < 700 and "'lama'" in str(err) and "llama" in str(err)
+
+
+def _hub_error(name: str, text: str) -> BaseException:
+    """A huggingface_hub error without the HTTP response its constructor asks for (only its class matters here)."""
+    import huggingface_hub.errors
+
+    cls = getattr(huggingface_hub.errors, name)
+    exc: BaseException = cls.__new__(cls)
+    Exception.__init__(exc, text)
+    return exc
+
+
+def _raised_from(outer: BaseException, cause: BaseException) -> BaseException:
+    """``outer`` as ``raise outer from cause`` leaves it."""
+    outer.__cause__ = cause
+    return outer
+
+
+def test_translate_maps_torchs_out_of_memory_by_class_and_a_plain_runtime_error_by_text() -> None:
+    from cudaload.errors import DoesNotFitError
+    from cudaload.execute.failures import _translate
+
+    assert isinstance(
+        _translate(torch.OutOfMemoryError("Tried to allocate 2 GiB"), "loading /x"), DoesNotFitError
+    )
+    assert isinstance(_translate(torch.cuda.OutOfMemoryError("no words"), "loading /x"), DoesNotFitError)
+    # a CUDA library's own allocation failing arrives as a RuntimeError with only the text
+    err = _translate(RuntimeError("CUDA error: out of memory"), "loading /x")
+    assert isinstance(err, DoesNotFitError) and "ran out of GPU memory" in str(err)
+
+
+def test_translate_maps_a_safetensors_error_by_class_also_when_raised_from_it(tmp_path: Path) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    from cudaload.errors import CheckpointError
+    from cudaload.execute.failures import _translate
+
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes((1000).to_bytes(8, "little") + b"{}")  # a header longer than the file
+    with pytest.raises(SafetensorError) as ei:
+        safe_open(str(bad), framework="pt")
+    err = _translate(ei.value, "loading /x")
+    assert isinstance(err, CheckpointError) and "corrupt or truncated" in str(err)
+    wrapped = _raised_from(OSError("unable to load the weights"), ei.value)
+    assert isinstance(_translate(wrapped, "loading /x"), CheckpointError)
+
+
+def test_translate_maps_missing_files_and_the_hubs_errors_by_class() -> None:
+    from cudaload.errors import ModelNotFoundError
+    from cudaload.execute.failures import _translate
+
+    assert isinstance(_translate(FileNotFoundError("/x/config.json"), "loading /x"), ModelNotFoundError)
+    for name in ("RepositoryNotFoundError", "LocalEntryNotFoundError"):
+        # transformers re-raises the Hub's error as a plain OSError from it (utils/hub.py cached_files)
+        exc = _raised_from(OSError("nobody/x: see above"), _hub_error(name, "404"))
+        assert isinstance(_translate(exc, "loading nobody/x"), ModelNotFoundError), name
+    # a gated repository is a RepositoryNotFoundError, but its files are there: the generic load error
+    gated = _raised_from(
+        OSError("You are trying to access a gated repo."), _hub_error("GatedRepoError", "403")
+    )
+    err = _translate(gated, "loading meta/x")
+    assert type(err) is LoadError and "gated repo" in str(err)
+
+
+def test_translate_keeps_the_text_fallbacks_for_transformers_plain_errors() -> None:
+    from cudaload.errors import DependencyError, ModelNotFoundError
+    from cudaload.execute.failures import _translate
+
+    exc = OSError("/x does not appear to have a file named config.json")
+    assert isinstance(_translate(exc, "loading /x"), ModelNotFoundError)
+    assert isinstance(_translate(OSError("Permission denied"), "loading /x"), LoadError)
+    err = _translate(ModuleNotFoundError("No module named 'peft'"), "loading /x")
+    assert isinstance(err, DependencyError) and "peft" in str(err)
+
+
+def test_importing_failures_imports_no_dependency() -> None:
+    """The classes are looked up among the modules already imported: the error path imports nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cudaload.execute.failures; "
+        "print([m for m in ('torch', 'safetensors', 'huggingface_hub', 'transformers') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_bare_config_says_config_only(tmp_path: Path) -> None:
