@@ -227,36 +227,13 @@ def _training(
     notes = list(assumed)
     batch = ask.batch_size
     if not batch_declared:
-        # Trainer's default; with a declared tokens_per_step, enough sequences a step to fill it
-        seq = ask.seq_len
-        filled = -(-tokens_per_step // max(1, int(seq * TYPICAL_FILL))) if tokens_per_step else 0
-        batch = max(DEFAULT_SEQUENCES, filled)
-        notes.append(
-            f"at most {batch} sequences a step ("
-            + (
-                "enough to fill tokens_per_step"
-                if filled > DEFAULT_SEQUENCES
-                else "Trainer's default per_device_train_batch_size"
-            )
-            + "; declare batch_size=)"
-        )
+        batch, note = _assumed_sequences(ask.seq_len, tokens_per_step)
+        notes.append(note)
     dropout = choose_lora_dropout(intent, lora)
     r = int((lora or {}).get("r", LORA_R))
     cast = choose_adapter_cast(intent, ask.dtype, kbit)
     base = base_step(layout, batch, ask.seq_len, dropout, kbit, lora_r=r, adapter_cast=cast)
-    # what the parallelism decision sizes shards with if no single process fits (replaced by the choice below):
-    # a packed step at the training ladder's smallest bound, each rank running its own steps
-    least = base.tokens
-    if tokens_per_step is None and not batch_declared:
-        least = base.longest  # an assumed batch may shrink to one sequence (plan_step does the same)
-    elif base.packed:
-        least = min(step_bounds(base.sequences, base.longest, tokens_per_step))
-    least_step = replace(
-        base,
-        tokens=least,
-        longest=min(base.longest, least),
-        sequences=base.sequences if base.packed else max(1, least // base.longest),
-    )
+    least_step = _least_step(base, tokens_per_step, batch_declared)
 
     def probe(step: StepShape, gc: bool | None) -> Any:
         return fit(info, caps, **ask.kwargs(batch_size=batch, gradient_checkpointing=gc, step=step))
@@ -296,3 +273,37 @@ def _training(
     if not choice.step.packed:
         batch = choice.step.sequences  # an assumed padded batch may have shrunk
     return TrainingSizing(choice, for_ranks, None, batch, step)
+
+
+def _assumed_sequences(seq_len: int, tokens_per_step: int | None) -> tuple[int, str]:
+    """The sequences a step holds where no batch was declared, and the note that says so: Trainer's default;
+    with a declared tokens_per_step, enough sequences a step to fill it."""
+    filled = -(-tokens_per_step // max(1, int(seq_len * TYPICAL_FILL))) if tokens_per_step else 0
+    batch = max(DEFAULT_SEQUENCES, filled)
+    note = (
+        f"at most {batch} sequences a step ("
+        + (
+            "enough to fill tokens_per_step"
+            if filled > DEFAULT_SEQUENCES
+            else "Trainer's default per_device_train_batch_size"
+        )
+        + "; declare batch_size=)"
+    )
+    return batch, note
+
+
+def _least_step(base: StepShape, tokens_per_step: int | None, batch_declared: bool) -> StepShape:
+    """What the parallelism decision sizes shards with if no single process fits (replaced by the step the
+    ladder chose where one does): a packed step at the training ladder's smallest bound, each rank running its
+    own steps."""
+    least = base.tokens
+    if tokens_per_step is None and not batch_declared:
+        least = base.longest  # an assumed batch may shrink to one sequence (plan_step does the same)
+    elif base.packed:
+        least = min(step_bounds(base.sequences, base.longest, tokens_per_step))
+    return replace(
+        base,
+        tokens=least,
+        longest=min(base.longest, least),
+        sequences=base.sequences if base.packed else max(1, least // base.longest),
+    )

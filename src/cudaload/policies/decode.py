@@ -288,48 +288,99 @@ def select_decode(
     ``costs.per_call`` is kept on the plan only where each call may decide (no work declared, ``decode='auto'``,
     no blocker, the facts speak for the GPU and attention). Raises :class:`InvalidChoiceError` for
     ``requested="compiled"`` where it cannot run, with the fix."""
-    intent, work, assumed = query.intent, query.work, query.assumed
-    quantization, attention = model.quantization, model.attention
-    max_cache_len, cache_len_reasons = cache.max_cache_len, cache.length_reasons
-    facts, per_call = costs.facts, costs.per_call
-    if intent != "inference" or not query.can_generate:
+    work = query.work
+    if query.intent != "inference" or not query.can_generate:
         return None
     req = query.requested
     explicit = req != "auto"
     found = _blockers(
         where,
-        quantization,
+        model.quantization,
         model.kv_cache,
         query.length_declared or not (work.declared or explicit),  # no work, nothing asked: no length to miss
-        max_cache_len,
-        cache_len_reasons,
+        cache.max_cache_len,
+        cache.length_reasons,
     )
     blockers = [why for why, _ in found]
-    batch = work.batch
-    unmeasured_attention = facts is not None and attention is not None and attention not in SDPA_VARIANTS
+    facts = costs.facts
+    unmeasured_attention = (
+        facts is not None and model.attention is not None and model.attention not in SDPA_VARIANTS
+    )
     if unmeasured_attention:
         facts = None
     each_call = (
-        not explicit and not blockers and not work.declared and per_call is not None and facts is not None
+        not explicit
+        and not blockers
+        and not work.declared
+        and costs.per_call is not None
+        and facts is not None
     )
-    expected = _expected(work, quantization, facts, max_cache_len, cache.warm, costs.bound)
+    expected = _expected(work, model.quantization, facts, cache.max_cache_len, cache.warm, costs.bound)
     dyn_why, comp_why = _costs(expected, cache.warm, facts)
-    notes: list[str] = []
     if req == "compiled" and blockers:
         raise InvalidChoiceError(
             "decode='compiled' cannot run here",
             reasons=blockers,
             fix=found[0][1],
         )
-    if explicit:
-        choice = req
-        why = [f"requested explicitly (decode={req!r})"]
-    elif blockers:
-        choice, why = "dynamic", ["the compiled path cannot run here: " + "; ".join(blockers)]
-    elif each_call:
+    choice, why = _mode_and_why(
+        query,
+        blockers,
+        each_call=each_call,
+        unmeasured_attention=model.attention if unmeasured_attention else None,
+        facts=facts,
+        expected=expected,
+    )
+    compiled = choice == "compiled"
+    comp_why = _compiled_candidate_why(
+        comp_why,
+        compiled=compiled,
+        blockers=blockers,
+        work_declared=work.declared,
+        measured=facts is not None,
+        explicit=explicit,
+        each_call=each_call,
+        unmeasured_attention=model.attention if unmeasured_attention else None,
+        cache=cache,
+    )
+    notes = _compiled_notes(cache.max_cache_len, work.batch) if compiled else []
+    if facts is not None and (compiled or work.declared):
+        notes.append("costs " + facts.text)
+    cands, reasons = _candidates_and_reasons(why, dyn_why, comp_why, compiled=compiled, explicit=explicit)
+    return DecodePlan(
+        mode=Decision(choice, reasons, cands, explicit=explicit),
+        work=work,
+        max_cache_len=cache.max_cache_len if compiled else None,
+        cache_buckets=cache.buckets if compiled else (),
+        batch_sizes=(work.batch,) if compiled else (),
+        compile=dict(COMPILE_CONFIG) if compiled else {},
+        expected=expected,
+        cache_key=cache.key if compiled else None,
+        assumed=tuple(query.assumed),
+        notes=tuple(notes),
+        per_call=costs.per_call if each_call else None,
+    )
+
+
+def _mode_and_why(
+    query: DecodeQuery,
+    blockers: Sequence[str],
+    *,
+    each_call: bool,
+    unmeasured_attention: str | None,
+    facts: Scaled | None,
+    expected: Mapping[str, float],
+) -> tuple[str, list[str]]:
+    """The mode at load, ``dynamic`` or ``compiled``, and why: the request, a blocker, each call deciding, no
+    work declared, an unmeasured attention or GPU, else the declared job's seconds each way."""
+    req, work = query.requested, query.work
+    if req != "auto":
+        return req, [f"requested explicitly (decode={req!r})"]
+    if blockers:
+        return "dynamic", ["the compiled path cannot run here: " + "; ".join(blockers)]
+    if each_call:
         assert facts is not None
-        choice = "dynamic"
-        why = [
+        return "dynamic", [
             "no generate() work declared: load_model() compiles nothing, and each generate() call decides its own "
             "decode from its batch, prompt length and max_new_tokens (cudaload.policies.decode_call): "
             + (
@@ -345,73 +396,78 @@ def select_decode(
             "plan.verified['decode']['calls']; to pay the compile at load instead, declare the work (new_tokens=, "
             "generate_calls=, seq_len=, batch_size=), or decode='dynamic' to keep every call dynamic"
         ]
-    elif not work.declared:
-        choice = "dynamic"
-        why = [
+    if not work.declared:
+        return "dynamic", [
             "no generate() work declared: the default never pays a compile (~58 s cold, 11-13 s from cudaload's "
             "saved artifacts, for an 8B model on the H200: benchmarks/results/2026-12-03-h200 runs 43-44) that the "
             "process is not known to recover; " + _HOW_TO_DECLARE
         ]
-    elif unmeasured_attention:
-        choice = "dynamic"
-        why = [
+    if unmeasured_attention is not None:
+        return "dynamic", [
             f"the compiled step was measured with cudaload's sdpa variants, whose decode attention reads each "
-            f"key/value head once; with {attention} it is not measured (transformers' sdpa, for one, repeats the "
-            "heads under a mask and runs the memory-efficient kernel: 18 ms more a token at 8,192 slots on the "
-            "H200, benchmarks/results/2026-12-03-h200 run42): cudaload does not claim a compiled speed-up there; pass "
-            "decode='compiled' to choose it"
+            f"key/value head once; with {unmeasured_attention} it is not measured (transformers' sdpa, for one, "
+            "repeats the heads under a mask and runs the memory-efficient kernel: 18 ms more a token at 8,192 slots "
+            "on the H200, benchmarks/results/2026-12-03-h200 run42): cudaload does not claim a compiled speed-up "
+            "there; pass decode='compiled' to choose it"
         ]
-    elif facts is None:
-        choice = "dynamic"
-        why = [
+    if facts is None:
+        return "dynamic", [
             "no decode measurement speaks for this GPU and model (the priors' decode records: the same compute "
             f"capability, a dense model with weights within {SCALE_LIMIT:g}x of the measured one's): cudaload does "
             "not claim a "
             "compiled speed-up it has not measured; pass decode='compiled' to choose it"
         ]
-    elif expected["job_s_compiled"] <= (1 - MARGIN) * expected["job_s_dynamic"]:
-        choice = "compiled"
-        why = [
+    if expected["job_s_compiled"] <= (1 - MARGIN) * expected["job_s_dynamic"]:
+        return "compiled", [
             f"the declared {work.new_tokens:,} decode steps take ~{expected['job_s_compiled']:.0f} s compiled "
             f"(compile included) against ~{expected['job_s_dynamic']:.0f} s dynamic"
         ]
-    else:
-        choice = "dynamic"
-        why = [
-            f"the declared {work.new_tokens:,} decode steps take ~{expected['job_s_dynamic']:.0f} s dynamic; "
-            f"compiled would take ~{expected['job_s_compiled']:.0f} s with its compile, not {MARGIN:.0%} less"
-        ]
-    compiled = choice == "compiled"
+    return "dynamic", [
+        f"the declared {work.new_tokens:,} decode steps take ~{expected['job_s_dynamic']:.0f} s dynamic; "
+        f"compiled would take ~{expected['job_s_compiled']:.0f} s with its compile, not {MARGIN:.0%} less"
+    ]
+
+
+def _compiled_candidate_why(
+    comp_why: list[str],
+    *,
+    compiled: bool,
+    blockers: Sequence[str],
+    work_declared: bool,
+    measured: bool,
+    explicit: bool,
+    each_call: bool,
+    unmeasured_attention: str | None,
+    cache: StaticCache,
+) -> list[str]:
+    """The ``compiled`` candidate's reasons: why it lost (or its static cache's length where it won) before its
+    costs."""
     if blockers:
         comp_why = [*blockers, *comp_why]
-    elif not compiled and work.declared and facts is not None and not explicit:
+    elif not compiled and work_declared and measured and not explicit:
         comp_why = [f"not {MARGIN:.0%} faster for the declared work", *comp_why]
     elif each_call:
         comp_why = ["at load: no work declared; at a generate() call that pays the compile back", *comp_why]
-    elif not compiled and not work.declared and not explicit:
+    elif not compiled and not work_declared and not explicit:
         comp_why = ["no work declared", *comp_why]
-    elif not compiled and unmeasured_attention and not explicit:
-        comp_why = [f"not measured with {attention}", *comp_why]
+    elif not compiled and unmeasured_attention is not None and not explicit:
+        comp_why = [f"not measured with {unmeasured_attention}", *comp_why]
     elif not compiled:
         comp_why = ["not requested", *comp_why]
-    if compiled and cache_len_reasons:
+    if compiled and cache.length_reasons:
         comp_why = [
             *comp_why,
-            *cache_len_reasons,
-            f"so the static cache is the declared length, {max_cache_len:,}",
+            *cache.length_reasons,
+            f"so the static cache is the declared length, {cache.max_cache_len:,}",
         ]
-    if compiled:
-        notes += [
-            f"prompts of any length up to {max_cache_len:,} tokens with their new tokens reuse the compiled graph; "
-            "a longer call moves to the next bucket and compiles once more",
-            f"batch size {batch} is compiled; another batch size compiles once more (measured on the H200: 94 s "
-            "cold, 47 s with inductor's cache warm)",
-            "the compile config is transformers' CompileConfig default (fullgraph False: generate() forces it with "
-            "flash attention, and a graph break would otherwise be an error), dynamic False (the static cache "
-            "fixes every shape), reduce-overhead (CUDA graphs)",
-        ]
-    if facts is not None and (compiled or work.declared):
-        notes.append("costs " + facts.text)
+    return comp_why
+
+
+def _candidates_and_reasons(
+    why: Sequence[str], dyn_why: list[str], comp_why: Sequence[str], *, compiled: bool, explicit: bool
+) -> tuple[tuple[Candidate, Candidate], tuple[str, ...]]:
+    """Both candidates with their reasons, and the decision's reasons: the why, then the chosen candidate's costs
+    less the job seconds the why has said."""
     if compiled:
         dyn_why = [
             "not requested" if explicit else f"{MARGIN:.0%} or more slower for the declared work",
@@ -421,25 +477,25 @@ def select_decode(
         Candidate("dynamic", not compiled, tuple(dyn_why)),
         Candidate("compiled", compiled, tuple(comp_why)),
     )
-    # the chosen candidate's costs beside the why, less the job seconds the why has said
     reasons = tuple(why) + tuple(
         r
         for r in (comp_why if compiled else dyn_why)
         if not r.startswith(("the declared job", "not requested", "10%"))
     )
-    return DecodePlan(
-        mode=Decision(choice, reasons, cands, explicit=explicit),
-        work=work,
-        max_cache_len=max_cache_len if compiled else None,
-        cache_buckets=cache.buckets if compiled else (),
-        batch_sizes=(batch,) if compiled else (),
-        compile=dict(COMPILE_CONFIG) if compiled else {},
-        expected=expected,
-        cache_key=cache.key if compiled else None,
-        assumed=tuple(assumed),
-        notes=tuple(notes),
-        per_call=per_call if each_call else None,
-    )
+    return cands, reasons
+
+
+def _compiled_notes(max_cache_len: int | None, batch: int) -> list[str]:
+    """What a compiled plan says about the graphs it compiles: the bucket, the batch size, the compile config."""
+    return [
+        f"prompts of any length up to {max_cache_len:,} tokens with their new tokens reuse the compiled graph; "
+        "a longer call moves to the next bucket and compiles once more",
+        f"batch size {batch} is compiled; another batch size compiles once more (measured on the H200: 94 s "
+        "cold, 47 s with inductor's cache warm)",
+        "the compile config is transformers' CompileConfig default (fullgraph False: generate() forces it with "
+        "flash attention, and a graph break would otherwise be an error), dynamic False (the static cache "
+        "fixes every shape), reduce-overhead (CUDA graphs)",
+    ]
 
 
 def _blockers(

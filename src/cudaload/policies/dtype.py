@@ -34,8 +34,53 @@ def choose_dtype(
     fp16_overflow: bool = False,
 ) -> Decision:
     """The compute/load dtype. ``requested`` "auto" or a dtype name (honoured, or InvalidChoiceError)."""
+    cands = _candidates(caps, model_type=model_type, intent=intent, fp16_overflow=fp16_overflow)
+    by = {c.name: c for c in cands}
+
+    if requested != "auto":
+        name = normalize_dtype(requested)
+        c = by[name]
+        if not c.ok:
+            raise InvalidChoiceError(
+                f"dtype={name} cannot be used on this machine",
+                reasons=c.reasons,
+                fix="use dtype='auto' or 'float16' (or 'float32')",
+            )
+        return Decision(
+            name, (f"requested explicitly ({requested})", *c.reasons), tuple(cands), explicit=True
+        )
+
     gpus = caps.gpus
     ck = checkpoint_dtype if checkpoint_dtype in DTYPES else None
+    slow = [g for g in gpus if not g.bf16_native]
+    reasons: list[str]
+    if not gpus:
+        choice, reasons = "float32", ["no GPU: float32 is the CPU's fast, exact dtype"]
+    elif ck == "float16":
+        choice, reasons = (
+            "float16",
+            ["the checkpoint is stored in float16: kept as is (no conversion, no precision lost)"],
+        )
+    elif not slow:
+        choice = "bfloat16"
+        reasons = [f"bf16 is native on {gpus[0].name} (sm{gpus[0].sm}): fp32's range at half the memory"]
+        if ck == "float32":
+            reasons.append("the checkpoint is float32; bf16 halves memory with the same exponent range")
+    else:
+        choice = "float16"
+        reasons = [
+            f"{slow[0].name} (sm{slow[0].sm}) has no native bf16: float16 is the fast half-precision type"
+        ]
+        if ck == "bfloat16":
+            reasons.append("the checkpoint is bfloat16; values outside fp16's range would overflow")
+    if choice == "float16" and fp16_overflow:
+        reasons.append("WARNING: " + fp16_overflow_warning(model_type))
+    return Decision(choice, tuple(reasons), tuple(cands))
+
+
+def _candidates(caps: Capabilities, *, model_type: str, intent: str, fp16_overflow: bool) -> list[Candidate]:
+    """bfloat16, float16 and float32, each with whether it can run here and what it costs."""
+    gpus = caps.gpus
     slow = [g for g in gpus if not g.bf16_native]
     cands: list[Candidate] = []
     # bfloat16
@@ -75,41 +120,4 @@ def choose_dtype(
             ("full precision: twice the memory of bf16/fp16" + ("; the CPU default" if not gpus else ""),),
         )
     )
-    by = {c.name: c for c in cands}
-
-    if requested != "auto":
-        name = normalize_dtype(requested)
-        c = by[name]
-        if not c.ok:
-            raise InvalidChoiceError(
-                f"dtype={name} cannot be used on this machine",
-                reasons=c.reasons,
-                fix="use dtype='auto' or 'float16' (or 'float32')",
-            )
-        return Decision(
-            name, (f"requested explicitly ({requested})", *c.reasons), tuple(cands), explicit=True
-        )
-
-    reasons: list[str]
-    if not gpus:
-        choice, reasons = "float32", ["no GPU: float32 is the CPU's fast, exact dtype"]
-    elif ck == "float16":
-        choice, reasons = (
-            "float16",
-            ["the checkpoint is stored in float16: kept as is (no conversion, no precision lost)"],
-        )
-    elif not slow:
-        choice = "bfloat16"
-        reasons = [f"bf16 is native on {gpus[0].name} (sm{gpus[0].sm}): fp32's range at half the memory"]
-        if ck == "float32":
-            reasons.append("the checkpoint is float32; bf16 halves memory with the same exponent range")
-    else:
-        choice = "float16"
-        reasons = [
-            f"{slow[0].name} (sm{slow[0].sm}) has no native bf16: float16 is the fast half-precision type"
-        ]
-        if ck == "bfloat16":
-            reasons.append("the checkpoint is bfloat16; values outside fp16's range would overflow")
-    if choice == "float16" and fp16_overflow:
-        reasons.append("WARNING: " + fp16_overflow_warning(model_type))
-    return Decision(choice, tuple(reasons), tuple(cands))
+    return cands
