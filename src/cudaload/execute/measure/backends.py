@@ -374,8 +374,6 @@ def run_rounds(
     more than ``slow_factor`` times slower than the fastest on a work after a round gets no further reps
     there once it has two samples. On any error the backend is dropped for that work.
     """
-    import torch
-
     t0 = time.perf_counter() if t0 is None else t0
     names = list(models)
     res: dict[tuple[str, str], Measurement] = {}
@@ -388,15 +386,92 @@ def run_rounds(
         return inputs[w.name]
 
     def fail(m: Measurement, e: BaseException) -> None:
-        m.error = error_line(e)
-        m.stopped = "error"
-        log(f"  {m.backend} {m.work.name}: {m.error}")
-        if any(str(model_device(x)).startswith("cuda") for x in models.values()):
-            torch.cuda.empty_cache()
+        _fail(m, e, models, log)
 
-    # warm-up: one call per (backend, work), its time kept as the first-use cost
+    _warm_up(
+        models,
+        works,
+        res,
+        get_inputs,
+        fail,
+        deadline=deadline,
+        warmup_tokens=warmup_tokens,
+        prefill=prefill,
+        pad_token_id=pad_token_id,
+        log=log,
+    )
+    # timed rounds
+    for r in range(reps):
+        for w in works:
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for b in order:
+                m = res[(b, w.name)]
+                if m.stopped or len(m.generate_s) > r:
+                    continue
+                model = models[b]
+                ids, mask = get_inputs(w, model)
+                calls = int((settle or {}).get(b, 0))
+                est = _expected_sample_s(m, res, prefill=prefill, first_seen=first_seen, settle=calls)
+                if time.perf_counter() + est > deadline:
+                    m.stopped = "budget"
+                    continue
+                call = generate_call(model, ids, mask, w.new_tokens, pad_token_id=pad_token_id)
+                pre = prefill_call(model, ids, mask)
+
+                try:
+                    got = _sample(
+                        call,
+                        pre,
+                        ids.device,
+                        w,
+                        first_seen=first_seen,
+                        prefill=prefill,
+                        t0=t0,
+                        settle=calls,
+                    )
+                except Exception as e:
+                    fail(m, e)
+                    continue
+                s, cpu = _record(m, got, first_seen=first_seen, prefill=prefill)
+                first = f", first-seen {m.first_s[-1]:.3f} s" if first_seen else ""
+                log(f"  rep {r + 1} {b} {w.name}: repeated {s:.3f} s (cpu {cpu:.2f} s){first}")
+            _stop_the_slow(
+                [res[(b, w.name)] for b in names], slow_factor=slow_factor, last_round=r + 1 >= reps
+            )
+    for m in res.values():
+        if m.stopped is None and len(m.generate_s) >= reps:
+            m.stopped = "done"
+    return [res[(b, w.name)] for w in works for b in names]
+
+
+def _fail(m: Measurement, e: BaseException, models: Mapping[str, Any], log: Callable[[str], None]) -> None:
+    """``m``'s backend dropped for its work with the error, the GPU's cached memory given back."""
+    import torch
+
+    m.error = error_line(e)
+    m.stopped = "error"
+    log(f"  {m.backend} {m.work.name}: {m.error}")
+    if any(str(model_device(x)).startswith("cuda") for x in models.values()):
+        torch.cuda.empty_cache()
+
+
+def _warm_up(
+    models: Mapping[str, Any],
+    works: Sequence[WorkShape],
+    res: dict[tuple[str, str], Measurement],
+    get_inputs: Callable[[WorkShape, Any], tuple[Any, Any]],
+    fail: Callable[[Measurement, BaseException], None],
+    *,
+    deadline: float,
+    warmup_tokens: int | None,
+    prefill: bool,
+    pad_token_id: int,
+    log: Callable[[str], None],
+) -> None:
+    """One call per (backend, work), its time kept as the first-use cost: each work's
+    :class:`Measurement` of each backend lands in ``res``."""
     for w in works:
-        for b in names:
+        for b in models:
             m = res[(b, w.name)] = Measurement(b, w)
             model = models[b]
             # a warm-up is expected to take as long as this backend's longest one so far (compiles recur)
@@ -419,80 +494,63 @@ def run_rounds(
                     fail(m, e)
                     continue
             log(f"  warm-up {b} {w.name}: {s:.3f} s ({n} tokens)")
-    # timed rounds
-    for r in range(reps):
-        for w in works:
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for b in order:
-                m = res[(b, w.name)]
-                if m.stopped or len(m.generate_s) > r:
-                    continue
-                model = models[b]
-                ids, mask = get_inputs(w, model)
-                est = m.generate_s[-1] if m.generate_s else m.expected_s()
-                others = [x.generate_s[-1] for (bb, ww), x in res.items() if ww == w.name and x.generate_s]
-                if not m.generate_s and others:
-                    # a warm-up that paid a JIT overstates the per-token cost: the others' calls bound it
-                    est = min(est, 2 * max(others))
-                if prefill:
-                    est += m.prefill_s[-1] if m.prefill_s else (m.warmup_prefill_s or 0.0)
-                if first_seen:
-                    est *= 2 + int((settle or {}).get(b, 0))
-                if time.perf_counter() + est > deadline:
-                    m.stopped = "budget"
-                    continue
-                call = generate_call(model, ids, mask, w.new_tokens, pad_token_id=pad_token_id)
-                pre = prefill_call(model, ids, mask)
 
-                try:
-                    got = _sample(
-                        call,
-                        pre,
-                        ids.device,
-                        w,
-                        first_seen=first_seen,
-                        prefill=prefill,
-                        t0=t0,
-                        settle=int((settle or {}).get(b, 0)),
-                    )
-                except Exception as e:
-                    fail(m, e)
-                    continue
-                if first_seen:
-                    m.first_s.append(got["first"][0])
-                    m.first_cpu_s.append(got["first"][1])
-                m.settle_s.append(got["settle"])
-                s, cpu, _out = got["repeated"]
-                m.generate_s.append(s)
-                m.generate_cpu_s.append(cpu)
-                m.generate_at.append(got["at"])
-                if prefill:
-                    m.prefill_s.append(got["prefill"])
-                    if first_seen:
-                        m.prefill_first_s.append(got["prefill_first"])
-                first = f", first-seen {m.first_s[-1]:.3f} s" if first_seen else ""
-                log(f"  rep {r + 1} {b} {w.name}: repeated {s:.3f} s (cpu {cpu:.2f} s){first}")
-            # a backend far behind the fastest here has shown enough: its best of two or more calls is more
-            # than slow_factor times the fastest one's best (one sample never decides: a first full-length
-            # call can carry one-time costs)
-            # (in both states: a backend far behind on repeated lengths can still win on first-seen ones)
-            best = min(
-                (min(res[(b, w.name)].generate_s) for b in names if res[(b, w.name)].generate_s), default=None
-            )
-            best_first = min(
-                (min(res[(b, w.name)].first_s) for b in names if res[(b, w.name)].first_s), default=None
-            )
-            for b in names:
-                m = res[(b, w.name)]
-                slow = best and len(m.generate_s) >= 2 and min(m.generate_s) > slow_factor * best
-                if slow and best_first and m.first_s:
-                    slow = min(m.first_s) > slow_factor * best_first
-                if slow and not m.stopped and r + 1 < reps:
-                    m.stopped = f"more than {slow_factor:g}x the fastest after {len(m.generate_s)} reps"
-    for m in res.values():
-        if m.stopped is None and len(m.generate_s) >= reps:
-            m.stopped = "done"
-    return [res[(b, w.name)] for w in works for b in names]
+
+def _expected_sample_s(
+    m: Measurement,
+    res: Mapping[tuple[str, str], Measurement],
+    *,
+    prefill: bool,
+    first_seen: bool,
+    settle: int,
+) -> float:
+    """How long a round's sample of ``m`` is expected to take: its last call, else its warm-up (bounded by the
+    other backends' calls on the work), with its prefill, times the calls a first-seen sample makes."""
+    w = m.work
+    est = m.generate_s[-1] if m.generate_s else m.expected_s()
+    others = [x.generate_s[-1] for (bb, ww), x in res.items() if ww == w.name and x.generate_s]
+    if not m.generate_s and others:
+        # a warm-up that paid a JIT overstates the per-token cost: the others' calls bound it
+        est = min(est, 2 * max(others))
+    if prefill:
+        est += m.prefill_s[-1] if m.prefill_s else (m.warmup_prefill_s or 0.0)
+    if first_seen:
+        est *= 2 + settle
+    return est
+
+
+def _record(
+    m: Measurement, got: Mapping[str, Any], *, first_seen: bool, prefill: bool
+) -> tuple[float, float]:
+    """A round's sample appended to ``m``; the repeated call's wall and CPU seconds."""
+    if first_seen:
+        m.first_s.append(got["first"][0])
+        m.first_cpu_s.append(got["first"][1])
+    m.settle_s.append(got["settle"])
+    s, cpu, _out = got["repeated"]
+    m.generate_s.append(s)
+    m.generate_cpu_s.append(cpu)
+    m.generate_at.append(got["at"])
+    if prefill:
+        m.prefill_s.append(got["prefill"])
+        if first_seen:
+            m.prefill_first_s.append(got["prefill_first"])
+    return s, cpu
+
+
+def _stop_the_slow(ms: Sequence[Measurement], *, slow_factor: float, last_round: bool) -> None:
+    """After a round, stop the backends of one work (``ms``) far behind the fastest there: a backend has shown
+    enough when its best of two or more calls is more than ``slow_factor`` times the fastest one's best (one
+    sample never decides: a first full-length call can carry one-time costs), in both states (a backend far
+    behind on repeated lengths can still win on first-seen ones)."""
+    best = min((min(m.generate_s) for m in ms if m.generate_s), default=None)
+    best_first = min((min(m.first_s) for m in ms if m.first_s), default=None)
+    for m in ms:
+        slow = best and len(m.generate_s) >= 2 and min(m.generate_s) > slow_factor * best
+        if slow and best_first and m.first_s:
+            slow = min(m.first_s) > slow_factor * best_first
+        if slow and not m.stopped and not last_round:
+            m.stopped = f"more than {slow_factor:g}x the fastest after {len(m.generate_s)} reps"
 
 
 #: backends that compile on first use (transformers runs flex_attention through torch.compile,

@@ -15,23 +15,31 @@ import datetime as _dt
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...capabilities import Capabilities
 from ...errors import ConfigurationError, LoadError
 from ...model_info import ModelInfo
-from ...tuning.signature import Work, bucket, signature
+from ...plans.decision import Decision
+from ...tuning.signature import AttentionSignature, Work, bucket, signature
 from ...tuning.store import Entry, TimingCache, gpu_id, package_versions
 from ...tuning.timings import Timings, measured_timings
 from .backends import COMPILED_BACKENDS, Measurement, WorkShape, error_line, measure_backends
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 120.0
 #: spare GPU memory kept per extra copy, as a fraction of one copy: KV cache and activations of the work
 _SPARE = 0.25
+_CPU_NOTE = (
+    "measured on the CPU (float32): these timings serve plans made on this machine without a GPU; "
+    "no GPU plan reads them (run cudaload tune on that GPU)"
+)
 
 
 @dataclass
@@ -86,7 +94,7 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def _candidates(attention: Any, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
+def _candidates(attention: Decision, on_gpu: bool) -> tuple[list[str], dict[str, str]]:
     """Backends to time from the attention decision's candidates: every valid one; flex_attention on the CPU
     is left out (inductor compiles C++ for each new shape: minutes, and nobody decodes there)."""
     names = ["sdpa", "eager"]
@@ -144,11 +152,7 @@ def tune(
 
     from ...detection import detect
     from ...model_info import model_info
-    from ...policies.attention import AttentionFacts, AttentionQuery, select_attention
-    from ...policies.dtype import choose_dtype
-    from ...policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
     from ...policies.sdpa_dispatch import RECUR, SDPA_DECODE
-    from ...tuning.timings import load_sdpa_facts
 
     say = log or (lambda m: logger.info("%s", m))
     t0 = time.perf_counter()
@@ -156,8 +160,71 @@ def tune(
     caps = hardware if hardware is not None else detect()
     on_gpu = caps.has_gpu and torch.cuda.is_available()
     info = model_info(model_path)
+    dtype_name, attention = _dtype_and_attention(info, caps, on_gpu)
+    dtype = getattr(torch, dtype_name)
+    device = "cuda:0" if on_gpu else "cpu"
+    sig = signature(info, dtype_name)
+    wanted, not_usable = _backends_to_time(attention, on_gpu, backends, say)
+    work = WorkShape(batch_size, seq_len, new_tokens, "left" if padded else "ones")
+    load = _loader(transformers.AutoModelForCausalLM, model_path, dtype, device)
+    pad = 0
+    # cudaload_sdpa changes kernels once a shape recurs: its repeated sample comes after RECUR more calls
+    settle = {SDPA_DECODE: RECUR}
+    rows: list[Measurement] = []
+    models, interleaved = _load_together(
+        wanted, load, interleave=interleave, on_gpu=on_gpu, deadline=deadline, not_usable=not_usable, say=say
+    )
+    if models:
+        first = next(iter(models.values()))
+        gc = first.generation_config
+        pad = int(gc.pad_token_id if gc.pad_token_id is not None else 0)
+
+    def measure(held: dict[str, Any], until: float) -> list[Measurement]:
+        return measure_backends(
+            held, [work], reps=reps, deadline=until, log=say, t0=t0, pad_token_id=pad, settle=settle
+        )
+
+    if interleaved:
+        rows = measure(models, deadline)
+    else:
+        # copies do not fit together: the loaded ones first, the rest one at a time, each its share
+        say(
+            "timing one backend at a time"
+            + (" (the copies do not fit together)" if interleave is None else "")
+        )
+        rows += _time_one_at_a_time(
+            models, wanted, load, measure, deadline=deadline, on_gpu=on_gpu, not_usable=not_usable
+        )
+    models.clear()
+    summaries = [m.summary() for m in rows]
+    seconds, repeated = _medians(summaries, not_usable, budget_s)
+    declared = Work(batch_size, seq_len, new_tokens, padded)
+    entry = _entry(
+        caps, sig, declared, summaries, seconds, repeated, interleaved=interleaved, model_path=model_path
+    )
+    store = cache if cache is not None else TimingCache()
+    stored = store.put(entry)
+    return TuneResult(
+        timings=measured_timings(entry, declared, 0.0),
+        entry=entry,
+        rows=summaries,
+        not_usable=not_usable,
+        interleaved=interleaved,
+        stored=stored,
+        cache_path=store.path,
+        elapsed_s=time.perf_counter() - t0,
+        notes=[] if on_gpu else [_CPU_NOTE],
+    )
+
+
+def _dtype_and_attention(info: ModelInfo, caps: Capabilities, on_gpu: bool) -> tuple[str, Decision]:
+    """The dtype and the attention decision the planner would reach: the policies it asks, asked directly
+    (tuning sits below the planner, which asks it for timings)."""
+    from ...policies.attention import AttentionFacts, AttentionQuery, select_attention
+    from ...policies.dtype import choose_dtype
+    from ...tuning.timings import load_sdpa_facts
+
     s = info.summary
-    # the policies the planner asks, asked directly: tuning sits below the planner, which asks it for timings
     dt = choose_dtype(
         caps,
         checkpoint_dtype=s.checkpoint_dtype,
@@ -166,8 +233,6 @@ def tune(
         fp16_overflow=info.fp16_overflow,
     )
     dtype_name = dt.choice or ("bfloat16" if on_gpu else "float32")
-    dtype = getattr(torch, dtype_name)
-    device = "cuda:0" if on_gpu else "cpu"
     attention = select_attention(
         info, caps, AttentionQuery(dtype_name), AttentionFacts(sdpa=load_sdpa_facts())
     )
@@ -176,7 +241,31 @@ def tune(
             f"{s.name} cannot generate(): cudaload tune times generation",
             fix="tune a causal language model; encoders run one forward, any backend the plan picks will do",
         )
-    sig = signature(info, dtype_name)
+    return dtype_name, attention
+
+
+def _loader(auto: Any, model_path: str, dtype: torch.dtype, device: str) -> Callable[[str], Any]:
+    """Loads the model with one attention backend (``auto``: transformers' auto class), in eval mode."""
+
+    def load(b: str) -> Any:
+        # use_kernels=False: transformers 5.25 would otherwise kernelize with its default Hub kernels (see
+        # execute.from_pretrained), timing them and not the attention backend alone
+        m = auto.from_pretrained(
+            model_path, dtype=dtype, device_map=device, attn_implementation=b, use_kernels=False
+        )
+        m.eval()
+        return m
+
+    return load
+
+
+def _backends_to_time(
+    attention: Decision, on_gpu: bool, backends: Sequence[str] | None, say: Callable[[str], None]
+) -> tuple[list[str], dict[str, str]]:
+    """The backends to time (``backends``: these, less the unusable ones) and why the others are not usable;
+    cudaload's sdpa variants registered and FA4's compile cache switched on where they will be timed."""
+    from ...policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
+
     wanted, not_usable = _candidates(attention, on_gpu)
     if any(b in SDPA_VARIANTS for b in (backends or wanted)):
         from ..runtime.sdpa_decode import register
@@ -189,22 +278,75 @@ def tune(
         from ..runtime.fa4_cache import enable_fa4_compile_cache
 
         say(enable_fa4_compile_cache().note)
-    work = WorkShape(batch_size, seq_len, new_tokens, "left" if padded else "ones")
-    auto = transformers.AutoModelForCausalLM
+    return wanted, not_usable
 
-    def load(b: str) -> Any:
-        # use_kernels=False: transformers 5.25 would otherwise kernelize with its default Hub kernels (see
-        # execute.from_pretrained), timing them and not the attention backend alone
-        m = auto.from_pretrained(
-            model_path, dtype=dtype, device_map=device, attn_implementation=b, use_kernels=False
-        )
-        m.eval()
-        return m
 
-    pad = 0
-    # cudaload_sdpa changes kernels once a shape recurs: its repeated sample comes after RECUR more calls
-    settle = {SDPA_DECODE: RECUR}
+def _time_one_at_a_time(
+    models: dict[str, Any],
+    wanted: Sequence[str],
+    load: Callable[[str], Any],
+    measure: Callable[[dict[str, Any], float], list[Measurement]],
+    *,
+    deadline: float,
+    on_gpu: bool,
+    not_usable: dict[str, str],
+) -> list[Measurement]:
+    """The loaded copies first, then the rest loaded one at a time, each backend timed alone within its share
+    of the time left and let go before the next."""
+    import torch
+
     rows: list[Measurement] = []
+    rest = [b for b in wanted if b not in models and b not in not_usable]
+    n_left = len(models) + len(rest)
+    for b in [*list(models), *rest]:
+        share = max(0.0, deadline - time.perf_counter()) / max(1, n_left)
+        n_left -= 1
+        try:
+            m = models.pop(b) if b in models else load(b)
+        except Exception as e:
+            not_usable[b] = error_line(e)
+            continue
+        rows += measure({b: m}, time.perf_counter() + share)
+        del m
+        if on_gpu:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _medians(
+    summaries: Sequence[dict[str, Any]], not_usable: Mapping[str, str], budget_s: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each backend's median seconds on lengths a new process has not run (what the choice weighs), and on
+    the repeated ones beside; :class:`LoadError` where no backend finished a timed call."""
+    seconds = {
+        s["backend"]: float(s["generate_first_s"]["median"]) for s in summaries if s.get("generate_first_s")
+    }
+    repeated = {s["backend"]: float(s["generate_s"]["median"]) for s in summaries if s["generate_s"]}
+    if not seconds:
+        raise LoadError(
+            f"no attention backend finished a timed generate() within {budget_s:g} s",
+            reasons=[f"{b}: {why}" for b, why in not_usable.items()]
+            + [f"{s['backend']}: {s.get('error') or s.get('stopped')}" for s in summaries],
+            fix="raise the budget (--budget-s), or tune a smaller work",
+        )
+    return seconds, repeated
+
+
+def _load_together(
+    wanted: Sequence[str],
+    load: Callable[[str], Any],
+    *,
+    interleave: bool | None,
+    on_gpu: bool,
+    deadline: float,
+    not_usable: dict[str, str],
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], bool]:
+    """Each backend's copy loaded while they fit together (``interleave`` None: by free GPU memory), with
+    whether all of them were (else the loaded ones are timed first, then the rest one at a time). A backend
+    that cannot load, or that the budget leaves no time to load, goes to ``not_usable``."""
+    import torch
+
     interleaved = True
     models: dict[str, Any] = {}
     for b in wanted:
@@ -227,59 +369,29 @@ def tune(
         except Exception as e:  # a backend that cannot load here is a result, not a failure of tune
             not_usable[b] = error_line(e)
             say(f"{b}: not usable: {not_usable[b]}")
-    if models:
-        first = next(iter(models.values()))
-        gc = first.generation_config
-        pad = int(gc.pad_token_id if gc.pad_token_id is not None else 0)
-    if interleaved:
-        rows = measure_backends(
-            models, [work], reps=reps, deadline=deadline, log=say, t0=t0, pad_token_id=pad, settle=settle
-        )
-    else:
-        # copies do not fit together: the loaded ones first, the rest one at a time, each its share
-        say(
-            "timing one backend at a time"
-            + (" (the copies do not fit together)" if interleave is None else "")
-        )
-        rest = [b for b in wanted if b not in models and b not in not_usable]
-        n_left = len(models) + len(rest)
-        for b in [*list(models), *rest]:
-            share = max(0.0, deadline - time.perf_counter()) / max(1, n_left)
-            n_left -= 1
-            try:
-                m = models.pop(b) if b in models else load(b)
-            except Exception as e:
-                not_usable[b] = error_line(e)
-                continue
-            rows += measure_backends(
-                {b: m},
-                [work],
-                reps=reps,
-                deadline=time.perf_counter() + share,
-                log=say,
-                t0=t0,
-                pad_token_id=pad,
-                settle=settle,
-            )
-            del m
-            if on_gpu:
-                torch.cuda.empty_cache()
-    models.clear()
-    summaries = [m.summary() for m in rows]
-    # what a new process meets: lengths it has not run (the choice weighs these); the repeated ones beside
-    seconds = {
-        s["backend"]: float(s["generate_first_s"]["median"]) for s in summaries if s.get("generate_first_s")
-    }
-    repeated = {s["backend"]: float(s["generate_s"]["median"]) for s in summaries if s["generate_s"]}
-    if not seconds:
-        raise LoadError(
-            f"no attention backend finished a timed generate() within {budget_s:g} s",
-            reasons=[f"{b}: {why}" for b, why in not_usable.items()]
-            + [f"{s['backend']}: {s.get('error') or s.get('stopped')}" for s in summaries],
-            fix="raise the budget (--budget-s), or tune a smaller work",
-        )
-    declared = Work(batch_size, seq_len, new_tokens, padded)
-    entry = Entry(
+    return models, interleaved
+
+
+def _entry(
+    caps: Capabilities,
+    sig: AttentionSignature,
+    declared: Work,
+    summaries: Sequence[dict[str, Any]],
+    seconds: dict[str, float],
+    repeated: dict[str, float],
+    *,
+    interleaved: bool,
+    model_path: str,
+) -> Entry:
+    """The timing cache's entry for this GPU, model and work: the first-seen and repeated medians, each
+    backend's first-call cost, and how they were measured."""
+    batch_size, seq_len, new_tokens, padded = (
+        declared.batch_size,
+        declared.prompt_len,
+        declared.new_tokens,
+        declared.padded,
+    )
+    return Entry(
         gpu=gpu_id(caps, 0),
         versions=package_versions(caps),
         signature=sig,
@@ -305,24 +417,6 @@ def tune(
             + "; seconds on first-seen lengths (a new thread), repeated_s on lengths already run",
         },
         repeated_s=repeated,
-    )
-    store = cache if cache is not None else TimingCache()
-    stored = store.put(entry)
-    return TuneResult(
-        timings=measured_timings(entry, declared, 0.0),
-        entry=entry,
-        rows=summaries,
-        not_usable=not_usable,
-        interleaved=interleaved,
-        stored=stored,
-        cache_path=store.path,
-        elapsed_s=time.perf_counter() - t0,
-        notes=[]
-        if on_gpu
-        else [
-            "measured on the CPU (float32): these timings serve plans made on this machine without a GPU; "
-            "no GPU plan reads them (run cudaload tune on that GPU)"
-        ],
     )
 
 
