@@ -6,13 +6,11 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _env
 from ..errors import ConfigurationError, close_names
-
-if TYPE_CHECKING:
-    from .request import Request
+from .fields import RequestFields
 
 _DEVICE = re.compile(r"^cuda(:\d+)?$")
 
@@ -128,7 +126,7 @@ def names_cuda(device_map: Any) -> bool:
     return False
 
 
-def check_devices(req: Request, caps: Any) -> None:
+def check_devices(req: RequestFields, caps: Any) -> None:
     """The GPUs ``req``'s device_map and max_memory name, against the machine ``caps`` it is planned for: an index
     it lacks, or a GPU on a machine with none, refused with the indices it has (the request checks a snapshot it
     was given; the planner the machine it detected)."""

@@ -4,23 +4,21 @@ with no effect on the machine planned for, and this machine's variables that poi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _env
+from .fields import RequestFields
 from .machine import has_no_gpu, this_machine_has_no_gpu
 from .model import context_length, is_local
 from .options import TRAINING_INTENTS
 from .placement import max_memory_bytes, names_cuda
 from .warn import warn
 
-if TYPE_CHECKING:
-    from .request import Request
-
 #: a max_memory entry below this is bytes meant as MiB or GiB, most likely
 _TINY_BYTES = 1 << 20
 
 
-def warn_suspicious(req: Request, config: Mapping[str, Any] | None) -> None:
+def warn_suspicious(req: RequestFields, config: Mapping[str, Any] | None) -> None:
     """Legal, and probably not what was meant: each warned once (see the package docstring)."""
     if req.intent in TRAINING_INTENTS and (req.new_tokens is not None or req.padded):
         warn(
@@ -70,7 +68,7 @@ def warn_suspicious(req: Request, config: Mapping[str, Any] | None) -> None:
             )
 
 
-def warn_machine(req: Request, config: Mapping[str, Any] | None) -> None:
+def warn_machine(req: RequestFields, config: Mapping[str, Any] | None) -> None:
     """Options with no effect on the machine planned for, and this machine's variables that point nowhere."""
     here = req.hardware is None  # this machine, detected when planning
     cvd = _env.cuda_visible_devices(req.env)

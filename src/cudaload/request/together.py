@@ -3,18 +3,14 @@ order :func:`check_together` lists them (the first refusal is the one a caller s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .. import _env
 from ..errors import ConfigurationError, InvalidChoiceError
+from .fields import RequestFields
 from .options import TRAINING_INTENTS, lowered_or_auto
 from .placement import check_devices
 
-if TYPE_CHECKING:
-    from .request import Request
 
-
-def check_together(req: Request) -> None:
+def check_together(req: RequestFields) -> None:
     """Options that are each valid and cannot work together."""
     _check_work(req)
     _check_quantization(req)
@@ -24,7 +20,7 @@ def check_together(req: Request) -> None:
     check_machine(req)
 
 
-def _check_work(req: Request) -> None:
+def _check_work(req: RequestFields) -> None:
     """The declared work, and the decode options only inference plans."""
     intent = req.intent
     if req.new_tokens is not None and req.seq_len is not None and req.new_tokens >= req.seq_len:
@@ -53,7 +49,7 @@ def _check_work(req: Request) -> None:
             )
 
 
-def _check_quantization(req: Request) -> None:
+def _check_quantization(req: RequestFields) -> None:
     """A quantization the intent cannot train with."""
     intent = req.intent
     q = (req.quantization or "auto").strip().lower()
@@ -69,7 +65,7 @@ def _check_quantization(req: Request) -> None:
         )
 
 
-def _check_what_loads(req: Request) -> None:
+def _check_what_loads(req: RequestFields) -> None:
     """Two names for the class to load, and adapters for an intent that trains none."""
     intent = req.intent
     if req.task and req.model_class:
@@ -84,7 +80,7 @@ def _check_what_loads(req: Request) -> None:
         )
 
 
-def _check_training_options(req: Request) -> None:
+def _check_training_options(req: RequestFields) -> None:
     """Training options without training, inference options with it, and a batch described two ways."""
     intent, training = req.intent, req.intent in TRAINING_INTENTS
     if not training:
@@ -120,7 +116,7 @@ def _check_training_options(req: Request) -> None:
         )
 
 
-def _check_tune(req: Request) -> None:
+def _check_tune(req: RequestFields) -> None:
     """Measuring needs the work to measure, and somewhere to keep what it measured."""
     if req.tune and not req.declares_work:
         raise ConfigurationError(
@@ -140,7 +136,7 @@ def _check_tune(req: Request) -> None:
             )
 
 
-def check_machine(req: Request) -> None:
+def check_machine(req: RequestFields) -> None:
     """What the machine planned for cannot do, where its snapshot (or a cheap look at this one) says so."""
     caps = req.hardware
     q = lowered_or_auto(req.quantization)
