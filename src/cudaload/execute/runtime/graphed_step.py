@@ -106,23 +106,29 @@ class _Graph:
         self.cache = inputs.get("past_key_values", inputs.get("cache"))
         self.static = {k: v.clone() for k, v in _tensors(inputs).items()}
         call = _rebuild(inputs, self.static)
-        filled = [layer.cumulative_length.clone() for layer in self.cache.layers]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), grouped_decode():
-            model(**call)  # the warm-up: cuBLAS and the allocator meet the step's shapes before the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        # the warm-up wrote one step into the cache: the slot is written again by the real step, the count put back
-        for layer, n in zip(self.cache.layers, filled, strict=True):
-            layer.cumulative_length.copy_(n)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), grouped_decode():
-            self.output = model(**call)
+        # the inputs' device, not the current one: a model on cuda:1 with cuda:0 current captures on cuda:1's stream
+        self.device = next(iter(self.static.values())).device
+        with torch.cuda.device(self.device):
+            filled = [layer.cumulative_length.clone() for layer in self.cache.layers]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            # the warm-up: cuBLAS and the allocator meet the step's shapes before the capture
+            with torch.cuda.stream(stream), grouped_decode():
+                model(**call)
+            torch.cuda.current_stream().wait_stream(stream)
+            # the warm-up wrote this step into the cache: the real step writes the same slot again; the count is
+            # put back
+            for layer, n in zip(self.cache.layers, filled, strict=True):
+                layer.cumulative_length.copy_(n)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph), grouped_decode():
+                self.output = model(**call)
 
     def replay(self, inputs: Mapping[str, Any]) -> Any:
-        for k, v in _tensors(inputs).items():
-            self.static[k].copy_(v, non_blocking=True)
-        self.graph.replay()
+        with torch.cuda.device(self.device):
+            for k, v in _tensors(inputs).items():
+                self.static[k].copy_(v, non_blocking=True)
+            self.graph.replay()
         return self.output
 
 
