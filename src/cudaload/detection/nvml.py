@@ -37,7 +37,7 @@ def driver_absent() -> bool:
     return not os.path.exists("/proc/driver/nvidia") and not os.path.exists("/dev/nvidiactl")
 
 
-def _text(v: Any) -> str:
+def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 

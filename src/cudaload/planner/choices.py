@@ -4,8 +4,6 @@ facts, and for serving the implementation whose paged form serves."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import _env
 from ..capabilities import Capabilities
 from ..model_info import ModelInfo
@@ -13,7 +11,7 @@ from ..plans.decision import Decision
 from ..policies.attention import AttentionFacts, AttentionQuery, AttentionTimings, select_attention
 from ..policies.dtype import choose_dtype
 from ..request import Request
-from ..tuning import load_sdpa_facts, load_training_facts
+from ..tuning import Timings, load_sdpa_facts, load_training_facts
 from ..tuning import lookup as lookup_timings
 from .machine import _first_use_here
 from .sections import _serving_attention
@@ -47,7 +45,7 @@ def attention_for(
     work: WorkSize,
     *,
     attn: str | None = None,
-    timings: Any = None,
+    timings: Timings | None = None,
 ) -> tuple[Decision, list[str] | None]:
     """The attention decision, and for serving the usable implementations the serving section pages from.
     ``attn`` / ``timings`` replace the request's (a load planning again after a fallback, or with measured

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capabilities import Capabilities
 from ..model_info import ModelInfo
@@ -19,6 +19,9 @@ from ..policies.serving import (
     choose_paged_attention,
     select_serving,
 )
+
+if TYPE_CHECKING:
+    from ..policies.quantization import FitResult
 
 
 def _peft(info: ModelInfo, lora: Mapping[str, Any] | None, dropout: Decision | None) -> dict[str, Any]:
@@ -67,7 +70,7 @@ def _serving(
     caps: Capabilities,
     dtype: str,
     attn: str,
-    fr: Any,
+    fr: FitResult,
     gpu_devs: list[str],
     seq_len: int | None,
     batch_size: int | None,

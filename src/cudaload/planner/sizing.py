@@ -235,7 +235,7 @@ def _training(
     base = base_step(layout, batch, ask.seq_len, dropout, kbit, lora_r=r, adapter_cast=cast)
     least_step = _least_step(base, tokens_per_step, batch_declared)
 
-    def probe(step: StepShape, gc: bool | None) -> Any:
+    def probe(step: StepShape, gc: bool | None) -> FitResult:
         return fit(info, caps, **ask.kwargs(batch_size=batch, gradient_checkpointing=gc, step=step))
 
     def for_ranks(step: StepShape) -> TrainingPlan:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from ..capabilities import Capabilities
+
 
 class _Record(Protocol):
     @property
@@ -18,7 +20,9 @@ class _Record(Protocol):
 R = TypeVar("R", bound=_Record)
 
 
-def record_for_gpu(caps: Any, records: Sequence[R], prefer: Callable[[R], Any] = lambda r: 0) -> R | None:
+def record_for_gpu(
+    caps: Capabilities, records: Sequence[R], prefer: Callable[[R], Any] = lambda r: 0
+) -> R | None:
     """The record measured on a GPU of this machine's first GPU's compute capability: the same GPU name first,
     then ``prefer`` (larger wins), then the newest. None where none is of that capability (or no GPU)."""
     if not caps.gpus:

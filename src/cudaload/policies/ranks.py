@@ -20,10 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capabilities import GPU, Capabilities, RankGPU
 from ..errors import ConfigurationError, DeviceSelectionError, LoadError
+
+if TYPE_CHECKING:
+    from ..plans.plan import Plan
 
 GiB = 1 << 30
 
@@ -154,7 +157,7 @@ def lowest(ranks: Sequence[RankGPU]) -> RankGPU | None:
     return min(have, key=lambda r: (r.free_memory or 0, r.rank)) if have else None
 
 
-def decisions(plan: Any) -> dict[str, Any]:
+def decisions(plan: Plan) -> dict[str, Any]:
     """What every rank must have chosen alike: not the device (cuda:LOCAL_RANK differs by design) nor host
     numbers, but everything that shapes the model and the collectives its ranks run together."""
     par = plan.parallelism

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _env
 from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ..capabilities import Capabilities
 
 
 def this_machine_has_no_gpu(env: Mapping[str, str] | None) -> bool:
@@ -17,7 +20,7 @@ def this_machine_has_no_gpu(env: Mapping[str, str] | None) -> bool:
     return driver_absent()
 
 
-def has_no_gpu(hardware: Any, env: Mapping[str, str] | None) -> bool:
+def has_no_gpu(hardware: Capabilities | None, env: Mapping[str, str] | None) -> bool:
     """Whether the machine planned for certainly has no GPU, where that is cheap to know."""
     if hardware is not None:
         return not hardware.gpus
@@ -29,7 +32,7 @@ def has_no_gpu(hardware: Any, env: Mapping[str, str] | None) -> bool:
     return driver_absent()
 
 
-def check_hardware(value: Any, entry: str) -> Any:
+def check_hardware(value: Any, entry: str) -> Capabilities | None:
     """The snapshot ``hardware`` names (None: this machine, detected when planning)."""
     from ..capabilities import Capabilities
 
@@ -45,7 +48,7 @@ def check_hardware(value: Any, entry: str) -> Any:
     return caps
 
 
-def _snapshot(spec: str | os.PathLike[str]) -> Any:
+def _snapshot(spec: str | os.PathLike[str]) -> Capabilities:
     """A profile name or a ``cudaload env --json`` file, as ``cudaload.hardware`` reads and checks it."""
     from ..profiles import hardware
 

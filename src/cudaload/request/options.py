@@ -16,6 +16,7 @@ from ..plans.training import LAYOUTS, LOSSES
 
 if TYPE_CHECKING:
     from ..policies.quant_methods import RequestedQuantization
+    from ..tuning.timings import Timings
 
 ENTRIES = ("plan", "load_model", "tune")
 TRAINING_INTENTS = ("training", "lora", "qlora")
@@ -357,7 +358,7 @@ def positive_seconds(name: str, value: Any) -> float | None:
     )
 
 
-def check_timings(value: Any) -> Any:
+def check_timings(value: Any) -> Timings | None:
     if value is None:
         return None
     from ..tuning.timings import Timings

@@ -4,7 +4,7 @@ part of a multi-process plan (its fit, placement and memory) in place of the fit
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...capabilities import Capabilities
 from ...errors import DoesNotFitError
@@ -20,6 +20,9 @@ from .launch import launch_command
 from .per_gpu import check_rank_memory, gc_on
 from .topology import STRATEGIES, RequestedParallelism, model_facts, nccl_available, rank_gpus_of, world
 
+if TYPE_CHECKING:
+    from ..quantization import FitResult
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -28,9 +31,9 @@ class Outcome:
     fit, placement and memory to plan with instead of the fit ladder's."""
 
     parallelism: Parallelism | None = None
-    fit: Any = None  # quantization.FitResult
-    placement: Any = None  # plans.Placement
-    memory: Any = None  # plans.MemoryEstimate
+    fit: FitResult | None = None
+    placement: Placement | None = None
+    memory: MemoryEstimate | None = None
 
 
 #: the strategies a launcher runs as one process per GPU (single and layer_split are one process)
@@ -40,7 +43,7 @@ MULTI_PROCESS = tuple(s for s in STRATEGIES if s not in ("single", "layer_split"
 def decide(
     info: ModelInfo,
     caps: Capabilities,
-    fr: Any,
+    fr: FitResult | None,
     nofit: DoesNotFitError | None,
     *,
     strategy: RequestedParallelism = "auto",
@@ -140,11 +143,12 @@ class _Rung:
     gc: bool | None
 
 
-def _ladder_fit(fr: Any) -> LadderFit:
+def _ladder_fit(fr: FitResult | None) -> LadderFit:
     """What the fit ladder found for one process: one GPU, or a layer split over GPUs only (its fullest GPU)."""
     if fr is None:
         return LadderFit(single_fits=False)
     pl = fr.fit.placement
+    assert pl is not None  # the ladder's result is the rung that fits: it is placed
     one = len(pl.devices) == 1 and pl.devices[0].startswith("cuda") and not pl.offload
     split_per_gpu: int | None = None
     if not one and not pl.offload and all(d.startswith("cuda") for d in pl.devices):
@@ -153,7 +157,7 @@ def _ladder_fit(fr: Any) -> LadderFit:
 
 
 def _unquantized_tp(
-    info: ModelInfo, caps: Capabilities, fr: Any, shape: MemoryShape, ask: ParallelAsk
+    info: ModelInfo, caps: Capabilities, fr: FitResult | None, shape: MemoryShape, ask: ParallelAsk
 ) -> Parallelism | None:
     """The ladder quantized to fit one GPU (or one process), not asked to: N GPUs may hold the model
     unquantized as TP. The TP decision, or None."""
@@ -166,7 +170,7 @@ def _unquantized_tp(
 def _rungs(
     info: ModelInfo,
     caps: Capabilities,
-    fr: Any,
+    fr: FitResult | None,
     shape: MemoryShape,
     ask: ParallelAsk,
     opts: list[str | None],
@@ -265,7 +269,7 @@ def _rank_memory(par: Parallelism, caps: Capabilities, notes: tuple[str, ...]) -
 
 
 def _rank_quantization(
-    par: Parallelism, fr: Any, q: str | None, override_q: bool, dtype: str
+    par: Parallelism, fr: FitResult | None, q: str | None, override_q: bool, dtype: str
 ) -> tuple[Decision, dict[str, Any] | None]:
     """The quantization decision of a multi-process plan and its config: the fit ladder's, unquantized where
     TP replaced its quantization, or the method N processes fit with where no single process fits."""

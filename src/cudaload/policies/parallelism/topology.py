@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ...capabilities import Capabilities
 from ...errors import ConfigurationError, DependencyError, DeviceSelectionError
-from ...model_info import ModelInfo
+from ...model_info import ModelInfo, ModelSummary
 from ..memory import GiB
 
 STRATEGIES = (
@@ -98,7 +98,7 @@ def _divisors_of_both(a: int, b: int, limit: int) -> list[int]:
     return [k for k in range(1, limit + 1) if a % k == 0 and b % k == 0]
 
 
-def _raise_heads(s: Any, n: int, caps: Capabilities) -> None:
+def _raise_heads(s: ModelSummary, n: int, caps: Capabilities) -> None:
     ok = _divisors_of_both(s.num_heads, s.num_kv_heads, max(n, len(caps.gpus), 8))
     raise ConfigurationError(
         f"tensor parallelism over {n} GPUs cannot split {s.name}: {s.num_heads} attention heads and "

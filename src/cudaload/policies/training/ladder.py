@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...errors import DoesNotFitError
 from ...plans.training import StepShape
 
+if TYPE_CHECKING:
+    from ..quantization import FitResult
+
 #: the fit probe the planner passes in: (step, gradient_checkpointing) -> a fit result (raises DoesNotFitError);
 #: with checkpointing on, ``step.checkpoint_every`` says which layers
-FitProbe = Callable[[StepShape, "bool | None"], Any]
+FitProbe = Callable[[StepShape, "bool | None"], "FitResult"]
 
 #: a rung's checkpointing in the ladder's attempts: 0 off, 1 every layer, n >= 2 every n-th layer
 OFF, EVERY = 0, 1
@@ -44,7 +47,7 @@ def walk(
     gradient_checkpointing: bool | None,
     last_is_the_callers: bool = False,
     partial_layers: int = 0,
-) -> tuple[int, bool, int, Any, list[Attempt]]:
+) -> tuple[int, bool, int, FitResult, list[Attempt]]:
     """The first (bound, fused loss, checkpointing) that fits, in the ladder's order: without checkpointing
     every loss and bound, then every n-th layer checkpointed (where ``partial_layers``, the model's decoder
     layers, is set: at each loss and bound the largest n that fits), then every layer. Returns it (checkpointing
@@ -63,7 +66,7 @@ def walk(
         r0, r0_err = None, e
     opt0 = r0.optimizer.choice if r0 is not None and r0.optimizer is not None else None
 
-    def probe(t: int, fused: bool, gc: int) -> Any:
+    def probe(t: int, fused: bool, gc: int) -> FitResult | None:
         """The fit at one rung, or None (its outcome recorded either way)."""
         try:
             r = fit(shape_at(base, t, fused, gc), gc != OFF)
@@ -83,7 +86,7 @@ def walk(
             # rungs without checkpointing, a smaller bound before more recompute (typical data rarely fills the
             # larger one); transformers' loss before the fused one
             for fused in losses:
-                best: tuple[int, int, Any] | None = None  # (n, bound, fit)
+                best: tuple[int, int, FitResult] | None = None  # (n, bound, fit)
                 for t in bounds:
                     found = _largest_every(probe, t, fused, partial_layers, above=best[0] if best else 1)
                     if found is not None and (best is None or found[0] > best[0]):
@@ -107,8 +110,8 @@ def walk(
 
 
 def _largest_every(
-    probe: Callable[[int, bool, int], Any], t: int, fused: bool, layers: int, above: int = 1
-) -> tuple[int, Any] | None:
+    probe: Callable[[int, bool, int], FitResult | None], t: int, fused: bool, layers: int, above: int = 1
+) -> tuple[int, FitResult] | None:
     """The largest n (``above`` < n <= layers, n >= 2) for which checkpointing every n-th layer fits at bound
     ``t``, with its fit: the fewest layers recomputed. Memory only grows with n (fewer layers checkpointed), so
     the smallest n is tried first (none fits if it does not) and the rest by bisection. Of the n that checkpoint

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...capabilities import Capabilities
 from ...model_info import ModelInfo
@@ -18,13 +18,16 @@ from .ladder import FitProbe, shape_at, walk
 from .layout import boundaries_for
 from .loss import RequestedLoss, loss_decision, loss_request
 
+if TYPE_CHECKING:
+    from ..quantization import FitResult
+
 
 @dataclass(frozen=True)
 class StepChoice:
     """What :func:`plan_step` chose: the step, the fit result for it, and the training section of the plan."""
 
     step: StepShape
-    fit: Any
+    fit: FitResult
     plan: TrainingPlan
 
 
