@@ -85,6 +85,14 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
                 code="bf16",
             )
         )
+    out += _flash_verdicts(caps, g, s)
+    out.append(_bitsandbytes_verdict(caps, g, s))
+    return out
+
+
+def _flash_verdicts(caps: Capabilities, g: GPU, s: str) -> list[Verdict]:
+    """Each flash package on this GPU: not for it, usable, installed but broken, or not installed."""
+    out: list[Verdict] = []
     for pkg, (impl, _module) in FLASH_PACKAGES.items():
         info = caps.package(pkg)
         # the installed release matters too: flash-attn < 2.7.3 has no sm100 / sm120 kernels
@@ -136,43 +144,40 @@ def _gpu_verdicts(caps: Capabilities, g: GPU) -> list[Verdict]:
                     code=code,
                 )
             )
+    return out
+
+
+def _bitsandbytes_verdict(caps: Capabilities, g: GPU, s: str) -> Verdict:
+    """bitsandbytes on this GPU: not for it, its native library loads, dead, or not installed."""
     bnb_ok, why = bitsandbytes_support(g.compute_capability, caps.cpu_arch)
     bnb = caps.package("bitsandbytes")
     if not bnb_ok:
-        out.append(
-            Verdict(
-                s,
-                "info" if not bnb.installed else "warn",
-                f"bitsandbytes: {why}",
-                "use fp16/bf16 weights here" if bnb.installed else None,
-                code="bitsandbytes",
-            )
+        return Verdict(
+            s,
+            "info" if not bnb.installed else "warn",
+            f"bitsandbytes: {why}",
+            "use fp16/bf16 weights here" if bnb.installed else None,
+            code="bitsandbytes",
         )
-    elif bnb.usable:
-        out.append(
-            Verdict(s, "ok", f"bitsandbytes {bnb.version} native library loads ({why})", code="bitsandbytes")
+    if bnb.usable:
+        return Verdict(
+            s, "ok", f"bitsandbytes {bnb.version} native library loads ({why})", code="bitsandbytes"
         )
-    elif bnb.installed:
-        out.append(
-            Verdict(
-                s,
-                "fail",
-                f"bitsandbytes {bnb.version} installed but its CUDA library is dead: {bnb.reason}",
-                "pip install -U bitsandbytes for this torch's CUDA, or set BNB_CUDA_VERSION",
-                code="bitsandbytes",
-            )
+    if bnb.installed:
+        return Verdict(
+            s,
+            "fail",
+            f"bitsandbytes {bnb.version} installed but its CUDA library is dead: {bnb.reason}",
+            "pip install -U bitsandbytes for this torch's CUDA, or set BNB_CUDA_VERSION",
+            code="bitsandbytes",
         )
-    else:
-        out.append(
-            Verdict(
-                s,
-                "info",
-                f"int8/nf4 off: bitsandbytes {_absent(caps, 'bitsandbytes')}",
-                "pip install 'cudaload[quant]'",
-                code="bitsandbytes",
-            )
-        )
-    return out
+    return Verdict(
+        s,
+        "info",
+        f"int8/nf4 off: bitsandbytes {_absent(caps, 'bitsandbytes')}",
+        "pip install 'cudaload[quant]'",
+        code="bitsandbytes",
+    )
 
 
 def _kernels_verdict(caps: Capabilities) -> Verdict:

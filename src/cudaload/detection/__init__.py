@@ -172,6 +172,8 @@ def _findings(
     hub: HubState,
     bytecode: _bytecode.BytecodeState | None = None,
 ) -> list[Finding]:
+    """What a person should know about this machine's GPU setup, in order: NVML, the device order and
+    CUDA_VISIBLE_DEVICES, CUDA started already, the launch, the packages, the Hub, the bytecode cache."""
     out: list[Finding] = []
     cvd = _env.cuda_visible_devices(env)
     if nvml_error and torch_cuda:
@@ -182,6 +184,24 @@ def _findings(
                 "install the NVIDIA driver (nvidia-smi must work) and `pip install nvidia-ml-py`",
             )
         )
+    out += _order_findings(devices, vis, env)
+    out += _cvd_findings(devices, vis, cvd, nvml_error)
+    out += _started_findings(devices, vis, cuda_initialized, torch_device_count, launch)
+    out += _package_findings(packages, devices, torch_cuda)
+    unreachable = _hub_finding(hub)
+    if unreachable is not None:
+        out.append(unreachable)
+    slow_imports = _bytecode.finding_text(bytecode) if bytecode is not None else None
+    if slow_imports:
+        out.append(Finding("bytecode-uncached", *slow_imports))
+    return out
+
+
+def _order_findings(
+    devices: tuple[NvmlDevice, ...], vis: Visibility, env: Mapping[str, str]
+) -> list[Finding]:
+    """CUDA_DEVICE_ORDER that CUDA ignores, or mixed GPUs numbered fastest first."""
+    out: list[Finding] = []
     order = _env.cuda_device_order(env)
     if order and order not in _env.DEVICE_ORDERS:
         out.append(
@@ -202,6 +222,15 @@ def _findings(
                 "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
             )
         )
+    return out
+
+
+def _cvd_findings(
+    devices: tuple[NvmlDevice, ...], vis: Visibility, cvd: str | None, nvml_error: str | None
+) -> list[Finding]:
+    """What CUDA_VISIBLE_DEVICES selects wrongly: nothing to match, an entry that matches no GPU, one named
+    twice, entries read leniently, every GPU hidden, more than one MIG instance."""
+    out: list[Finding] = []
     if vis.unmatched and not devices:
         # nothing can match on a machine without an NVIDIA GPU: CUDA sees none with or without the variable, so
         # a load runs on the CPU as it would unset (load_model does not stop on this code); nvidia-smi -L has
@@ -265,6 +294,19 @@ def _findings(
                 "give each process one MIG device: CUDA_VISIBLE_DEVICES=MIG-<uuid>",
             )
         )
+    return out
+
+
+def _started_findings(
+    devices: tuple[NvmlDevice, ...],
+    vis: Visibility,
+    cuda_initialized: bool,
+    torch_device_count: int | None,
+    launch: _env.LaunchEnv,
+) -> list[Finding]:
+    """CUDA already started in this process (the device variables changed too late, or can no longer
+    change), and a LOCAL_RANK beyond the visible GPUs."""
+    out: list[Finding] = []
     if cuda_initialized:
         if torch_device_count is not None and devices and torch_device_count != len(vis.selected):
             out.append(
@@ -294,6 +336,15 @@ def _findings(
                 severity="error",
             )
         )
+    return out
+
+
+def _package_findings(
+    packages: tuple[PackageInfo, ...], devices: tuple[NvmlDevice, ...], torch_cuda: str | None
+) -> list[Finding]:
+    """Installed packages that cannot run here: kernels out of transformers' range, a broken flash-attn build,
+    bitsandbytes without its native library."""
+    out: list[Finding] = []
     for p in packages:
         if p.name == "kernels" and p.installed and p.in_range is False:
             out.append(
@@ -327,12 +378,6 @@ def _findings(
                     severity="error",
                 )
             )
-    unreachable = _hub_finding(hub)
-    if unreachable is not None:
-        out.append(unreachable)
-    slow_imports = _bytecode.finding_text(bytecode) if bytecode is not None else None
-    if slow_imports:
-        out.append(Finding("bytecode-uncached", *slow_imports))
     return out
 
 

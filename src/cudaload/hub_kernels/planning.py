@@ -238,25 +238,7 @@ def plan_kernels(
     mode = _mode(intent)
     device = kernels_device(caps)
     class_name = model_class_name or getattr(summary, "architecture", None)
-    plan: dict[str, Any] = {
-        "version": KERNELS_PLAN_VERSION,
-        "use_kernels": False,
-        "requested": request,
-        "device": device,
-        "mode": mode,
-        "model_class": class_name,
-        "registered_layers": [],
-        "use_local_kernel": False,
-        # Applied by kernels' own kernelize after loading, on every device: transformers' use_kernels=True path
-        # also fetches its default function kernels (rotary v2) from the Hub, which raises offline even with
-        # inherit_mapping=False (measured on the H200 with transformers 5.17), and its KernelConfig knows no cpu.
-        "inherit_mapping": False,
-        "apply": "kernelize",
-        "entries": [],
-        "mapping": {},
-        "lock": {},
-        "reasons": [],
-    }
+    plan = _off_plan(request, device, mode, class_name)
     reasons: list[str] = plan["reasons"]
     if (version_tuple(caps.transformers_version) or (0,)) >= (5, 25):
         # 5.25 turned from_pretrained's use_kernels on by default (None -> True, modeling_utils.py:4415-4423)
@@ -291,17 +273,7 @@ def plan_kernels(
     unmapped = [layer for layer in layers if layer not in specs]
     if unmapped:
         reasons.append(f"no {device} kernel known for: {', '.join(unmapped)} (they keep their torch forward)")
-    # transformers' use_local_kernel is all-or-nothing for one KernelConfig: local kernels win, Hub ones
-    # are left out rather than loaded as paths (or paths as repos).
-    if any(e["local"] and e["ok"] for e in entries):
-        for e in entries:
-            if not e["local"] and e["ok"]:
-                e["ok"] = False
-                e["reasons"].append(
-                    "left out: a KernelConfig holds local or Hub kernels, not both, and "
-                    "this plan uses local ones"
-                )
-        plan["use_local_kernel"] = True
+    plan["use_local_kernel"] = _local_wins(entries)
     plan["entries"] = entries
     accepted = [e for e in entries if e["ok"]]
     if not entries:
@@ -329,6 +301,44 @@ def plan_kernels(
         if not e["ok"]
     )
     return plan
+
+
+def _off_plan(request: bool | None, device: str, mode: str, class_name: str | None) -> dict[str, Any]:
+    """The plan before any kernel is chosen: kernels off, nothing registered, mapped or locked."""
+    return {
+        "version": KERNELS_PLAN_VERSION,
+        "use_kernels": False,
+        "requested": request,
+        "device": device,
+        "mode": mode,
+        "model_class": class_name,
+        "registered_layers": [],
+        "use_local_kernel": False,
+        # Applied by kernels' own kernelize after loading, on every device: transformers' use_kernels=True path
+        # also fetches its default function kernels (rotary v2) from the Hub, which raises offline even with
+        # inherit_mapping=False (measured on the H200 with transformers 5.17), and its KernelConfig knows no cpu.
+        "inherit_mapping": False,
+        "apply": "kernelize",
+        "entries": [],
+        "mapping": {},
+        "lock": {},
+        "reasons": [],
+    }
+
+
+def _local_wins(entries: Sequence[dict[str, Any]]) -> bool:
+    """Whether the plan uses local kernels: transformers' use_local_kernel is all-or-nothing for one
+    KernelConfig, so local kernels win and the Hub ones that passed are left out (each entry says why),
+    rather than loaded as paths (or paths as repos)."""
+    if not any(e["local"] and e["ok"] for e in entries):
+        return False
+    for e in entries:
+        if not e["local"] and e["ok"]:
+            e["ok"] = False
+            e["reasons"].append(
+                "left out: a KernelConfig holds local or Hub kernels, not both, and this plan uses local ones"
+            )
+    return True
 
 
 def _mapping_value(e: Mapping[str, Any]) -> str | list[Any]:
