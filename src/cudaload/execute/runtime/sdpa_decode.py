@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -66,7 +66,7 @@ def _non_cudnn_backends() -> list[Any]:
     return _NON_CUDNN
 
 
-def _without_cudnn(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _without_cudnn(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if torch.compiler.is_compiling():
         from torch.nn.attention import sdpa_kernel
 
@@ -83,7 +83,7 @@ def _without_cudnn(fn: Any, *args: Any, **kwargs: Any) -> Any:
         torch._C._set_sdp_use_cudnn(True)
 
 
-def _recurs(module: Any, query: Any, key: Any, mask: Any) -> bool:
+def _recurs(module: Any, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether this layer has met this problem shape in enough earlier calls on this thread for cuDNN's build to
     pay (``recur_threshold``: RECUR for prompts, more for padded decode steps, never unpadded ones); counted."""
     need = recur_threshold(int(query.shape[2]), mask is not None)
@@ -110,8 +110,12 @@ def _recurs(module: Any, query: Any, key: Any, mask: Any) -> bool:
 
 
 def grouped_decode_attention(
-    query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None
-) -> tuple[Any, None]:
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None,
+) -> tuple[torch.Tensor, None]:
     """Attention of a few queries per sequence over a masked cache, the query heads grouped by the key/value head
     they share, so each key/value head is read once and nothing is repeated: two batched matmuls and a softmax
     in fp32, the arithmetic of transformers' ``eager_attention_forward`` (bf16 scores, fp32 softmax). Returns
@@ -135,7 +139,9 @@ def grouped_decode_attention(
 GROUPED_MAX_QUERIES = 8
 
 
-def _grouped_applies(query: Any, key: Any, attention_mask: Any, kwargs: dict[str, Any]) -> bool:
+def _grouped_applies(
+    query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]
+) -> bool:
     """A compiled decode step whose attention :func:`grouped_decode_attention` computes as sdpa does, to eager's
     precision (bf16 scores: within bf16 tolerance of sdpa's fp32 ones, not bit-equal): a boolean mask of one
     head (what sdpa_mask builds), whole groups of heads, nothing else sdpa would add or refuse (a position
@@ -174,25 +180,34 @@ def grouped_decode() -> Iterator[None]:
 
 
 def _compiled_decode_step(
-    query: Any, key: Any, value: Any, attention_mask: Any, kwargs: dict[str, Any]
-) -> Any:
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kwargs: dict[str, Any],
+) -> tuple[torch.Tensor, None] | None:
     """Both variants' rule inside a compiled or captured step (:func:`grouped_decode`): a decode step
     :func:`_grouped_applies` to runs grouped (its result), anything else None (the variant's own path)."""
     inside = torch.compiler.is_compiling() or getattr(_GROUPED, "on", False)
-    if inside and _grouped_applies(query, key, attention_mask, kwargs):
+    if inside and attention_mask is not None and _grouped_applies(query, key, attention_mask, kwargs):
         return grouped_decode_attention(query, key, value, attention_mask, kwargs.get("scaling"))
     return None
 
 
 def sdpa_decode_forward(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
-) -> tuple[Any, Any]:
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' sdpa; cuDNN left out unless this shape recurs (see the module's docstring)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     grouped = _compiled_decode_step(query, key, value, attention_mask, kwargs)
     if grouped is not None:
-        return grouped  # type: ignore[no-any-return]
+        return grouped
     # a compiled graph fixes its kernels when traced: no counting there, cuDNN stays out (new lengths under
     # dynamic shapes would each build a graph)
     if torch.compiler.is_compiling() or not _recurs(module, query, key, attention_mask):
@@ -201,14 +216,19 @@ def sdpa_decode_forward(
 
 
 def sdpa_no_cudnn_forward(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
-) -> tuple[Any, Any]:
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' sdpa with cuDNN left out of every call (a compiled decode step: grouped, as above)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     grouped = _compiled_decode_step(query, key, value, attention_mask, kwargs)
     if grouped is not None:
-        return grouped  # type: ignore[no-any-return]
+        return grouped
     return _without_cudnn(sdpa_attention_forward, module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
 
 
@@ -234,7 +254,13 @@ def register() -> None:
 
 
 def decode_backend(
-    device: Any, dtype: Any, heads: int, kv_heads: int, head_dim: int, *, kv_len: int = 1024
+    device: torch.device | str,
+    dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    *,
+    kv_len: int = 1024,
 ) -> dict[str, str]:
     """Which backend torch's own SDPA picks for a decode step on ``device``, as transformers calls it: with no
     mask (GQA passed as ``enable_gqa``) and with a padding mask (keys repeated), the cuDNN flag as the process
