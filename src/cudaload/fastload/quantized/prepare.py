@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,8 @@ from ..reader import CheckpointHeader
 from .checks import StepAside, _bnb_config, _check_quant_options, _method
 
 if TYPE_CHECKING:
+    import torch
+
     from ..materialize import KeyPlan, Prepared
 
 
@@ -43,14 +45,14 @@ class _Prepared:
     keys: KeyPlan
     base: Prepared  # what materialize.prepare decided: keywords, config, files, headers
     hf_quantizer: Any
-    dtype: Any
+    dtype: torch.dtype
     #: the weights to quantize: model key -> checkpoint key
     quantized: dict[str, str] = field(default_factory=dict)
     method: str = ""  # "int8" | "nf4" | "fp4"
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # what the config left for the model
 
 
-def _device_map_for(dev: Any) -> Any:
+def _device_map_for(dev: torch.device) -> Any:
     """The device map ``from_pretrained(device_map=str(dev))`` works with."""
     import transformers.modeling_utils as mu
 
@@ -63,8 +65,8 @@ def _prepare(
     path: str | os.PathLike[str],
     quantization_config: Any,
     auto_class: str,
-    dev: Any,
-    dtype: Any,
+    dev: torch.device,
+    dtype: torch.dtype,
     attn_implementation: str | None,
     from_config_kwargs: Mapping[str, Any],
 ) -> _Prepared:
@@ -92,21 +94,8 @@ def _prepare(
     config.name_or_path = base.options.path  # as from_pretrained sets it
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation  # before the quantizer sees the config, as in 5.24
-    device_map = _device_map_for(dev)
-    try:
-        # what from_pretrained calls (transformers 5.17 modeling_utils.py:4208): sets config.quantization_config,
-        # AutoHfQuantizer.from_config, validate_environment, update_device_map
-        hf_quantizer, config, device_map = get_hf_quantizer(config, quantization_config, device_map, True, {})
-    except (ImportError, ValueError, RuntimeError, TypeError) as e:
-        raise StepAside(f"transformers refuses this quantization config ({type(e).__name__}: {e})") from None
-    if hf_quantizer is None or hf_quantizer.pre_quantized:
-        raise StepAside("transformers treats this checkpoint as pre-quantized")
+    hf_quantizer, config, device_map = _bnb_quantizer(get_hf_quantizer, config, quantization_config, dev)
     qcfg = hf_quantizer.quantization_config
-    if (
-        getattr(qcfg, "quant_method", None) != "bitsandbytes"
-        and str(getattr(qcfg.quant_method, "value", "")) != "bitsandbytes"
-    ):
-        raise StepAside(f"quant_method {qcfg.quant_method!r} is not bitsandbytes")
     method = _method(qcfg)
     _check_quant_options(qcfg, device_map)
     dtype = hf_quantizer.update_dtype(dtype)  # what _get_dtype does with a quantizer (modeling_utils.py:889)
@@ -139,6 +128,39 @@ def _prepare(
             checkpoint_files=list(header.files),
             use_kernels=False,
         )
+    quantized = _weights_to_quantize(model, hf_quantizer, keys, header, dtype)
+    return _Prepared(model, header, keys, base, hf_quantizer, dtype, quantized, method, dict(model_kwargs))
+
+
+def _bnb_quantizer(
+    get_hf_quantizer: Callable[..., Any], config: Any, quantization_config: Any, dev: torch.device
+) -> tuple[Any, Any, Any]:
+    """transformers' quantizer for ``quantization_config``, the config it set, and the device map it checked, as
+    from_pretrained gets them; StepAside unless it is bitsandbytes quantizing an unquantized checkpoint."""
+    device_map = _device_map_for(dev)
+    try:
+        # what from_pretrained calls (transformers 5.17 modeling_utils.py:4208): sets config.quantization_config,
+        # AutoHfQuantizer.from_config, validate_environment, update_device_map
+        hf_quantizer, config, device_map = get_hf_quantizer(config, quantization_config, device_map, True, {})
+    except (ImportError, ValueError, RuntimeError, TypeError) as e:
+        raise StepAside(f"transformers refuses this quantization config ({type(e).__name__}: {e})") from None
+    if hf_quantizer is None or hf_quantizer.pre_quantized:
+        raise StepAside("transformers treats this checkpoint as pre-quantized")
+    qcfg = hf_quantizer.quantization_config
+    if (
+        getattr(qcfg, "quant_method", None) != "bitsandbytes"
+        and str(getattr(qcfg.quant_method, "value", "")) != "bitsandbytes"
+    ):
+        raise StepAside(f"quant_method {qcfg.quant_method!r} is not bitsandbytes")
+    return hf_quantizer, config, device_map
+
+
+def _weights_to_quantize(
+    model: Any, hf_quantizer: Any, keys: KeyPlan, header: CheckpointHeader, dtype: torch.dtype
+) -> dict[str, str]:
+    """The weights bitsandbytes quantizes, each with its checkpoint key; StepAside where from_pretrained would
+    do what this path does not (a quantized weight tied to another tensor, missing from the checkpoint, stored
+    as other than floats, or kept in float32 by the model), or where nothing is quantized."""
     want = [
         n
         for n, _ in model.named_parameters(remove_duplicate=False)
@@ -172,4 +194,4 @@ def _prepare(
             raise StepAside(f"{forced[0]!r} is both quantized and kept in float32 by the model")
     if not quantized:
         raise StepAside("no weight of this model is quantized by bitsandbytes")
-    return _Prepared(model, header, keys, base, hf_quantizer, dtype, quantized, method, dict(model_kwargs))
+    return quantized
