@@ -23,13 +23,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError
 
+if TYPE_CHECKING:
+    import torch
+
 
 def late_stop_refusal(
-    model: Any, input_ids: Any, generation_config: Any, synced_gpus: bool, model_kwargs: dict[str, Any]
+    model: Any,
+    input_ids: torch.Tensor,
+    generation_config: Any,
+    synced_gpus: bool,
+    model_kwargs: dict[str, Any],
 ) -> str | None:
     """Why this call keeps transformers' loop (None: the late stop applies).
 
@@ -65,7 +72,7 @@ class LateStop:
     whose copy is done or nearly. ``finish()`` says how many steps to undo (1 where a stop was seen late, 0 where
     the length limit ended the loop: that one is known on the host, never late)."""
 
-    def __init__(self, input_ids: Any, max_length: int | None):
+    def __init__(self, input_ids: torch.Tensor, max_length: int | None):
         import torch
 
         self.max_length = max_length
@@ -82,7 +89,7 @@ class LateStop:
         self.first = True
         self.stop_seen = False
 
-    def __call__(self, unfinished_sequences: Any, length: int) -> bool:
+    def __call__(self, unfinished_sequences: torch.Tensor, length: int) -> bool:
         flag, done = self.slots[0]
         flag.copy_(unfinished_sequences.max() == 0, non_blocking=True)
         if done is not None:
@@ -105,7 +112,7 @@ class LateStop:
 
 def late_stop_sample(
     model: Any,
-    input_ids: Any,
+    input_ids: torch.Tensor,
     logits_processor: Any,
     stopping_criteria: Any,
     generation_config: Any,
@@ -140,7 +147,7 @@ def graphed_sample(step: Callable[..., Any]) -> Callable[..., Any]:
 
     def sample(
         model: Any,
-        input_ids: Any,
+        input_ids: torch.Tensor,
         logits_processor: Any,
         stopping_criteria: Any,
         generation_config: Any,
@@ -166,7 +173,7 @@ def graphed_sample(step: Callable[..., Any]) -> Callable[..., Any]:
 def _sample_or_mode(
     step: Callable[..., Any] | None,
     model: Any,
-    input_ids: Any,
+    input_ids: torch.Tensor,
     logits_processor: Any,
     stopping_criteria: Any,
     generation_config: Any,
@@ -207,7 +214,7 @@ def _sample_or_mode(
 
 def _loop(
     model: Any,
-    input_ids: Any,
+    input_ids: torch.Tensor,
     logits_processor: Any,
     stopping_criteria: Any,
     generation_config: Any,
