@@ -41,7 +41,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 #: How a batch's prompts are presented to generate():
 #: "none": no attention_mask at all; "ones": an all-ones attention_mask (what a tokenizer returns for
@@ -105,8 +108,8 @@ class WorkShape:
 
 
 def make_inputs(
-    work: WorkShape, vocab_size: int, device: Any, *, pad_token_id: int = 0, seed: int = PROMPT_SEED
-) -> tuple[Any, Any]:
+    work: WorkShape, vocab_size: int, device: torch.device, *, pad_token_id: int = 0, seed: int = PROMPT_SEED
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(input_ids, attention_mask or None) for ``work``: random ids in [FIRST_ID, vocab), built the way
     benchmarks/run.py's choice worker builds its batch (CPU generator, seed 1234), then left-padded."""
     import torch
@@ -124,14 +127,14 @@ def make_inputs(
     return ids.to(device), None if mask is None else mask.to(device)
 
 
-def sync(device: Any) -> None:
+def sync(device: torch.device) -> None:
     import torch
 
     if str(device).startswith("cuda"):
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], Any], device: Any) -> tuple[float, float, Any]:
+def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
     """(wall seconds, process CPU seconds, fn's result), the device synchronised before and after."""
     sync(device)
     c0, t0 = time.process_time(), time.perf_counter()
@@ -140,7 +143,7 @@ def timed(fn: Callable[[], Any], device: Any) -> tuple[float, float, Any]:
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
-def on_new_thread(fn: Callable[[], Any], device: Any) -> Any:
+def on_new_thread(fn: Callable[[], Any], device: torch.device) -> Any:
     """``fn()`` on a new thread: per-thread caches (cuDNN's execution graphs) start empty, as in a new process.
     Its exception is raised here."""
     box: dict[str, Any] = {}
@@ -163,17 +166,18 @@ def on_new_thread(fn: Callable[[], Any], device: Any) -> Any:
     return box["r"]
 
 
-def model_device(model: Any) -> Any:
+def model_device(model: Any) -> torch.device:
     for p in model.parameters():
         if p.device.type != "meta":
-            return p.device
+            device: torch.device = p.device
+            return device
     import torch
 
     return torch.device("cpu")
 
 
 def generate_call(
-    model: Any, ids: Any, mask: Any, new_tokens: int, *, pad_token_id: int = 0
+    model: Any, ids: torch.Tensor, mask: torch.Tensor | None, new_tokens: int, *, pad_token_id: int = 0
 ) -> Callable[[], Any]:
     """The generate() a user writes: greedy, exactly ``new_tokens`` new tokens. Returns the output ids."""
     kw: dict[str, Any] = {
@@ -192,7 +196,7 @@ def generate_call(
     return call
 
 
-def prefill_call(model: Any, ids: Any, mask: Any) -> Callable[[], Any]:
+def prefill_call(model: Any, ids: torch.Tensor, mask: torch.Tensor | None) -> Callable[[], Any]:
     """One forward of the prompt with a fresh cache: generate()'s first step."""
     import torch
 
@@ -302,7 +306,7 @@ class Measurement:
 def _sample(
     call: Callable[[], Any],
     pre: Callable[[], Any],
-    device: Any,
+    device: torch.device,
     w: WorkShape,
     *,
     first_seen: bool,
@@ -335,7 +339,7 @@ def _sample(
     return got
 
 
-def _check_length(out: Any, w: WorkShape) -> None:
+def _check_length(out: torch.Tensor, w: WorkShape) -> None:
     got = int(out.shape[-1]) - w.prompt
     if got != w.new_tokens:
         raise RuntimeError(f"generated {got} tokens, not {w.new_tokens}")
@@ -377,9 +381,9 @@ def run_rounds(
     t0 = time.perf_counter() if t0 is None else t0
     names = list(models)
     res: dict[tuple[str, str], Measurement] = {}
-    inputs: dict[str, tuple[Any, Any]] = {}
+    inputs: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
-    def get_inputs(w: WorkShape, model: Any) -> tuple[Any, Any]:
+    def get_inputs(w: WorkShape, model: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         if w.name not in inputs:
             vocab = int(model.config.get_text_config().vocab_size)
             inputs[w.name] = make_inputs(w, vocab, model_device(model), pad_token_id=pad_token_id)
@@ -459,7 +463,7 @@ def _warm_up(
     models: Mapping[str, Any],
     works: Sequence[WorkShape],
     res: dict[tuple[str, str], Measurement],
-    get_inputs: Callable[[WorkShape, Any], tuple[Any, Any]],
+    get_inputs: Callable[[WorkShape, Any], tuple[torch.Tensor, torch.Tensor | None]],
     fail: Callable[[Measurement, BaseException], None],
     *,
     deadline: float,
