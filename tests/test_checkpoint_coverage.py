@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import cudaload
-from cudaload import execute
 from cudaload.capabilities import Capabilities
 from cudaload.checkpoint_coverage import check_coverage, matches, new_weights_option
 from cudaload.errors import (
@@ -26,6 +25,7 @@ from cudaload.errors import (
     ConfigurationError,
     LoadError,
 )
+from cudaload.execute.load_path import _load_once
 from cudaload.plans.decision import Candidate, Decision
 
 
@@ -82,10 +82,10 @@ def test_missing_tensor_refused_on_the_fast_path(
     path = _missing_norm(tiny_model, tmp_path)
     plan = _fast_plan(path, caps)
     with pytest.raises(CheckpointCoverageError, match=r"model\.norm\.weight") as e:
-        execute._load_once(plan, "AutoModelForCausalLM", {})
+        _load_once(plan, "AutoModelForCausalLM", {})
     assert e.value.missing == ("model.norm.weight",)
     # the fast path did the load (it was not a step aside to from_pretrained that refused)
-    model, taken, _ = execute._load_once(plan, "AutoModelForCausalLM", {}, new_weights=("model.norm",))
+    model, taken, _ = _load_once(plan, "AutoModelForCausalLM", {}, new_weights=("model.norm",))
     assert taken == "fast" and model.cudaload_fastload["missing_keys"] == ["model.norm.weight"]
 
 
@@ -119,7 +119,7 @@ def test_unexpected_tensor_inside_the_architecture_refused(
     path = _rewrite(tiny_model("llama"), tmp_path / "unexpected", add)
     for plan in (cudaload.plan(str(path), hardware=caps), _fast_plan(path, caps)):
         with pytest.raises(CheckpointCoverageError, match=r"model\.layers\.0\.extra\.weight") as e:
-            execute._load_once(plan, "AutoModelForCausalLM", {})
+            _load_once(plan, "AutoModelForCausalLM", {})
         assert e.value.unexpected == ("model.layers.0.extra.weight",)  # inv_freq is transformers' own rule
         assert e.value.fix is not None and "new_weights=['model.layers.0.extra.*']" in e.value.fix
 
@@ -145,7 +145,7 @@ def test_wrong_shape_refused_on_both_paths(
         with pytest.raises(
             CheckpointCoverageError, match=r"model\.norm\.weight \(checkpoint \[5\] vs model \[64\]\)"
         ) as e:
-            execute._load_once(plan, "AutoModelForCausalLM", {})
+            _load_once(plan, "AutoModelForCausalLM", {})
         # from_pretrained raises RuntimeError here: cudaload's error is one too
         assert isinstance(e.value, LoadError) and isinstance(e.value, RuntimeError)
         assert e.value.mismatched == ("model.norm.weight",)
@@ -157,7 +157,7 @@ def test_wrong_shape_refused_on_both_paths(
         assert cov["new_weights"] == ["model.norm.weight"]
         assert cov["mismatched"] == [["model.norm.weight", [5], [64]]]
         assert model.model.norm.weight.shape == (64,)
-    model, taken, _ = execute._load_once(
+    model, taken, _ = _load_once(
         _fast_plan(path, caps), "AutoModelForCausalLM", {}, new_weights=("model.norm.*",)
     )
     assert taken == "fast" and model.cudaload_fastload["mismatched_keys"] == [
@@ -204,10 +204,8 @@ def test_new_head_needs_new_weights_and_is_recorded(
 def test_new_head_meant_on_the_fast_path(tiny_model: Callable[..., Path], caps: Capabilities) -> None:
     plan = _fast_plan(tiny_model("llama"), caps, model_class="AutoModelForSequenceClassification")
     with pytest.raises(CheckpointCoverageError, match=r"score\.weight"):
-        execute._load_once(plan, "AutoModelForSequenceClassification", {})
-    model, taken, notes = execute._load_once(
-        plan, "AutoModelForSequenceClassification", {}, new_weights=("score.*",)
-    )
+        _load_once(plan, "AutoModelForSequenceClassification", {})
+    model, taken, notes = _load_once(plan, "AutoModelForSequenceClassification", {}, new_weights=("score.*",))
     assert taken == "fast" and notes == [] and type(model).__name__ == "LlamaForSequenceClassification"
 
 
@@ -230,7 +228,7 @@ def test_full_and_tied_checkpoints_load_with_nothing_new(
     with safe_open(str(tiny_model("qwen3") / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in set(f.keys())
     plan = _fast_plan(tiny_model("qwen3"), caps)
-    model, taken, _ = execute._load_once(plan, "AutoModelForCausalLM", {})
+    model, taken, _ = _load_once(plan, "AutoModelForCausalLM", {})
     assert taken == "fast" and model.lm_head.weight is model.model.embed_tokens.weight
 
 
@@ -269,7 +267,7 @@ def test_refused_model_is_freed(
     assert len(seen) == 1 and seen[0]() is None, "the refused model is still alive"
     # called directly, the error keeps its traceback (every frame of the load): the model is not among them
     with pytest.raises(CheckpointCoverageError) as e:
-        execute._load_once(_fast_plan(path, caps), "AutoModelForCausalLM", {})
+        _load_once(_fast_plan(path, caps), "AutoModelForCausalLM", {})
     gc.collect()
     assert e.value.__traceback__ is not None
     assert len(seen) == 2 and seen[1]() is None, "the refused model is held by the error's frames"

@@ -305,7 +305,7 @@ def test_planner_passes_keywords_to_the_load_path_policy(tiny_model: Callable[..
 def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]) -> None:
     """load_model's fast branch (forced here on the CPU, the planner gives it GPUs only) with keywords."""
     import cudaload
-    from cudaload import execute
+    from cudaload.execute.load_path import _load_once
     from cudaload.plans.decision import Candidate, Decision
 
     path = tiny_model("llama")
@@ -315,7 +315,7 @@ def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]
         load_path=Decision("fast", candidates=(Candidate("fast", True), Candidate("from_pretrained", True))),
     )
     kwargs = {"rms_norm_eps": 0.5, "use_cache": False}
-    model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", kwargs)
+    model, taken, notes = _load_once(plan, "AutoModelForCausalLM", kwargs)
     assert taken == "fast" and notes == []
     # on a GPU machine the plan places the model on cuda:0: compare there
     ref = transformers.AutoModelForCausalLM.from_pretrained(
@@ -326,7 +326,7 @@ def test_load_model_fast_branch_honours_keywords(tiny_model: Callable[..., Path]
     with torch.no_grad():
         assert torch.equal(ref(ids).logits, model(ids).logits)
     # a keyword the fast path cannot honour: from_pretrained, and the plan's notes say why
-    model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", {"key_mapping": {"^x": "x"}})
+    model, taken, notes = _load_once(plan, "AutoModelForCausalLM", {"key_mapping": {"^x": "x"}})
     assert taken == "from_pretrained" and "key_mapping" in notes[0] and "stepped aside" in notes[0]
 
 

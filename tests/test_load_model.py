@@ -286,7 +286,7 @@ def _register_broken_attention(name: str) -> None:
 
 def test_runtime_fallback_steps_down_to_the_next_valid_backend(tiny_model: Any, caps: Capabilities) -> None:
     """A backend that loads but fails its first forward (FA2 on a T4) is replaced, and the plan says why."""
-    from cudaload import execute
+    from cudaload.execute.attention_probe import probe_and_fallback
 
     _register_broken_attention("cudaload_test_broken")
     model = cudaload.load_model(str(tiny_model("qwen3")), hardware=caps, attn="eager")
@@ -300,14 +300,14 @@ def test_runtime_fallback_steps_down_to_the_next_valid_backend(tiny_model: Any, 
         ),
     )
     plan = dataclasses.replace(model.cudaload_plan, attention=att)
-    current, fallbacks = execute._probe_and_fallback(model, plan, caps, warmup=False)
+    current, fallbacks = probe_and_fallback(model, plan, caps, warmup=False)
     assert current == "sdpa" == model.config._attn_implementation
     assert fallbacks[0]["from"] == "cudaload_test_broken" and "no kernel image" in fallbacks[0]["reason"]
     assert plan.attention.choice == "cudaload_test_broken"  # the plan is not rewritten: the load plans again
     # explicit choices do not fall back
     model.set_attn_implementation("cudaload_test_broken")
     with pytest.raises(LoadError, match="fails on this machine"):
-        execute._probe_and_fallback(
+        probe_and_fallback(
             model,
             dataclasses.replace(plan, attention=dataclasses.replace(att, explicit=True)),
             caps,
@@ -335,7 +335,8 @@ def test_fast_path_failure_falls_back_to_from_pretrained_and_says_so(
     tiny_model: Any, caps: Capabilities, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The fast path runs on GPUs only; here its failure is simulated to check the fallback and the notes."""
-    from cudaload import execute, fastload
+    from cudaload import fastload
+    from cudaload.execute.load_path import _load_once
 
     path = tiny_model("qwen3")
     plan = cudaload.plan(str(path), hardware=caps)
@@ -347,7 +348,7 @@ def test_fast_path_failure_falls_back_to_from_pretrained_and_says_so(
 
     monkeypatch.setattr(fastload, "load", broken)
     with caplog.at_level("WARNING", logger="cudaload.execute"):
-        model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", {})
+        model, taken, notes = _load_once(plan, "AutoModelForCausalLM", {})
     assert taken == "from_pretrained" and isinstance(model, torch.nn.Module)
     assert notes and "simulated fast-path failure" in notes[0]
     assert any("simulated fast-path failure" in r.getMessage() for r in caplog.records)
@@ -357,7 +358,7 @@ def test_fast_path_failure_falls_back_to_from_pretrained_and_says_so(
 
     monkeypatch.setattr(fastload, "load", corrupt)
     with pytest.raises(CheckpointError, match="simulated corrupt"):
-        execute._load_once(plan, "AutoModelForCausalLM", {})
+        _load_once(plan, "AutoModelForCausalLM", {})
 
 
 def test_hardware_as_a_profile_name_is_a_clear_error(tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -375,14 +376,14 @@ def test_hardware_as_a_profile_name_is_a_clear_error(tiny_model) -> None:  # typ
 def test_translated_unknown_model_type_is_one_short_line() -> None:
     """Issue 16.9: from_pretrained's 'Unrecognized model' error lists every model type (~10 KB)."""
     from cudaload.errors import CheckpointError
-    from cudaload.execute.failures import _translate
+    from cudaload.execute.failures import translate
 
     listing = ", ".join(f"type{i}" for i in range(2000))
     exc = ValueError(
         "Unrecognized model in /x. Should have a `model_type` key in its config.json. "
         f"The model_type 'lama' is not known; known: {listing}"
     )
-    err = _translate(exc, "loading /x")
+    err = translate(exc, "loading /x")
     assert isinstance(err, CheckpointError)
     assert len(str(err)) < 700 and "'lama'" in str(err) and "llama" in str(err)
 
@@ -405,14 +406,14 @@ def _raised_from(outer: BaseException, cause: BaseException) -> BaseException:
 
 def test_translate_maps_torchs_out_of_memory_by_class_and_a_plain_runtime_error_by_text() -> None:
     from cudaload.errors import DoesNotFitError
-    from cudaload.execute.failures import _translate
+    from cudaload.execute.failures import translate
 
     assert isinstance(
-        _translate(torch.OutOfMemoryError("Tried to allocate 2 GiB"), "loading /x"), DoesNotFitError
+        translate(torch.OutOfMemoryError("Tried to allocate 2 GiB"), "loading /x"), DoesNotFitError
     )
-    assert isinstance(_translate(torch.cuda.OutOfMemoryError("no words"), "loading /x"), DoesNotFitError)
+    assert isinstance(translate(torch.cuda.OutOfMemoryError("no words"), "loading /x"), DoesNotFitError)
     # a CUDA library's own allocation failing arrives as a RuntimeError with only the text
-    err = _translate(RuntimeError("CUDA error: out of memory"), "loading /x")
+    err = translate(RuntimeError("CUDA error: out of memory"), "loading /x")
     assert isinstance(err, DoesNotFitError) and "ran out of GPU memory" in str(err)
 
 
@@ -420,43 +421,43 @@ def test_translate_maps_a_safetensors_error_by_class_also_when_raised_from_it(tm
     from safetensors import SafetensorError, safe_open
 
     from cudaload.errors import CheckpointError
-    from cudaload.execute.failures import _translate
+    from cudaload.execute.failures import translate
 
     bad = tmp_path / "model.safetensors"
     bad.write_bytes((1000).to_bytes(8, "little") + b"{}")  # a header longer than the file
     with pytest.raises(SafetensorError) as ei:
         safe_open(str(bad), framework="pt")
-    err = _translate(ei.value, "loading /x")
+    err = translate(ei.value, "loading /x")
     assert isinstance(err, CheckpointError) and "corrupt or truncated" in str(err)
     wrapped = _raised_from(OSError("unable to load the weights"), ei.value)
-    assert isinstance(_translate(wrapped, "loading /x"), CheckpointError)
+    assert isinstance(translate(wrapped, "loading /x"), CheckpointError)
 
 
 def test_translate_maps_missing_files_and_the_hubs_errors_by_class() -> None:
     from cudaload.errors import ModelNotFoundError
-    from cudaload.execute.failures import _translate
+    from cudaload.execute.failures import translate
 
-    assert isinstance(_translate(FileNotFoundError("/x/config.json"), "loading /x"), ModelNotFoundError)
+    assert isinstance(translate(FileNotFoundError("/x/config.json"), "loading /x"), ModelNotFoundError)
     for name in ("RepositoryNotFoundError", "LocalEntryNotFoundError"):
         # transformers re-raises the Hub's error as a plain OSError from it (utils/hub.py cached_files)
         exc = _raised_from(OSError("nobody/x: see above"), _hub_error(name, "404"))
-        assert isinstance(_translate(exc, "loading nobody/x"), ModelNotFoundError), name
+        assert isinstance(translate(exc, "loading nobody/x"), ModelNotFoundError), name
     # a gated repository is a RepositoryNotFoundError, but its files are there: the generic load error
     gated = _raised_from(
         OSError("You are trying to access a gated repo."), _hub_error("GatedRepoError", "403")
     )
-    err = _translate(gated, "loading meta/x")
+    err = translate(gated, "loading meta/x")
     assert type(err) is LoadError and "gated repo" in str(err)
 
 
 def test_translate_keeps_the_text_fallbacks_for_transformers_plain_errors() -> None:
     from cudaload.errors import DependencyError, ModelNotFoundError
-    from cudaload.execute.failures import _translate
+    from cudaload.execute.failures import translate
 
     exc = OSError("/x does not appear to have a file named config.json")
-    assert isinstance(_translate(exc, "loading /x"), ModelNotFoundError)
-    assert isinstance(_translate(OSError("Permission denied"), "loading /x"), LoadError)
-    err = _translate(ModuleNotFoundError("No module named 'peft'"), "loading /x")
+    assert isinstance(translate(exc, "loading /x"), ModelNotFoundError)
+    assert isinstance(translate(OSError("Permission denied"), "loading /x"), LoadError)
+    err = translate(ModuleNotFoundError("No module named 'peft'"), "loading /x")
     assert isinstance(err, DependencyError) and "peft" in str(err)
 
 

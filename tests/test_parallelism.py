@@ -631,7 +631,7 @@ def test_training_arguments_merge_the_parallel_settings() -> None:
 def test_tp_under_torchrun_loads_through_from_pretrained_with_its_distributed_config() -> None:
     """What load_model hands transformers for a tensor-parallel rank: no device_map (transformers places the
     shards), DistributedConfig(tp_plan='auto', tp_size=N), and from_pretrained, never the fast path."""
-    from cudaload.execute import _load_kwargs
+    from cudaload.execute.from_pretrained import _load_kwargs
 
     caps = torchrun(hardware("4xH100-80GB"), 4, rank=2).with_packages(["bitsandbytes"])
     p = plan(full_config("Llama-3.1-70B"), hardware=caps, seq_len=4096)
@@ -649,7 +649,7 @@ def test_tp_under_torchrun_loads_through_from_pretrained_with_its_distributed_co
 def test_tp_fp8_rank_gets_transformers_fp8_config() -> None:
     from transformers import FineGrainedFP8Config
 
-    from cudaload.execute import _load_kwargs
+    from cudaload.execute.from_pretrained import _load_kwargs
 
     p = plan(LLAMA_405B, hardware=torchrun(hardware("8xH100-80GB"), 8, rank=5), seq_len=4096)
     assert p.parallelism is not None and p.parallelism.choice == "tp_fp8" and p.parallelism.launched
@@ -662,7 +662,8 @@ def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pret
     """70B full fine-tune under torchrun on 8 x H100: bf16 weights (141 GB) fit no GPU whole, so no rank may load
     them onto its GPU; each rank loads on the CPU through from_pretrained and the Trainer shards them
     (fsdp_config cpu_ram_efficient_loading)."""
-    from cudaload.execute import _fsdp_weights_on_cpu, _load_kwargs
+    from cudaload.execute.from_pretrained import _load_kwargs
+    from cudaload.execute.sharded import fsdp_weights_on_cpu
 
     p = plan(
         full_config("Llama-3.1-70B"),
@@ -674,11 +675,11 @@ def test_fsdp_rank_with_weights_too_big_for_a_gpu_loads_on_cpu_through_from_pret
     assert par is not None and par.choice == "fsdp2" and par.launched and par.config["weights_on_cpu"]
     assert p.placement.devices == ("cpu",) and "every rank loads them on its CPU" in p.placement.reasons[0]
     assert p.load_path.choice == "from_pretrained" and "each rank's CPU" in p.load_path.reasons[0]
-    assert _load_kwargs(p, {})["device_map"] == "cpu" and _fsdp_weights_on_cpu(p)
+    assert _load_kwargs(p, {})["device_map"] == "cpu" and fsdp_weights_on_cpu(p)
     assert parallel_training_arguments(p)["fsdp_config"]["cpu_ram_efficient_loading"] is True
     # 8B on 2 x H200 fits each GPU whole: every rank loads onto its own GPU, by the fast path where it can
     small = plan(full_config("Qwen3-8B"), hardware=torchrun(hardware("2xH200"), 2, rank=1), intent="training")
-    assert small.placement.devices == ("cuda:1",) and not _fsdp_weights_on_cpu(small)
+    assert small.placement.devices == ("cuda:1",) and not fsdp_weights_on_cpu(small)
 
 
 def test_cpu_staged_fsdp_states_the_host_memory_it_needs() -> None:

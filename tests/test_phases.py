@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from cudaload.execute import _Phases
+from cudaload.execute.phases import Phases
 
 
 def test_phases_keep_each_fast_paths_split() -> None:
-    ph = _Phases()
+    ph = Phases()
     ph.mark("detect")
     plain = ph.as_dict({"build_s": 0.1, "alloc_s": 0.2, "fill_s": 0.3, "finish_s": 0.4, "threads": 8})
     assert [k for k in plain if k.startswith("load.")] == [

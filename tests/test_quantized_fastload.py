@@ -566,6 +566,7 @@ def test_load_model_quantized_fast_branch_verifies(tiny_model: Callable[..., Pat
 
     import cudaload
     from cudaload import execute
+    from cudaload.execute.load_path import _load_once
     from cudaload.plans.decision import Candidate, Decision
 
     path = tiny_model("qwen3")
@@ -586,11 +587,11 @@ def test_load_model_quantized_fast_branch_verifies(tiny_model: Callable[..., Pat
         quantization=Decision(method, candidates=(Candidate(method, True),)),
         quantization_config=qcfg,
     )
-    model, taken, notes = execute._load_once(plan, "AutoModelForCausalLM", {})
+    model, taken, notes = _load_once(plan, "AutoModelForCausalLM", {})
     assert taken == "fast" and notes == [], notes
     verified = execute.verify(model, plan, allow_offload=False)
     assert verified["quantization"] == method
-    ref, ref_taken, _ = execute._load_once(
+    ref, ref_taken, _ = _load_once(
         dataclasses.replace(plan, load_path=Decision("from_pretrained")), "AutoModelForCausalLM", {}
     )
     assert ref_taken == "from_pretrained"

@@ -495,7 +495,7 @@ def test_newer_transformers_memory_model_is_counted_no_smaller() -> None:
 def test_load_model_refused_by_settle_keeps_no_reference_to_the_model(
     tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """settle() raising inside _attach_serving: the exception's traceback holds _attach_serving's frame, whose
+    """settle() raising inside attach_serving: the exception's traceback holds attach_serving's frame, whose
     ``model`` local would keep the whole model (its GPU memory) alive for as long as the caller keeps the error.
     The refusal stands in for the real one, which needs a GPU (settle runs only on a CUDA model)."""
     import gc
@@ -509,7 +509,7 @@ def test_load_model_refused_by_settle_keeps_no_reference_to_the_model(
         refs.append(weakref.ref(model))
         raise DoesNotFitError("serving: too little free after loading", fix="free the GPU memory")
 
-    monkeypatch.setattr(ex, "_attach_serving", refusing)
+    monkeypatch.setattr(ex, "attach_serving", refusing)
     with pytest.raises(DoesNotFitError) as e:
         cudaload.load_model(tiny_model("qwen3"), intent="serving", seq_len=64, batch_size=4, prefetch=False)
     gc.collect()
@@ -608,7 +608,7 @@ def test_a_runtime_fallback_from_the_serving_flash_choice_goes_to_a_pageable_one
     replaces the one-batch choice by flash_attention_4 and FA4 fails its probe, the next one must be the one-batch
     choice (cudaload_sdpa), not an implementation continuous batching refuses (flex_attention: 'is not supported for
     continuous batching', transformers 5.24 continuous_api.py:779-784)."""
-    from cudaload.execute import _next_attention
+    from cudaload.execute.attention_probe import _next_attention
 
     p = cudaload.plan(
         full_config("Qwen3-0.6B"),
@@ -664,7 +664,7 @@ def test_attach_serving_pages_the_planned_attention_not_a_refused_one(
     (5.17 continuous_api.py:651-683 pages the model's current attention)."""
     from transformers import AutoModelForCausalLM
 
-    from cudaload.execute import _attach_serving
+    from cudaload.execute.serving import attach_serving
 
     path = tiny_model("qwen3", "bfloat16")
     p = cudaload.plan(
@@ -680,7 +680,7 @@ def test_attach_serving_pages_the_planned_attention_not_a_refused_one(
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
     model.config._attn_implementation = "flash_attention_4"  # what from_pretrained sets on a machine with FA4
     verified: dict[str, Any] = {}
-    _attach_serving(model, p, verified)
+    attach_serving(model, p, verified)
     assert model.config._attn_implementation == "sdpa"
     assert verified["serving_attention"] == "sdpa"
 
@@ -697,7 +697,7 @@ def test_the_installed_transformers_serves_with_the_name_the_plan_gives(
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from cudaload.detection.versions import version_tuple
-    from cudaload.execute import _attach_serving
+    from cudaload.execute.serving import attach_serving
 
     tv = transformers.__version__
     path = tiny_model("qwen3", "bfloat16")
@@ -713,7 +713,7 @@ def test_the_installed_transformers_serves_with_the_name_the_plan_gives(
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
         # as from_pretrained(attn_implementation=...) sets it (FA4 cannot be loaded on this CPU)
         model.config._attn_implementation = p.attention.choice
-        _attach_serving(model, p, {})
+        attach_serving(model, p, {})
         model.init_continuous_batching(
             continuous_batching_config=ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=64)
         )
@@ -721,7 +721,7 @@ def test_the_installed_transformers_serves_with_the_name_the_plan_gives(
 
 
 def test_after_a_runtime_fallback_the_serving_section_is_planned_for_the_attention_loaded() -> None:
-    """FA4 chosen for serving fails its probe and the model falls back to sdpa (execute._probe_and_fallback): the
+    """FA4 chosen for serving fails its probe and the model falls back to sdpa (execute.probe_and_fallback): the
     serving section planned for paged FA4 (no mask counted, graphs for an unmasked step) no longer describes the
     model; the load makes a new plan for sdpa (execute.replanned), whose paged sdpa's dense mask and repeated K/V
     the memory must hold, and whose attention decision says why it was made."""

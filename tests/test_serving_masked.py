@@ -379,7 +379,7 @@ def test_the_loaded_model_takes_sdpa_where_the_serving_plan_replaced_eager() -> 
     pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
-    from cudaload.execute import _attach_serving
+    from cudaload.execute.serving import attach_serving
     from cudaload.testing import tiny_config
 
     config = tiny_config("qwen3")
@@ -389,12 +389,12 @@ def test_the_loaded_model_takes_sdpa_where_the_serving_plan_replaced_eager() -> 
     )  # no GPU: nothing to run out of
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     verified: dict[str, Any] = {}
-    kept = _attach_serving(model, p, verified)
+    kept = attach_serving(model, p, verified)
     assert model.config._attn_implementation == "eager" and "serving_attention" not in verified
     switched = replace(
         p, serving=replace(p.serving, attention=sv._eager_to_sdpa(p.serving.attention, "test"))
     )
-    _attach_serving(model, switched, verified)
+    attach_serving(model, switched, verified)
     assert model.config._attn_implementation == "sdpa" and verified["serving_attention"] == "sdpa"
     assert kept.serving is not None and kept.serving.num_blocks == p.serving.num_blocks
 

@@ -205,13 +205,13 @@ def _job_sharded_fails(rank: int, world: int, args: dict[str, Any]) -> dict[str,
     process group it started is still there."""
     import torch.distributed as dist
 
-    from cudaload.execute import _load_sharded
+    from cudaload.execute.sharded import load_sharded
     from cudaload.plans.plan import Plan
 
     plan = Plan.from_json(args["plan"])
     notes: list[str] = []
     try:
-        _load_sharded(plan, "AutoModelForCausalLM", {}, notes)
+        load_sharded(plan, "AutoModelForCausalLM", {}, notes)
         error = None
     except Exception as e:
         error = type(e).__name__

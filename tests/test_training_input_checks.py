@@ -360,14 +360,14 @@ def tiny(tiny_model: Any) -> Path:
 def _wrap(path: Path, auto: str = "AutoModelForCausalLM", **lora: Any) -> Any:
     import transformers
 
-    from cudaload.execute.adapters import _wrap_peft
+    from cudaload.execute.adapters import wrap_peft
 
     kw: dict[str, Any] = {"intent": "lora", "seq_len": 64, "batch_size": 2, "lora": lora or None}
     if auto != "AutoModelForCausalLM":
         kw["model_class"] = auto
     p = plan(str(path), **kw)
     model = getattr(transformers, auto).from_pretrained(path, dtype=torch.float32)
-    return _wrap_peft(model, p)
+    return wrap_peft(model, p)
 
 
 LINEARS = "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"

@@ -34,25 +34,10 @@ Nothing here imports torch or transformers at import time.
 from __future__ import annotations
 
 from ..auto_classes import AUTO_CLASSES
-from ..auto_classes import DECIDED_KWARGS as _DECIDED
-from .adapters import _lora_config, _wrap_peft
-from .attention_probe import _confirm_sdpa_variant, _next_attention, _probe_and_fallback, replanned
-from .failures import _gpu_memory_snapshot, _release_memory, _translate
-from .from_pretrained import (
-    _BUILD_LOCK,
-    _from_pretrained,
-    _load_kwargs,
-    _torch_dtype,
-    resolve_auto_class,
-)
-from .load import _DEVICE_FINDINGS, load_model, load_request
-from .load_path import _load_once
-from .phases import _Phases
-from .ranks import _agree_on_gpus, _rank_error, _tell_ranks_before_planning
-from .serving import _attach_serving
-from .sharded import _STAGED_NOTE, _fsdp_sharded, _fsdp_weights_on_cpu, _load_fsdp2_for_plan, _load_sharded
-from .tune_on_load import _tuned_plan
-from .verification import _module_devices, verify
+from .attention_probe import replanned
+from .from_pretrained import resolve_auto_class
+from .load import load_model, load_request
+from .verification import verify
 
 __all__ = [
     "AUTO_CLASSES",
@@ -61,35 +46,4 @@ __all__ = [
     "replanned",
     "resolve_auto_class",
     "verify",
-]
-# The private names stay importable from here as before the split (tests import them). load_model looks
-# _attach_serving up on cudaload.execute.serving at call time, so a test replaces it there.
-__all__ += [
-    "_BUILD_LOCK",
-    "_DECIDED",
-    "_DEVICE_FINDINGS",
-    "_STAGED_NOTE",
-    "_Phases",
-    "_agree_on_gpus",
-    "_attach_serving",
-    "_confirm_sdpa_variant",
-    "_from_pretrained",
-    "_fsdp_sharded",
-    "_fsdp_weights_on_cpu",
-    "_gpu_memory_snapshot",
-    "_load_fsdp2_for_plan",
-    "_load_kwargs",
-    "_load_once",
-    "_load_sharded",
-    "_lora_config",
-    "_module_devices",
-    "_next_attention",
-    "_probe_and_fallback",
-    "_rank_error",
-    "_release_memory",
-    "_tell_ranks_before_planning",
-    "_torch_dtype",
-    "_translate",
-    "_tuned_plan",
-    "_wrap_peft",
 ]

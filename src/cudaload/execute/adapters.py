@@ -58,7 +58,7 @@ _NO_MATCH_TEXTS = (
 _UNSUPPORTED_TEXT = "is not supported. Currently, only the following modules are supported"
 
 
-def _lora_config(plan: Plan) -> Any:
+def lora_config(plan: Plan) -> Any:
     """The plan's LoraConfig (one for the whole-model and the sharded path alike).
 
     Raises:
@@ -299,8 +299,8 @@ def get_peft_model_checked(model: Any, config: Any) -> Any:
         raise
 
 
-def _wrap_peft(model: Any, plan: Plan) -> Any:
-    config = _lora_config(plan)
+def wrap_peft(model: Any, plan: Plan) -> Any:
+    config = lora_config(plan)
     from peft import prepare_model_for_kbit_training
 
     # refused before prepare_model_for_kbit_training changes the model (it casts, and freezes every parameter)

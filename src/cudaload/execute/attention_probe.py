@@ -34,7 +34,7 @@ def _next_attention(plan: Plan, failed: str) -> str | None:
     return names[0] if names else None
 
 
-def _probe_and_fallback(
+def probe_and_fallback(
     model: Any, plan: Plan, caps: Capabilities, *, warmup: bool
 ) -> tuple[str | None, list[dict[str, str]]]:
     """Run a one-step forward on the chosen backend; step down the plan's fallbacks when it fails. Returns the
@@ -65,7 +65,7 @@ def _probe_and_fallback(
     return current, fallbacks
 
 
-def _confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[bool, dict[str, Any] | None]:
+def confirm_sdpa_variant(model: Any, plan: Plan) -> tuple[bool, dict[str, Any] | None]:
     """A variant chosen automatically is kept only where torch really sends decode steps to cuDNN on this GPU
     (the policy predicted it from the snapshot); elsewhere the model takes plain sdpa, which then runs the same
     kernels without the per-call switch. Returns whether the plan's attention stands, and what was seen."""

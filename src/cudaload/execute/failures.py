@@ -15,7 +15,7 @@ from ..errors import (
 )
 
 
-def _gpu_memory_snapshot() -> dict[int, int]:
+def gpu_memory_snapshot() -> dict[int, int]:
     import torch
 
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
@@ -23,7 +23,7 @@ def _gpu_memory_snapshot() -> dict[int, int]:
     return {i: torch.cuda.memory_allocated(i) for i in range(torch.cuda.device_count())}
 
 
-def _release_memory() -> None:
+def release_memory() -> None:
     """Drop what a failed attempt left: unreachable tensors, then the allocator's cached blocks."""
     import torch
 
@@ -70,7 +70,7 @@ def _not_found_classes() -> tuple[type[BaseException], ...]:
     return (FileNotFoundError, *hub)
 
 
-def _translate(exc: BaseException, where: str) -> CudaloadError:
+def translate(exc: BaseException, where: str) -> CudaloadError:
     """A dependency's exception as cudaload's; carries the text, not the traceback (which pins tensors).
 
     Mapped by the exception's class (or the class it was raised from) where the dependency has one; the text

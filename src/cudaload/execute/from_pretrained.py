@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # transformers' from_pretrained temporarily switches torch's process-wide default dtype while it builds the
 # model, so two loads racing in threads can build each other's modules in the wrong dtype. Building and
 # filling happen inside one call on both paths, so threaded loads are serialised: correct before concurrent.
-_BUILD_LOCK = threading.RLock()
+BUILD_LOCK = threading.RLock()
 
 
 def resolve_auto_class(model_class: str | None, task: str | None, plan: Plan) -> str:
@@ -53,7 +53,7 @@ def _from_pretrained(auto_class: str, path: str, kwargs: dict[str, Any]) -> tupl
             f"transformers has no {auto_class}", fix="pass a transformers auto class name"
         )
     kwargs = {**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}
-    with _BUILD_LOCK:
+    with BUILD_LOCK:
         model, info = cls.from_pretrained(path, **kwargs)
     return model, dict(info)
 

@@ -17,15 +17,15 @@ from ..errors import CudaloadError, DeviceSelectionError, DoesNotFitError
 from ..plans.plan import Plan
 from ..request import Request
 from . import serving as _serving
-from .adapters import _wrap_peft, apply_adapter_cast, enable_planned_checkpointing
-from .attention_probe import _confirm_sdpa_variant, _probe_and_fallback, replanned
+from .adapters import apply_adapter_cast, enable_planned_checkpointing, wrap_peft
+from .attention_probe import confirm_sdpa_variant, probe_and_fallback, replanned
 from .decode import ready_decode, replanned_decode
-from .failures import _gpu_memory_snapshot, _release_memory, _translate
-from .load_path import _load_covered
-from .phases import _Phases
+from .failures import gpu_memory_snapshot, release_memory, translate
+from .load_path import load_covered
+from .phases import Phases
 from .planning import Planned, plan_for_load
-from .ranks import _agree_on_gpus, _tell_ranks_before_planning, _tell_ranks_refused
-from .sharded import _fsdp_weights_on_cpu, _placed_shards
+from .ranks import agree_on_gpus, tell_ranks_before_planning, tell_ranks_refused
+from .sharded import fsdp_weights_on_cpu, placed_shards
 from .start import Started
 from .verification import verify
 
@@ -221,21 +221,21 @@ def load_model(
             **from_pretrained_kwargs,
         )
     except CudaloadError as e:
-        _tell_ranks_refused(e, model)  # under torchrun the other ranks would wait for this one
+        tell_ranks_refused(e, model)  # under torchrun the other ranks would wait for this one
         raise
     return load_request(req)
 
 
 def load_request(req: Request) -> Any:
     """Load what a checked request asks for (:func:`load_model` builds the request)."""
-    phases = _Phases()
+    phases = Phases()
     started = Started(req)  # after the request's checks: no reading for a call that is refused
     try:  # a refusal from here to the load must not leave threads reading a checkpoint nobody will load
         caps, hub = _detect(req, started, phases)
         rendezvous, ranks_note = None, None
         if caps.distributed.active:
             # under torchrun: every rank plans from the same GPU facts (cudaload.policies.ranks), or errs alike
-            caps, rendezvous, ranks_note = _agree_on_gpus(caps, req.model)
+            caps, rendezvous, ranks_note = agree_on_gpus(caps, req.model)
             phases.mark("ranks")
         planned = plan_for_load(req, caps, hub, rendezvous, ranks_note, phases)
     except BaseException:
@@ -249,7 +249,7 @@ def load_request(req: Request) -> Any:
         # traceback keeps this frame: the model is dropped from it before the memory is released
         loaded = None
         started.stop_reading()  # nothing will read those pages now
-        _release_memory()
+        release_memory()
         raise
     loaded.cudaload_plan = plan
     logger.log(
@@ -262,7 +262,7 @@ def load_request(req: Request) -> Any:
     return loaded
 
 
-def _detect(req: Request, started: Started, phases: _Phases) -> tuple[Capabilities, Any]:
+def _detect(req: Request, started: Started, phases: Phases) -> tuple[Capabilities, Any]:
     """This machine (or the recorded snapshot given), refused where its GPU selection is broken; the Hub probe
     asked now and answered after transformers has imported, so the round trip hides under the imports."""
     from ..planner import hub_probe_for, resolve_hardware
@@ -287,7 +287,7 @@ def _detect(req: Request, started: Started, phases: _Phases) -> tuple[Capabiliti
             fix="; ".join(dict.fromkeys(f.fix for f in broken)),
         )
         if caps.distributed.active:
-            _tell_ranks_before_planning(caps, bad_selection, req.model)
+            tell_ranks_before_planning(caps, bad_selection, req.model)
         raise bad_selection
     started.start_gpu(req, caps)
     return caps, hub
@@ -299,33 +299,33 @@ class _Loaded:
     path_taken: str
     notes: list[str]
     seconds: float
-    coverage: dict[str, Any]  # what the checkpoint coverage check accepted (load_path._load_covered)
+    coverage: dict[str, Any]  # what the checkpoint coverage check accepted (load_path.load_covered)
 
 
 def _load_checked(
-    req: Request, planned: Planned, started: Started, phases: _Phases
+    req: Request, planned: Planned, started: Started, phases: Phases
 ) -> tuple[Any, Plan, dict[str, Any]]:
     """Load, probe the attention, verify; a failure releases what the attempt allocated, then raises the
     translated error. Returns the model, the plan it follows (made again where the load learnt otherwise) and
     what was verified."""
     early_start = started.gpu_summary()
-    before = _gpu_memory_snapshot()
+    before = gpu_memory_snapshot()
     failure: CudaloadError | None = None
     plan = planned.plan
     try:
         got = _load(req, planned, phases)
         plan, checks = _checked_backend(req, planned, got.model, phases)
         if got.path_taken == "fast_sharded":
-            plan = _placed_shards(plan, got.model)
+            plan = placed_shards(plan, got.model)
         verified = verify(got.model, plan, allow_offload=req.allow_offload)
         phases.mark("verify")
     except Exception as e:  # translated below, after the attempt's memory is released
-        failure = _translate(e, f"loading {plan.model.name}")
+        failure = translate(e, f"loading {plan.model.name}")
         del e
     if failure is not None:
         started.stop_reading()  # nothing will read those pages now
-        _release_memory()
-        after = _gpu_memory_snapshot()
+        release_memory()
+        after = gpu_memory_snapshot()
         leaked = {i: after[i] - before.get(i, 0) for i in after if after[i] > before.get(i, 0)}
         if leaked:
             logger.error("GPU memory still held after a failed load: %s bytes", leaked)
@@ -348,10 +348,10 @@ def _load_checked(
     return got.model, plan, verified
 
 
-def _load(req: Request, planned: Planned, phases: _Phases) -> _Loaded:
+def _load(req: Request, planned: Planned, phases: Phases) -> _Loaded:
     plan = planned.plan
     t0 = time.perf_counter()
-    model, path_taken, notes, coverage = _load_covered(
+    model, path_taken, notes, coverage = load_covered(
         plan, planned.auto_class, req.from_pretrained_kwargs, new_weights=req.new_weights
     )
     if plan.kernels.get("use_kernels"):
@@ -366,7 +366,7 @@ def _load(req: Request, planned: Planned, phases: _Phases) -> _Loaded:
 
 
 def _checked_backend(
-    req: Request, planned: Planned, model: Any, phases: _Phases
+    req: Request, planned: Planned, model: Any, phases: Phases
 ) -> tuple[Plan, dict[str, Any]]:
     """The attention backend tried on the model (its one-step forward, the fallbacks, the sdpa variant's cuDNN
     dispatch); where the model ends up on another backend than planned, the plan made again for it."""
@@ -375,13 +375,13 @@ def _checked_backend(
     replans: list[str] = []
     # an FSDP rank's model is on the CPU until the Trainer shards it: a forward here would test nothing about the
     # GPU backend, and a 70B CPU forward takes minutes
-    if not _fsdp_weights_on_cpu(plan):
-        current, fallbacks = _probe_and_fallback(model, plan, caps, warmup=req.warmup)
+    if not fsdp_weights_on_cpu(plan):
+        current, fallbacks = probe_and_fallback(model, plan, caps, warmup=req.warmup)
         if fallbacks and current is not None:
             why = [f"runtime fallback: {f['from']} -> {f['to']}: {f['reason']}" for f in fallbacks]
             plan = replanned(req, caps, plan, current, why)
             replans.append(f"planned again for {current}: {why[-1]}")
-    kept, dispatch = _confirm_sdpa_variant(model, plan)
+    kept, dispatch = confirm_sdpa_variant(model, plan)
     if not kept and dispatch is not None:
         why = [f"checked on the GPU: {dispatch['why']}; sdpa kept"]
         plan = replanned(req, caps, plan, "sdpa", why)
@@ -396,7 +396,7 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
     little free (the caller releases the model)."""
     if plan.intent in ("lora", "qlora"):
         if verified["load_path"] != "fast_sharded":  # the sharded loader wrapped it before sharding
-            model = _wrap_peft(model, plan)
+            model = wrap_peft(model, plan)
         verified["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         verified["adapter_cast_layers"] = apply_adapter_cast(model, plan)
     if plan.intent in ("inference", "serving"):
@@ -417,10 +417,10 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
         enable_planned_checkpointing(model, plan)
     if plan.serving is not None:
         try:
-            # looked up on execute.serving at call time: a test replaces cudaload.execute.serving._attach_serving
-            plan = _serving._attach_serving(model, plan, verified)
+            # looked up on execute.serving at call time: a test replaces cudaload.execute.serving.attach_serving
+            plan = _serving.attach_serving(model, plan, verified)
         except DoesNotFitError as e:
-            # the traceback holds _attach_serving's frame and its `model` local (the whole model, its GPU
+            # the traceback holds attach_serving's frame and its `model` local (the whole model, its GPU
             # memory) for as long as the caller keeps the error: dropped, and this frame's reference with it
             e.__traceback__ = None
             model = None

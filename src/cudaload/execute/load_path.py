@@ -10,9 +10,9 @@ from typing import Any
 from ..checkpoint_coverage import NewWeights, architecture_names, check_coverage, matches
 from ..errors import CheckpointCoverageError, CheckpointError, LoadError
 from ..plans.plan import Plan
-from .failures import _release_memory
-from .from_pretrained import _BUILD_LOCK, _from_pretrained, _load_kwargs, _torch_dtype
-from .sharded import _STAGED_NOTE, _fsdp_sharded, _fsdp_weights_on_cpu, _load_sharded
+from .failures import release_memory
+from .from_pretrained import BUILD_LOCK, _from_pretrained, _load_kwargs, _torch_dtype
+from .sharded import STAGED_NOTE, fsdp_sharded, fsdp_weights_on_cpu, load_sharded
 
 # the package's one logger, named as it was before the split (logging configuration refers to it)
 logger = logging.getLogger("cudaload.execute")
@@ -21,12 +21,12 @@ logger = logging.getLogger("cudaload.execute")
 def _load_once(
     plan: Plan, auto_class: str, passthrough: Mapping[str, Any], *, new_weights: NewWeights = False
 ) -> tuple[Any, str, list[str]]:
-    """:func:`_load_covered` without what it accepted: (model, path taken, notes)."""
-    model, taken, notes, _ = _load_covered(plan, auto_class, passthrough, new_weights=new_weights)
+    """:func:`load_covered` without what it accepted: (model, path taken, notes)."""
+    model, taken, notes, _ = load_covered(plan, auto_class, passthrough, new_weights=new_weights)
     return model, taken, notes
 
 
-def _load_covered(
+def load_covered(
     plan: Plan, auto_class: str, passthrough: Mapping[str, Any], *, new_weights: NewWeights = False
 ) -> tuple[Any, str, list[str], dict[str, Any]]:
     """Load by the planned path (:func:`_load_by_path`), then refuse a checkpoint whose tensors do not cover
@@ -58,7 +58,7 @@ def _load_covered(
         # leave nothing behind: this frame holds the only reference to the model (the traceback keeps the
         # frame, not the value once it is dropped); its GPU memory goes back before the error goes up
         model = None
-        _release_memory()
+        release_memory()
         raise
     if coverage["new_weights"] or coverage["unused"]:
         logger.info(
@@ -84,11 +84,11 @@ def _load_by_path(
     mismatched shapes without ignore_mismatched_sizes). Returns transformers' load report with the model."""
     path = plan.model.local_path or plan.model.name
     notes: list[str] = []
-    if _fsdp_sharded(plan):
+    if fsdp_sharded(plan):
         from ..fastload import StepAside
 
         try:
-            model = _load_sharded(plan, auto_class, passthrough, notes)
+            model = load_sharded(plan, auto_class, passthrough, notes)
             return model, "fast_sharded", notes, _fast_report(model)
         except (CheckpointError, LoadError):
             raise  # from_pretrained fails on these too
@@ -98,12 +98,12 @@ def _load_by_path(
             )
             logger.warning("%s", notes[-1])
             del e
-            _release_memory()
+            release_memory()
     elif plan.load_path.choice == "fast":
         from .. import fastload
 
         try:
-            with _BUILD_LOCK:
+            with BUILD_LOCK:
                 if plan.quantization.choice:
                     from ..fastload.quantized import load_quantized
 
@@ -138,7 +138,7 @@ def _load_by_path(
                 "re-initialise; loaded with from_pretrained instead"
             )
             del e
-            _release_memory()
+            release_memory()
         except (CheckpointError, LoadError):
             raise  # from_pretrained fails on these too (the fast path only raises them when it would)
         except Exception as e:  # the fast path is an optimisation: never the reason a load fails
@@ -150,8 +150,8 @@ def _load_by_path(
             # the load still succeeds, but slower than planned: say so where it is seen, not only in the plan
             logger.warning("%s", notes[-1])
             del e
-            _release_memory()
+            release_memory()
     model, report = _from_pretrained(auto_class, path, _load_kwargs(plan, passthrough))
-    if _fsdp_weights_on_cpu(plan):
-        notes.append(_STAGED_NOTE)
+    if fsdp_weights_on_cpu(plan):
+        notes.append(STAGED_NOTE)
     return model, "from_pretrained", notes, report

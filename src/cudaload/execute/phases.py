@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-class _Phases:
+class Phases:
     """Seconds spent in each step of one load_model() call, in order."""
 
     def __init__(self) -> None:

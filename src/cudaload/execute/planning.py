@@ -14,9 +14,9 @@ from ..policies.attention.names import TORCH_VARLEN
 from ..policies.sdpa_dispatch import NAMES as SDPA_VARIANTS
 from ..request import Request
 from .from_pretrained import resolve_auto_class
-from .phases import _Phases
-from .ranks import _rank_error
-from .tune_on_load import _tuned_plan
+from .phases import Phases
+from .ranks import rank_error
+from .tune_on_load import tuned_plan
 
 logger = logging.getLogger("cudaload.execute")
 
@@ -38,7 +38,7 @@ class Planned:
 
 
 def plan_for_load(
-    req: Request, caps: Capabilities, hub: Any, rendezvous: Any, ranks_note: str | None, phases: _Phases
+    req: Request, caps: Capabilities, hub: Any, rendezvous: Any, ranks_note: str | None, phases: Phases
 ) -> Planned:
     from ..planner import plan_request
 
@@ -55,11 +55,11 @@ def plan_for_load(
             phases.mark("hub_probe")
         plan = plan_request(req, caps)
         if req.tune:
-            plan = _tuned_plan(req, plan, caps)
+            plan = tuned_plan(req, plan, caps)
         auto_class = resolve_auto_class(req.model_class, req.task, plan)
     except Exception as e:
         if rendezvous is not None:  # the other ranks stop with this rank's reason instead of waiting
-            rendezvous.tell("plans", _rank_error(e))
+            rendezvous.tell("plans", rank_error(e))
         raise
     if rendezvous is not None:
         ranks_note = _compare_plans(rendezvous, plan, ranks_note)

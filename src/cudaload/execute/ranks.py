@@ -13,13 +13,13 @@ from ..capabilities import Capabilities
 logger = logging.getLogger("cudaload.execute")
 
 
-def _rank_error(e: BaseException) -> dict[str, Any]:
+def rank_error(e: BaseException) -> dict[str, Any]:
     """What a rank that raises publishes to the others instead of its facts or its plan."""
     first = str(e).splitlines()[0] if str(e) else ""
     return {"error": f"{type(e).__name__}: {first}", "fix": getattr(e, "fix", None)}
 
 
-def _tell_ranks_before_planning(caps: Capabilities, e: BaseException, model: str | os.PathLike[str]) -> None:
+def tell_ranks_before_planning(caps: Capabilities, e: BaseException, model: str | os.PathLike[str]) -> None:
     """A torchrun rank that stops before the GPU exchange (a broken GPU selection) publishes its error there,
     so that the other ranks stop with its reason at once instead of waiting CUDALOAD_RANKS_TIMEOUT (300 s) for
     it and then loading without it."""
@@ -29,12 +29,12 @@ def _tell_ranks_before_planning(caps: Capabilities, e: BaseException, model: str
     try:
         rendezvous, _ = open_rendezvous(d.rank or 0, d.world_size or 1, model=model)
         if rendezvous is not None:
-            rendezvous.tell("gpus", _rank_error(e))
+            rendezvous.tell("gpus", rank_error(e))
     except Exception as why:  # this rank's own error is the one to raise
         logger.debug("cudaload: could not tell the other ranks: %s", why)
 
 
-def _tell_ranks_refused(e: BaseException, model: Any) -> None:
+def tell_ranks_refused(e: BaseException, model: Any) -> None:
     """A torchrun rank whose request is refused (a bad argument or variable) publishes the error where the
     other ranks wait for its GPU facts, so they stop with its reason instead of waiting for it."""
     from .. import _env
@@ -48,10 +48,10 @@ def _tell_ranks_refused(e: BaseException, model: Any) -> None:
 
             rendezvous, _ = open_rendezvous(launch.rank or 0, launch.world_size or 1, model=model)
             if rendezvous is not None:
-                rendezvous.tell("gpus", _rank_error(e))
+                rendezvous.tell("gpus", rank_error(e))
 
 
-def _agree_on_gpus(caps: Capabilities, model: str | os.PathLike[str]) -> tuple[Capabilities, Any, str]:
+def agree_on_gpus(caps: Capabilities, model: str | os.PathLike[str]) -> tuple[Capabilities, Any, str]:
     """Every torchrun rank's GPU, exchanged before anyone plans or loads (cudaload.detection.ranks), and this
     rank's Capabilities planned from all of them (cudaload.policies.ranks.agree). Returns the rendezvous for
     comparing the plans afterwards (None when the ranks could not agree) and a line for plan.verified."""

@@ -9,7 +9,7 @@ from typing import Any
 from ..plans.plan import Plan
 
 
-def _attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
+def attach_serving(model: Any, plan: Plan, verified: dict[str, Any]) -> Plan:
     """intent="serving": the plan's cache settled against the memory free after loading (measured here, passed to
     the pure policy), then transformers' own ``ContinuousBatchingConfig`` at ``model.cudaload_cb_config`` for
     ``generate_batch`` / ``continuous_batching_context_manager``. At the manager's start transformers switches the

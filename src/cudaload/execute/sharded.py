@@ -8,11 +8,11 @@ from typing import Any
 
 from .. import _env
 from ..plans.plan import Placement, Plan
-from .adapters import _lora_config
-from .from_pretrained import _BUILD_LOCK, _torch_dtype
+from .adapters import lora_config
+from .from_pretrained import BUILD_LOCK, _torch_dtype
 
 
-def _fsdp_weights_on_cpu(plan: Plan) -> bool:
+def fsdp_weights_on_cpu(plan: Plan) -> bool:
     par = plan.parallelism
     return bool(par is not None and par.launched and par.config.get("weights_on_cpu"))
 
@@ -23,25 +23,25 @@ def _fsdp_weights_on_cpu(plan: Plan) -> bool:
 #: writes zeros over it on all but each node's local rank 0 (modeling_utils.py:4718-4724): no host memory saved
 #: (zeros_like writes its pages), and a Trainer built without cpu_ram_efficient_loading would shard those zeros
 #: and train them without a word. From 5.23 it keeps the weights on every rank, as this does on every version.
-_STAGED_NOTE = (
+STAGED_NOTE = (
     "FSDP: the weights fit no GPU whole, so this rank loaded them on its CPU (every rank holds them); the Trainer "
     "shards the model onto the GPUs, and with training_arguments(plan)'s cpu_ram_efficient_loading accelerate "
     "sends each rank its part of rank 0's weights"
 )
 
 
-def _fsdp_sharded(plan: Plan) -> bool:
+def fsdp_sharded(plan: Plan) -> bool:
     """The plan's FSDP2 ranks each read only their own shards (cudaload.fastload.sharded.load_fsdp2)."""
     par = plan.parallelism
     return bool(
-        _fsdp_weights_on_cpu(plan)
+        fsdp_weights_on_cpu(plan)
         and par
         and par.config.get("sharded_load")
         and plan.load_path.choice == "fast"
     )
 
 
-def _load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], notes: list[str]) -> Any:
+def load_sharded(plan: Plan, auto_class: str, passthrough: Mapping[str, Any], notes: list[str]) -> Any:
     """load_fsdp2 as the Trainer's FSDP2 set-up would have left the model: under bf16, float32 master
     parameters (accelerate 1.15 utils/fsdp_utils.py:815-820 upcasts the trainable ones) computed in bf16
     (the MixedPrecisionPolicy accelerate builds from mixed_precision, utils/dataclasses.py:2135-2143), because
@@ -95,7 +95,7 @@ def _load_fsdp2_for_plan(
     # leaves alone: it upcasts trainable parameters only, 1.15 utils/fsdp_utils.py:816-820), the adapters are
     # float32 (peft's autocast_adapter_dtype). A full fine-tune: float32 masters, as accelerate's upcast gives.
     lora = plan.intent == "lora"
-    peft_config = _lora_config(plan) if lora else None
+    peft_config = lora_config(plan) if lora else None
     policy = None
     if want != "float32":
         bf = _torch_dtype(want)
@@ -106,7 +106,7 @@ def _load_fsdp2_for_plan(
     offload = CPUOffloadPolicy(pin_memory=cuda) if par is not None and par.choice == "fsdp2_offload" else None
     fsdp_config = dict((par.config.get("training_arguments") or {}).get("fsdp_config") or {}) if par else {}
     path = plan.model.local_path or plan.model.name
-    with _BUILD_LOCK:
+    with BUILD_LOCK:
         model = load_fsdp2(
             path,
             dtype=_torch_dtype(want) if lora else torch.float32,
@@ -137,7 +137,7 @@ def _load_fsdp2_for_plan(
     return model
 
 
-def _placed_shards(plan: Plan, loaded: Any) -> Plan:
+def placed_shards(plan: Plan, loaded: Any) -> Plan:
     """The plan placed the weights on the CPU for the whole-model fallback; after a sharded load they are this
     rank's shards, on its device (or in host memory under fsdp2_offload)."""
     dev = str(loaded.cudaload_fastload["device"])

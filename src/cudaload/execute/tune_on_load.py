@@ -7,7 +7,7 @@ from ..plans.plan import Plan
 from ..request import Request
 
 
-def _tuned_plan(req: Request, plan: Plan, caps: Capabilities) -> Plan:
+def tuned_plan(req: Request, plan: Plan, caps: Capabilities) -> Plan:
     """``load_model(tune=True)``: the plan again, with this GPU's measured attention timings for the work."""
     from ..model_info import model_info
     from ..planner import plan_request

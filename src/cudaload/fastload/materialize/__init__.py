@@ -44,7 +44,7 @@ from .checkpoint import (
     resolve_files,
     unsupported_config,
 )
-from .checkpoint import _step_aside as _step_aside  # the sharded loader steps aside with the same message
+from .checkpoint import step_aside as step_aside  # the sharded loader steps aside with the same message
 from .keys import KeyPlan, check_keys, plan_keys, torch_dtype
 from .loading import clear_tracebacks, load, supports
 from .skeleton import allocate, build_skeleton, finish, load_report, model_class

@@ -27,7 +27,7 @@ class StepAside(InvalidChoiceError):
     recording the reason in the plan's verified notes."""
 
 
-def _step_aside(root: str | os.PathLike[str], why: str) -> StepAside:
+def step_aside(root: str | os.PathLike[str], why: str) -> StepAside:
     return StepAside(
         f"fast loading steps aside for {os.fspath(root)}: {why}", fix="load it with from_pretrained"
     )
@@ -53,7 +53,7 @@ def load_options(path: str | os.PathLike[str], kwargs: Mapping[str, Any]) -> Loa
 
     blockers = fast_kwargs_blockers(kwargs)
     if blockers:
-        raise _step_aside(path, "; ".join(blockers))
+        raise step_aside(path, "; ".join(blockers))
     subfolder = kwargs.get("subfolder") or ""
     download = {
         "cache_dir": kwargs.get("cache_dir"),
@@ -157,9 +157,7 @@ def resolve_files(options: LoadOptions, config: Any) -> list[str]:
 
     path = options.path
     if os.path.isfile(os.path.join(path, options.subfolder, "adapter_config.json")):
-        raise _step_aside(
-            path, "adapter_config.json: from_pretrained loads the base model and a PEFT adapter"
-        )
+        raise step_aside(path, "adapter_config.json: from_pretrained loads the base model and a PEFT adapter")
     try:
         files, _ = _get_resolved_checkpoint_files(
             pretrained_model_name_or_path=path,
@@ -178,14 +176,14 @@ def resolve_files(options: LoadOptions, config: Any) -> list[str]:
         ) from None
     files = list(files or [])
     if not files or not all(str(f).endswith(".safetensors") for f in files):
-        raise _step_aside(
+        raise step_aside(
             path, f"the checkpoint is {[os.path.basename(str(f)) for f in files]}, not safetensors"
         )
     # transformers 5.24 also reads the config class's ``extra_files`` when present (modeling_utils.py
     # from_pretrained, "EXPERIMENTAL ... config.extra_files"): leave those to it.
     for extra in getattr(type(config), "extra_files", ()) or ():
         if os.path.isfile(os.path.join(path, options.subfolder, extra)):
-            raise _step_aside(path, f"the model class reads the extra weights file {extra}")
+            raise step_aside(path, f"the model class reads the extra weights file {extra}")
     return [str(f) for f in files]
 
 
@@ -213,13 +211,13 @@ def prepare(path: str | os.PathLike[str], kwargs: Mapping[str, Any]) -> Prepared
             raw = {}
         if isinstance(raw, dict) and raw.get("auto_map"):
             # checked before AutoConfig runs: with trust_remote_code=True it would import the repository's code
-            raise _step_aside(options.path, "config.json has an auto_map (remote code)")
+            raise step_aside(options.path, "config.json has an auto_map (remote code)")
     config, model_kwargs = read_config(
         options.path, trust_remote_code=options.trust_remote_code, **options.config_kwargs
     )
     reason = unsupported_config(config)
     if reason:
-        raise _step_aside(options.path, reason)
+        raise step_aside(options.path, reason)
     files = resolve_files(options, config)
     header = read_files(files, os.path.join(options.path, options.subfolder))  # every header check, here
     return Prepared(header, config, model_kwargs, options)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ...checkpoint_coverage import coverage_error
 from ...errors import DependencyError
 from ..reader import CheckpointHeader
-from .checkpoint import Prepared, _step_aside
+from .checkpoint import Prepared, step_aside
 
 if TYPE_CHECKING:
     import torch
@@ -148,17 +148,17 @@ def check_keys(keys: KeyPlan, prep: Prepared) -> None:
     """Step aside for keys only from_pretrained loads; fail as it fails on mismatched shapes."""
     root = prep.options.path
     if keys.needs_conversion:
-        raise _step_aside(
+        raise step_aside(
             root,
             f"{len(keys.needs_conversion)} checkpoint tensors need transformers' weight conversion "
             f"(e.g. {keys.needs_conversion[0]!r})",
         )
     if keys.unsupported_dtype:
-        raise _step_aside(
+        raise step_aside(
             root, f"tensors of a dtype the fast path does not copy: {keys.unsupported_dtype[:4]}"
         )
     if keys.extra_state:
-        raise _step_aside(root, f"module extra state is set by set_extra_state: {keys.extra_state[:4]}")
+        raise step_aside(root, f"module extra state is set by set_extra_state: {keys.extra_state[:4]}")
     if keys.mismatched_shapes and not prep.options.ignore_mismatched_sizes:
         # from_pretrained raises RuntimeError after its report (5.25 utils/loading_report.py:236-239,
         # log_state_dict_report); refused here before any storage is allocated, as a CheckpointCoverageError

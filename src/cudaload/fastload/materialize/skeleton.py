@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError, InvalidChoiceError
 from ..reader import CheckpointHeader, TensorInfo
-from .checkpoint import LoadOptions, _step_aside
+from .checkpoint import LoadOptions, step_aside
 from .keys import KeyPlan
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def finish(
         if t.device.type == "meta" and n not in waiting
     ]
     if leftover:
-        raise _step_aside(
+        raise step_aside(
             options.path, f"after loading, {len(leftover)} tensors are still on meta, e.g. {leftover[0]!r}"
         )
     model.eval()

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError, DependencyError
 from ..materialize import (
-    _step_aside,
     build_skeleton,
     check_keys,
     clear_tracebacks,
@@ -21,6 +20,7 @@ from ..materialize import (
     plan_keys,
     prepare,
     resolve_device,
+    step_aside,
     torch_dtype,
 )
 from .lora import _check_lora_sharding, _wrap_lora
@@ -170,7 +170,7 @@ def load_fsdp2(
         prep = prepare(path, from_pretrained_kwargs)
         root = prep.options.path
         if _fsdp_env_on():
-            raise _step_aside(
+            raise step_aside(
                 root,
                 "ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING are set: transformers' own FSDP loading "
                 "would zero the weights on all but local rank 0",
@@ -188,7 +188,7 @@ def load_fsdp2(
         if both:
             # from_pretrained ties them only when their values are equal, and leaves them untied when both are
             # on meta (transformers 5.17 modeling_utils.py:2553-2573): the skeleton cannot decide it
-            raise _step_aside(root, f"the checkpoint holds both sides of tied weights ({both[0]})")
+            raise step_aside(root, f"the checkpoint holds both sides of tied weights ({both[0]})")
         # what from_pretrained keeps for save_pretrained (5.17 core_model_loading.py:1795-1798)
         model._weight_conversions = [c for c in keys.conversions if c.was_used()]
         info = _finish_on_meta(model, keys, prep, dev, dtype)
@@ -245,7 +245,7 @@ def load_fsdp2(
                         staging.fill_cpu(targets, sources, threads=threads, buffer_bytes=buffer_bytes)
             t_fill = time.perf_counter()
             if not isinstance(model, FSDPModule):  # fully_shard on the root makes it one
-                raise _step_aside(root, "fully_shard did not make the root an FSDPModule")
+                raise step_aside(root, "fully_shard did not make the root an FSDPModule")
         except Exception as e:
             failure = e
         vote.agree(failure, 0, "sharding and reading the weights")

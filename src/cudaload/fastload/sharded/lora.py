@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import DependencyError
-from ..materialize import _step_aside
+from ..materialize import step_aside
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,7 @@ def _wrap_lora(
         ) from None
     blockers = _lora_blockers(cfg)
     if blockers:
-        raise _step_aside(root, f"the LoRA configuration: {'; '.join(blockers)}")
+        raise step_aside(root, f"the LoRA configuration: {'; '.join(blockers)}")
     before = {id(p) for p in model.parameters()}
     # ``wrap``: load_model passes its checked get_peft_model (execute.adapters: peft's errors translated at the
     # boundary, a task type for another model refused); called directly, peft's own
@@ -99,7 +99,7 @@ def _wrap_lora(
     # anything else new (a copy of a base module, a magnitude vector) would be left on meta, never read
     other = [n for n, p in wrapped.named_parameters() if id(p) not in before and id(p) not in made]
     if other:
-        raise _step_aside(root, f"peft added parameters that are not LoRA weights: {other[:4]}")
+        raise step_aside(root, f"peft added parameters that are not LoRA weights: {other[:4]}")
     return wrapped, len(made)
 
 
@@ -113,7 +113,7 @@ def _check_lora_sharding(root: str, peft_config: Any, world: int) -> None:
     if min(ranks) < world:
         # some ranks' lora_A shards would be empty; accelerate 1.15 maps the optimizer's parameters to the
         # sharded ones by data_ptr (utils/fsdp_utils.py:670-698), which empty shards share
-        raise _step_aside(
+        raise step_aside(
             root,
             f"LoRA rank r={min(ranks)} below the {world} ranks: empty adapter shards, which accelerate's optimizer "
             "swap cannot tell apart",

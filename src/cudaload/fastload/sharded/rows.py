@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigurationError
-from ..materialize import KeyPlan, _step_aside
+from ..materialize import KeyPlan, step_aside
 from ..reader import TensorInfo
 
 
@@ -84,19 +84,19 @@ def _plan_shards(
     for name, src in keys.load.items():
         t = params.get(name, buffers.get(name))
         if t is None:
-            raise _step_aside(root, f"{name!r} is neither a parameter nor a buffer after sharding")
+            raise step_aside(root, f"{name!r} is neither a parameter nor a buffer after sharding")
         if id(t) in seen:
             continue  # one tensor under two names: read once
         seen.add(id(t))
         info = tensors[src]
         if isinstance(t, DTensor):
             if tuple(t.placements) != (Shard(0),):
-                raise _step_aside(root, f"{name!r} is sharded as {t.placements}, not on dim 0")
+                raise step_aside(root, f"{name!r} is sharded as {t.placements}, not on dim 0")
             local = t._local_tensor
             start, stop = shard_rows(info.shape[0], world, rank)
             expect = (stop - start, *info.shape[1:])
             if tuple(local.shape) != expect or not local.is_contiguous():
-                raise _step_aside(
+                raise step_aside(
                     root,
                     f"{name!r}: FSDP2 gave rank {rank} a local shard of {tuple(local.shape)}, "
                     f"rows {start}:{stop} of {info.shape} expected",
@@ -105,6 +105,6 @@ def _plan_shards(
                 out.append(_Shard(name, local, _rows_info(info, start, stop)))
         else:
             if math.prod(t.shape) and not t.is_contiguous():
-                raise _step_aside(root, f"buffer {name!r} is not contiguous")
+                raise step_aside(root, f"buffer {name!r} is not contiguous")
             out.append(_Shard(name, t, info))
     return out

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError
-from ..materialize import KeyPlan, StepAside, _step_aside, allocate, finish
+from ..materialize import KeyPlan, StepAside, allocate, finish, step_aside
 from .rows import _local
 
 if TYPE_CHECKING:
@@ -57,13 +57,13 @@ def _checkpoint_layers(model: Any, layers: list[Any], *, keep_names: bool = Fals
 def _check_shardable(model: Any, root: str) -> list[Any]:
     layers = _layer_modules(model)
     if not layers:
-        raise _step_aside(
+        raise step_aside(
             root, "the model declares no decoder layer classes (_no_split_modules) for FSDP2 to shard by"
         )
     scalars = [n for n, p in model.named_parameters() if p.ndim == 0]
     if scalars:
         # FSDP2 shards dim 0 and rejects a 0-dim parameter (torch 2.13 _fsdp_param.py:276-279)
-        raise _step_aside(root, f"0-dim parameters FSDP2 cannot shard: {scalars[:4]}")
+        raise step_aside(root, f"0-dim parameters FSDP2 cannot shard: {scalars[:4]}")
     return layers
 
 
@@ -80,11 +80,11 @@ def _check_shared_within_units(model: Any, layers: list[Any], root: str) -> None
     for i, layer in enumerate(layers):
         subs = {id(m) for m in layer.modules()}
         if subs & inside or id(layer) in inside:
-            raise _step_aside(root, f"decoder layer classes nest ({type(layer).__name__} in another)")
+            raise step_aside(root, f"decoder layer classes nest ({type(layer).__name__} in another)")
         inside |= subs
         for p in layer.parameters():
             if unit.setdefault(id(p), i) != i:
-                raise _step_aside(
+                raise step_aside(
                     root, "a parameter is shared by two decoder layers: sharding per layer would cut it"
                 )
     for name, module in model.named_modules():
@@ -92,7 +92,7 @@ def _check_shared_within_units(model: Any, layers: list[Any], root: str) -> None
             continue
         for leaf, p in module.named_parameters(recurse=False):
             if id(p) in unit:
-                raise _step_aside(
+                raise step_aside(
                     root,
                     f"{name}.{leaf} is tied to a parameter of a decoder layer class ({type(layers[unit[id(p)]]).__name__}"
                     ", one of _no_split_modules): sharding per layer would cut the tie",
@@ -114,7 +114,7 @@ def _finish_on_meta(model: Any, keys: KeyPlan, prep: Any, dev: torch.device, dty
     except (StepAside, ConfigurationError):
         raise
     except Exception as e:  # e.g. a model's _init_weights that reads values: it needs real tensors
-        raise _step_aside(
+        raise step_aside(
             prep.options.path, f"finishing the load on the meta device failed ({type(e).__name__}: {e})"
         ) from e
 
