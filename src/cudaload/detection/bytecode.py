@@ -6,9 +6,9 @@ Python imports a module from its cached bytecode (``__pycache__/NAME.cpython-XY.
 compiles a wheel's modules when it installs them; ``uv pip install`` does not unless asked
 (``--compile-bytecode``), and container images often set ``PYTHONDONTWRITEBYTECODE=1``. With both, every new
 process compiles torch's and transformers' modules from source again: on the H200 machine (uv-built, torch
-without caches, the variable set) a fresh process compiled 1,717 modules (run 22), and a fresh 8B
-``load_model()`` took 14.84 s, 9.07 s with the caches ``cudaload precompile`` writes; plain ``from_pretrained``
-16.48 / 11.17 s (run 23, n=4 interleaved; benchmarks/results/2026-12-01-h200/README.md).
+without caches, the variable set) a fresh process compiles 1,717 modules, and a fresh 8B ``load_model()`` takes
+14.84 s, 9.07 s with the caches ``cudaload precompile`` writes; plain ``from_pretrained`` 16.48 / 11.17 s (n=4
+interleaved; measured: benchmarks/results/2026-12-01-h200/README.md).
 
 :func:`probe` looks, with a few ``stat`` calls and 16-byte reads and without importing anything, at a fixed
 sample of modules every load imports; :func:`finding_text` turns the result into a detection finding.

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 PADDINGS = ("none", "ones", "left")
 #: first token id of the random prompts: ids below it are the tiny tokenizers' specials (pad/bos/eos)
 FIRST_ID = 4
-#: the prompts' seed: the same batch benchmarks/run.py's choice worker builds (run 9)
+#: the prompts' seed: the same batch benchmarks/run.py's choice worker builds
 PROMPT_SEED = 1234
 
 

@@ -4,11 +4,11 @@
 Why: transformers' ``_sample`` decides whether to stop with ``bool(unfinished_sequences.max() == 0)`` after every
 token (5.17 generation/utils.py:380-383, ``StopCheck``), so the host waits for the GPU each step and the GPU then
 waits while Python prepares the next step (the inputs, dynamo's guards, the CUDA-graph replay). With a compiled
-step that gap is a quarter of a token's time on the H200 (run43's profile: ~2 ms of host against 5.5 ms of GPU
-work). transformers already has the cure, ``DeferredStopCheck`` (5.17 generation/utils.py:390-479: copy the flag
+step that gap is a quarter of a token's time on the H200 (~2 ms of host against 5.5 ms of GPU work, measured:
+benchmarks/results/2026-12-03-h200/README.md). transformers already has the cure, ``DeferredStopCheck`` (5.17 generation/utils.py:390-479: copy the flag
 asynchronously, read it one step later, undo the one extra step where a sequence stopped early), but switches it
 on for ``mps`` only (``is_supported``, :435-437: "we should enable it for cuda if we observe perf gains").
-cudaload measured that gain for its compiled plans (benchmarks/results, run46), so their ``generate()`` runs it.
+The gain holds for cudaload's compiled plans (same README), so their ``generate()`` runs it.
 
 How, without patching transformers: ``generate(custom_generate=callable)`` is transformers' public hook for a
 decoding loop ("generate will perform the usual input preparation steps, then call the provided callable";

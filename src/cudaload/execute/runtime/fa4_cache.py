@@ -4,7 +4,7 @@ Why: FA4 compiles its kernels with CuTe DSL at the first call of each kernel con
 new process on the H200, and keeps them only in memory unless ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1``
 (flash-attn-4 4.0.0b36 flash_attn/cute/cache_utils.py:33-34; off by default, line 34's ``"0"``). With it on,
 the second process loaded the compiled kernels in 0.55 s instead of paying 3.6 s
-(/work/shared/device/README.md, 2026-11-30). Without ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` the cache lives in
+(measured: /work/shared/device/README.md). Without ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` the cache lives in
 ``/tmp/$USER/flash_attention_cute_dsl_cache`` (cache_utils.py:37-47), which a reboot or a tmp cleaner
 empties; cudaload's cache directory persists. Stale kernels are not a risk: FA4 namespaces the cache by a
 fingerprint of its own sources, the Python minor version and the cutlass / tvm_ffi versions

@@ -2,10 +2,10 @@
 
 In a fresh process the first GPU work pays for the CUDA context and the first GEMM's set-up (cuBLAS handle and
 workspace, lazily loaded kernels): 0.41-0.58 s on the H200 after transformers is imported, serially. Started on
-a thread right after detection, the same work finished inside the 6-7 s import and did not slow it
-(benchmarks/investigations/bench_init_overlap.py, results/2026-12-01-h200 run 16: time from process start until
-transformers is imported and one bf16 GEMM has run, 4 fresh processes each, interleaved: the serial processes
-waited 0.41-0.58 s after the import, the threaded ones 0.00 s; the import itself took the same time).
+a thread right after detection, the same work finishes inside the 6-7 s import and does not slow it: time from
+process start until transformers is imported and one bf16 GEMM has run, fresh processes interleaved, is 0.41-0.58 s
+after the import serially and 0.00 s threaded, the import itself unchanged (measured with
+benchmarks/investigations/bench_init_overlap.py: benchmarks/results/2026-12-01-h200/README.md).
 
 Started only in a process where CUDA is not initialised yet, and only when the GPU the model will load onto
 is known before planning: cuda:LOCAL_RANK under torchrun,
@@ -102,7 +102,7 @@ def start(caps: Capabilities, device_map: Any) -> GpuStart | None:
     # module locks, and Python's way out hands one of them a half-made torch: torch._C._c10d_init() then aborts
     # the process ("terminate called after throwing an instance of 'python_error'"). The caller needs torch
     # next anyway (torch.distributed, transformers): the thread still overlaps the rest of the imports, as in
-    # the measured arrangement (run 16).
+    # the measured arrangement.
     import torch
 
     if caps.cuda_initialized or torch.cuda.is_initialized():

@@ -8,11 +8,11 @@ before it imports anything heavy, so it starts a :class:`Prefetch` first: backgr
 loader reads, the bytes are in the page cache. With a warm cache every page is found present and nothing is
 copied.
 
-Reading rather than advising: an earlier ``willneed`` mode (``posix_fadvise(POSIX_FADV_WILLNEED)``, no copy)
-was measured on the H200 (benchmarks/results/2026-12-01-h200, run 6: 8B bf16, cold page cache, fresh
-processes, interleaved) at 24.81 s to the first forward against 14.20 s for reading and 23.58 s for plain
-``from_pretrained``: the kernel throttles the readahead it queues, and the loader's own reads then wait behind
-it. It was removed (issue 29); threads that read keep the disk busy at its rate.
+Reading rather than advising: advice (``posix_fadvise(POSIX_FADV_WILLNEED)``, no copy) takes 24.81 s to the
+first forward on the H200 against 14.20 s for reading and 23.58 s for plain ``from_pretrained`` (8B bf16, cold
+page cache, fresh processes, interleaved; benchmarks/results/2026-12-01-h200/README.md): the kernel throttles the
+readahead it queues, and the loader's own reads then wait behind it. Threads that read keep the disk busy at its
+rate (issue 29).
 
 Safety: never more than half the memory the kernel reports available is asked for (beyond that the
 prefetch would evict its own pages before they are used); the threads are daemons that stop at the first

@@ -22,7 +22,7 @@ A compiled decode step (generate()'s static-cache path: one query per sequence, 
 slot of the cache) runs :func:`grouped_decode_attention` instead: transformers' sdpa would repeat the key/value
 heads (a mask rules out ``enable_gqa``, sdpa_attention.py:27-36) and torch then sends the call to the
 memory-efficient kernel, which scans every slot with one block per head. Measured on the H200 (8B layer, bf16,
-CUDA graphs; benchmarks/results/2026-12-03-h200/run42-decode-attention): 64 / 251 / 492 us a layer at 1,024 /
+CUDA graphs; benchmarks/results/2026-12-03-h200/README.md): 64 / 251 / 492 us a layer at 1,024 /
 4,096 / 8,192 slots, 18 ms of a decode step's 22 at 8,192, against 8 / 14 / 22 us grouped, near flash over the
 valid slots alone (9 / 15 / 18 us).
 
