@@ -6,7 +6,7 @@ cache lengths fit in memory.
 
 The compile is the price: ~58 s cold, 11-13 s from cudaload's saved artifacts on the H200 for the 8B shape,
 against decode steps ~5.5x faster after it (6.0-6.3 ms at 2,048 slots, 6.2 at 6,144, a process's first calls
-8-10, against the dynamic path's 30-44 ms; benchmarks/results/2026-12-03-h200, runs 43-47: the compiled step runs
+8-10, against the dynamic path's 30-44 ms; measured: benchmarks/results/2026-12-03-h200/README.md; the compiled step runs
 cudaload_sdpa's grouped decode attention, :mod:`cudaload.execute.runtime.sdpa_decode`, and generate() reads its stop one step
 late, :mod:`cudaload.execute.runtime.decode_loop`). So:
 
@@ -75,9 +75,9 @@ MARGIN = 0.10
 BUCKET_MIN = 1024
 #: above this bucket the buckets grow by :data:`BUCKET_STEP` instead of doubling: the compiled step's time grows
 #: with the static cache's slots, used or not (H200, 8B, grouped decode attention: ~0.1 ms per 1,000 slots in
-#: run42's kernel timings, below the calls' noise: 6.0-6.3 ms/token at 2,048 slots, 6.2 at 6,144, runs 46-47;
-#: 1.6 ms per 1,000 with sdpa's memory-efficient kernel before it, benchmarks/results/2026-12-03-h200 runs
-#: 41-44), and a doubled bucket holds twice the static cache's memory
+#: the kernel timings, below the calls' noise: 6.0-6.3 ms/token at 2,048 slots, 6.2 at 6,144; 1.6 ms per 1,000
+#: with sdpa's memory-efficient kernel; benchmarks/results/2026-12-03-h200/README.md), and a doubled bucket holds
+#: twice the static cache's memory
 BUCKET_DOUBLING_UNTIL = 4096
 #: a decode measurement speaks for models whose weights are within this factor of the measured model's
 SCALE_LIMIT = 4.0

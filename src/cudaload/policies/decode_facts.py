@@ -118,8 +118,9 @@ class DecodeFacts:
     def compiled_ms_at(self, max_cache_len: int) -> float:
         """ms per new token of the compiled static cache of ``max_cache_len`` slots (its attention reads every
         slot): linear between the measured lengths, extended past the longest along the last segment where it
-        rises (the compiled side's cost grows, the cautious direction) and held flat where it fell (run47's 6,144
-        slots measured 6.2 ms against the 2,048 slots' 6.7 mean, whose samples include a process's first calls),
+        rises (the compiled side's cost grows, the cautious direction) and held flat where it falls (6,144 slots
+        measure 6.2 ms against the 2,048 slots' 6.7 mean, whose samples include a process's first calls; the
+        record's ``source`` in tuning/priors.json),
         the shortest's below it."""
         return _interpolate(_averaged(self.compiled_ms), max_cache_len, extrapolate=True)
 

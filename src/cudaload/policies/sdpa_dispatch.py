@@ -48,13 +48,13 @@ NAMES = (SDPA_DECODE, SDPA_NO_CUDNN)
 RECUR = 2
 #: a decode step's shape (one query per sequence) with a padding mask: sdpa repeats the key/value heads and runs
 #: the memory-efficient kernel, which cuDNN beats by ~31 us a layer at 1,024 slots (13.5 against 44.5 us, H200,
-#: benchmarks/results/2026-12-03-h200/run42-decode-attention): a 40-60 ms graph build pays back after ~45 more
-#: meetings of the shape, so cuDNN only from this many: a judgement from those kernel timings, not measured
-#: through generate(). (With RECUR, the third generate() of one prompt length paid a build on every decode step:
-#: 85 ms a token against 36 in run43's short job, fresh processes; 45 with these thresholds, run44.)
+#: benchmarks/results/2026-12-03-h200/README.md): a 40-60 ms graph build pays back after ~45 more meetings of
+#: the shape, so cuDNN only from this many: a judgement from those kernel timings, not measured through
+#: generate(). RECUR alone is too few here: the third generate() of one prompt length would pay a build on every
+#: decode step (85 ms a token against 36 for a short job in fresh processes, 45 with this threshold; same README).
 RECUR_MASKED_DECODE = 64
 #: an unmasked decode step runs flash with GQA, which cuDNN beats by only 1.6-7 us a layer (7.7 against 9.3 us at
-#: 682 keys, 11 against 18 at 5,461; run42): a build pays back after 160-1,000 meetings of one length, more than a
+#: 682 keys, 11 against 18 at 5,461; same README): a build pays back after 160-1,000 meetings of one length, more than a
 #: job meets. Never cuDNN there.
 
 
