@@ -5,9 +5,9 @@ when the caller has them, else the cheapest safe default.
    shipped prior): the valid measured backend with the least ``timings[b] + first-use seconds not yet paid``.
 2. No timings (no declared work, or nothing measured for it): never pay seconds for nothing, and never do
    worse than plain transformers, whose default is sdpa. Which backend wins generate() depends on the work:
-   on the H200 (transformers 5.17) sdpa won 4 of 7 shapes in the 2026-11-30 table (best of 2-3 calls) but few
-   in the 2026-12-01 run (benchmarks/results/2026-12-01-h200/README.md), where first calls met new decode
-   lengths and torch 2.11's cuDNN SDPA built a plan for each (40-60 ms); FA4 costs 2.7-9.7 s of import plus
+   on the H200 (transformers 5.17) sdpa wins 4 of 7 shapes at the best of 2-3 calls but few where first calls
+   meet new decode lengths and torch 2.11's cuDNN SDPA builds a plan for each (40-60 ms;
+   benchmarks/results/2026-12-01-h200/README.md); FA4 costs 2.7-9.7 s of import plus
    ~3 s of JIT in every fresh process. So sdpa where valid; where it is not (soft-capping, models without SDPA), an
    ahead-of-time compiled flash build (no JIT) or eager.
 2b. Training (no timings: those are generate() seconds) is a different question: the backends measured for

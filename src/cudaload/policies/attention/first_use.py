@@ -18,7 +18,7 @@ class FirstUse:
     source: str
 
 
-#: Measured on the H200 (/work/shared/device/README.md, "Measured there (2026-11-30)"): ``import
+#: Measured on the H200 (/work/shared/device/README.md, "Measured there"): ``import
 #: flash_attn.cute`` 9.7 s on cold files, ~2.7 s warm; the CuTe DSL JIT ~3 s in every new process, 0.55 s
 #: once its disk cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) holds the kernels.
 FA4_IMPORT_WARM_S = 2.7

@@ -36,7 +36,7 @@ VARLEN = frozenset({*FLASH_PACKAGE, *HUB_KERNEL.values(), TORCH_VARLEN})
 #: Declared work of one sequence up to this many tokens (prompt + new) is decode-bound: each new token costs
 #: one attention call per layer and the host-side cost of the call decides. Measured on the H200, Qwen3-8B
 #: shape, generate() with three backends loaded at once and interleaved (/work/shared/device/README.md,
-#: "Measured there (2026-11-30)"): 1 x 512 + 32 tokens, eager 1.03 s, sdpa 1.07 s, FA4 1.84 s; at 1 x 4096
+#: "Measured there"): 1 x 512 + 32 tokens, eager 1.03 s, sdpa 1.07 s, FA4 1.84 s; at 1 x 4096
 #: + 64 sdpa won (2.37 s vs eager 2.63 s), so the rule stops well below that.
 SHORT_DECODE_MAX_TOKENS = 1024
 

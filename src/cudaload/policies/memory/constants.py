@@ -90,7 +90,7 @@ ADAFACTOR_STEP_FP32_COPIES = 4
 
 #: Tied input embedding and output head, every parameter trained: the head's gradient is the tied weight's
 #: ``.grad`` from the start of backward, and the embedding's dense gradient (vocab x hidden) arrives at its
-#: end, when every other gradient exists, and is accumulated into it. Measured on the H200 (run7-memtrain2,
+#: end, when every other gradient exists, and is accumulated into it. Measured on the H200 (benchmarks/results/2026-12-01-h200/run7-memtrain2,
 #: Qwen3-0.6B shape, tied, 512 tokens, where this phase is the peak): with bf16 weights sgd, paged 8-bit AdamW
 #: and 8-bit AdamW peaked 0.66-0.70 GiB above weights + gradients + optimizer states + one layer, with fp32
 #: master weights (fused AdamW) 0.58 GiB: about one fp32 vocab x hidden matrix (0.58 GiB) whatever the

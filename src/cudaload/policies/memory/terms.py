@@ -285,7 +285,7 @@ def _training_phases(info: ModelInfo, shape: MemoryShape, r: _Resolved) -> tuple
         step=r.step,
         # QLoRA: bitsandbytes' Linear4bit computes in bf16 but returns its input's dtype (bitsandbytes 0.50.2
         # nn/modules.py:626,637, ``.to(inp_dtype)``), and the input is the fp32 norms' output,
-        # so every activation is fp32 (H200 run1-memtrain: 8B QLoRA without checkpointing at 2048 tokens
+        # so every activation is fp32 (benchmarks/results/2026-12-01-h200/run1-memtrain: 8B QLoRA without checkpointing at 2048 tokens
         # peaked 59.9 GiB, 0.64 of the estimate with bf16 activations)
         act_bytes=4 if r.kbit_prepared else r.b,
         resid_bytes=4 if (r.kbit_prepared or r.master) else r.b,

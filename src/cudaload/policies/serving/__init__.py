@@ -10,7 +10,7 @@ decides the values of those fields and why, and the model is handed to transform
 Decided here, each as a :class:`~cudaload.plans.Decision` with every candidate:
 
 * ``attention``: a paged flash form when one is usable here (measured on the H200: paged flash_attention_4
-  served 3.5-5.3x the tokens/s of paged sdpa, run10-serving-fa4-t522), else the paged form of the attention
+  served 3.5-5.3x the tokens/s of paged sdpa, benchmarks/results/2026-12-01-h200/run10-serving-fa4-t522), else the paged form of the attention
   decision's choice. The attention decision weighs one ``generate()`` batch, where masks and padding pick the
   winner; continuous batching attends per request with flash and through one dense mask with sdpa/eager, so for
   intent="serving" the planner loads the implementation whose paged form serves. flash-attn-4's paged form needs

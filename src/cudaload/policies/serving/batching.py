@@ -34,7 +34,7 @@ BLOCK_SIZES = (256, 128, 64, 32, 16)
 
 #: Host time to launch one decoder layer's kernels in an eager forward on the H200 host (torch 2.11 + cu130):
 #: generate() at batch 1 ran ~60 ms a token for the 28-layer Qwen3-0.6B shape and ~87 ms (11.5 tok/s) for the
-#: 36-layer 8B shape, both against a < 4 ms bandwidth floor (/work/shared/device/README.md, 2026-11-29), i.e.
+#: 36-layer 8B shape, both against a < 4 ms bandwidth floor (measured: /work/shared/device/README.md), i.e.
 #: ~2.1-2.4 ms per layer of launch-bound host work. A measured figure passed as ``launch_s_per_layer`` wins.
 H200_LAUNCH_S_PER_LAYER = 2.0e-3
 #: What the masked paged path measured on the H200 (torch 2.11, transformers 5.17, no flash-attn; 64 requests,
