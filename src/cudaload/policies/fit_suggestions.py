@@ -27,7 +27,7 @@ class Suggestion:
     (``gpus``: how many GPUs like the first one), ``text`` what the error says."""
 
     kind: str
-    value: Any
+    value: str | int | bool
     text: str
     seq_len: int | None = None  # a GPU count that holds only with a shorter sequence says so
 

@@ -228,7 +228,10 @@ def measured_timings(e: Entry, declared: Work, distance: float) -> Timings:
 
 
 def _nearest(
-    entries: Iterable[Entry], want: WorkBucket, sig: AttentionSignature, rank: Any = None
+    entries: Iterable[Entry],
+    want: WorkBucket,
+    sig: AttentionSignature,
+    rank: Callable[[Entry], tuple[bool, ...]] | None = None,
 ) -> tuple[Entry, float] | None:
     best: tuple[tuple[float, ...], Entry, float] | None = None
     for e in entries:
