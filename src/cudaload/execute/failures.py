@@ -81,21 +81,21 @@ def translate(exc: BaseException, where: str) -> CudaloadError:
     text = f"{type(exc).__name__}: {exc}"
     low = text.lower()
     if _is(exc, _classes("torch", "OutOfMemoryError") + _classes("torch.cuda", "OutOfMemoryError")):
-        return _out_of_memory(where, text)
+        return _error("memory", where, text)
     if _is(exc, _classes("safetensors", "SafetensorError")):
-        return _corrupt(where, text)
+        return _error("corrupt", where, text)
     gated = _classes("huggingface_hub.errors", "GatedRepoError")
     if _is(exc, _not_found_classes()) and not _is(exc, gated):
-        return _not_found(where, text)
+        return _error("not_found", where, text)
     if isinstance(exc, ImportError):
-        return _missing_package(where, text)
+        return _error("package", where, text)
     # out of memory outside torch's caching allocator (a CUDA library's own allocation, NCCL, a kernel
     # package) arrives as a plain RuntimeError with only this text
     if "out of memory" in low:
-        return _out_of_memory(where, text)
+        return _error("memory", where, text)
     # a safetensors error re-raised by other code without ``from`` keeps only safetensors' words
     if "safetensor" in low or ("header" in low and "deserializ" in low) or "incomplete metadata" in low:
-        return _corrupt(where, text)
+        return _error("corrupt", where, text)
     # transformers has no class for an unknown model type: a ValueError (or the KeyError of its mapping)
     # whose text names it (5.17-5.25 models/auto/configuration_auto.py ``AutoConfig``)
     if "unrecognized model" in low or ("model_type" in low and "key" in low):
@@ -109,42 +109,39 @@ def translate(exc: BaseException, where: str) -> CudaloadError:
         or "can't load" in low
         or "offline" in low
     ):
-        return _not_found(where, text)
-    return LoadError(
-        f"{where} failed", reasons=[text], fix="see the reason above; rerun with -v for the plan"
-    )
+        return _error("not_found", where, text)
+    return _error("other", where, text)
 
 
-def _out_of_memory(where: str, text: str) -> CudaloadError:
-    return DoesNotFitError(
-        f"{where} ran out of GPU memory",
-        reasons=[text],
-        fix="quantize (quantization='nf4'), shorten seq_len, add GPUs, or free memory held by other processes",
-    )
+#: each failure cudaload names: its error class, the message after ``where``, and the fix
+_KINDS: dict[str, tuple[type[CudaloadError], str, str]] = {
+    "memory": (
+        DoesNotFitError,
+        " ran out of GPU memory",
+        "quantize (quantization='nf4'), shorten seq_len, add GPUs, or free memory held by other processes",
+    ),
+    "corrupt": (
+        CheckpointError,
+        ": the checkpoint is corrupt or truncated",
+        "re-download or re-save the checkpoint (a partial download leaves truncated .safetensors files)",
+    ),
+    "not_found": (
+        ModelNotFoundError,
+        ": model files not found",
+        "check the path, or download the model once with network access (it is then used offline)",
+    ),
+    "package": (
+        DependencyError,
+        " needs a package that is missing or broken",
+        "install the package named above, or choose another option",
+    ),
+    "other": (LoadError, " failed", "see the reason above; rerun with -v for the plan"),
+}
 
 
-def _corrupt(where: str, text: str) -> CudaloadError:
-    return CheckpointError(
-        f"{where}: the checkpoint is corrupt or truncated",
-        reasons=[text],
-        fix="re-download or re-save the checkpoint (a partial download leaves truncated .safetensors files)",
-    )
-
-
-def _not_found(where: str, text: str) -> CudaloadError:
-    return ModelNotFoundError(
-        f"{where}: model files not found",
-        reasons=[text],
-        fix="check the path, or download the model once with network access (it is then used offline)",
-    )
-
-
-def _missing_package(where: str, text: str) -> CudaloadError:
-    return DependencyError(
-        f"{where} needs a package that is missing or broken",
-        reasons=[text],
-        fix="install the package named above, or choose another option",
-    )
+def _error(kind: str, where: str, text: str) -> CudaloadError:
+    cls, what, fix = _KINDS[kind]
+    return cls(f"{where}{what}", reasons=[text], fix=fix)
 
 
 def _unknown_model_type(where: str, text: str) -> CudaloadError:
