@@ -326,7 +326,9 @@ def _fresh(code: str) -> str:
 
 
 def test_explain_does_not_import_plans() -> None:
-    assert _fresh("import sys, cudaload.plans.explain; print('cudaload.plans.plan' in sys.modules)") == "False"
+    assert (
+        _fresh("import sys, cudaload.plans.explain; print('cudaload.plans.plan' in sys.modules)") == "False"
+    )
 
 
 def test_hub_kernels_names_stay_importable_and_cheap() -> None:

@@ -653,7 +653,8 @@ def test_tune_command_refuses_a_seq_len_with_no_prompt(
     from cudaload.errors import ConfigurationError
     from cudaload.execute.measure import add_tune_parser
 
-    tune_module = importlib.import_module("cudaload.execute.measure.tune")  # the package's `tune` is the function
+    # the package's `tune` is the function
+    tune_module = importlib.import_module("cudaload.execute.measure.tune")
     called: list[dict[str, Any]] = []
     monkeypatch.setattr(tune_module, "tune", lambda *a, **kw: called.append(kw))
     parser = argparse.ArgumentParser()
