@@ -11,10 +11,13 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +149,13 @@ def run(
 
 
 def _generate(
-    model: Any, tok: Any, inputs: Any, prompt: str, max_new_tokens: int, device: Any, say: Any
+    model: Any,
+    tok: Any,
+    inputs: Mapping[str, torch.Tensor],
+    prompt: str,
+    max_new_tokens: int,
+    device: torch.device,
+    say: Callable[[str], None],
 ) -> None:
     import torch
 
@@ -163,7 +172,13 @@ def _generate(
     say(f'  "{prompt}" -> "{text}"')
 
 
-def _features(model: Any, inputs: Any, prompt: str, device: Any, say: Any) -> None:
+def _features(
+    model: Any,
+    inputs: Mapping[str, torch.Tensor],
+    prompt: str,
+    device: torch.device,
+    say: Callable[[str], None],
+) -> None:
     """An encoder has no ``generate``: one forward pass, mean-pooled over the tokens (feature extraction)."""
     import torch
 
