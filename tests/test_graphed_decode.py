@@ -220,3 +220,16 @@ def test_on_a_gpu_the_step_is_captured_once_and_gives_the_dynamic_tokens(tiny_mo
     # cache before is dropped
     assert len(graphs.captures) == 2 and all("seconds" in c for c in graphs.captures), graphs.captures
     assert len(graphs.graphs) == 1
+
+
+def test_a_record_without_graphed_figures_borrows_those_of_its_architecture() -> None:
+    from cudaload.policies.decode_facts import with_graphed
+
+    h100 = _facts().facts
+    h200 = DecodeFacts.from_dict({**_facts(graphed=None).facts.to_dict(), "gpu": "NVIDIA H200/sm90"})
+    got = with_graphed(h200, [h200, h100])
+    assert got.graphed and got.graphed_from == h100.gpu_name and got.graphed_ms == h100.graphed_ms
+    assert DecodeFacts.from_dict(got.to_dict()) == got  # the per-call plan carries it as a dict
+    other = DecodeFacts.from_dict({**h200.to_dict(), "gpu": "NVIDIA A100/sm80"})
+    assert not with_graphed(other, [other, h100]).graphed  # another architecture lends nothing
+    assert with_graphed(h100, [h100]) is h100

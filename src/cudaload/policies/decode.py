@@ -35,7 +35,7 @@ from ..errors import InvalidChoiceError
 from ..model_info import ModelSummary
 from ..plans.decision import Candidate, Decision
 from ..plans.decode import DecodePlan, DecodeWork, PerCallDecode
-from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled
+from .decode_facts import DecodeFacts, QuantDecodeCost, Scaled, decode_facts_for, scaled, with_graphed
 from .decode_query import DecodeCosts, DecodeModel, DecodeQuery, Placement, RequestedDecode, StaticCache
 from .dtype import dtype_bytes
 from .sdpa_dispatch import COMPILED_STEP_REVISION
@@ -207,6 +207,7 @@ def scaled_facts(
     f = decode_facts_for(caps, facts)
     if f is None:
         return None
+    f = with_graphed(f, facts)
     weights = int(model.params * dtype_bytes(dtype))
     if model.is_moe:
         return None  # a token reads only its routed experts: the dense record's time per weight byte does not apply
@@ -386,7 +387,13 @@ def _mode_and_why(
             + (
                 f"a static cache with the step replayed as a CUDA graph where its ~{facts.capture_s():.2f} s "
                 f"capture pays ({facts.graphed_ms(4096):.1f} against {facts.dynamic_ms(1024):.1f} ms a step "
-                "dynamic, 4,096 slots), and with the compiled step "
+                "dynamic, 4,096 slots"
+                + (
+                    f"; the graphed figures are the {facts.facts.graphed_from}'s"
+                    if facts.facts.graphed_from
+                    else ""
+                )
+                + "), and with the compiled step "
                 if facts.facts.graphed
                 else "a static cache with the compiled step "
             )

@@ -12,6 +12,7 @@ said in the reasons wherever they are not 1.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class DecodeFacts:
     quantized_work: str = ""
     graphed_ms: tuple[tuple[int, float], ...] = ()
     capture_s: float | None = None
+    graphed_from: str = ""  # another GPU's record the graphed figures come from ("": this one's)
 
     @property
     def gpu_name(self) -> str:
@@ -81,6 +83,7 @@ class DecodeFacts:
             quantized_work=str(d.get("quantized_work") or ""),
             graphed_ms=tuple(sorted((int(n), float(ms)) for n, ms in d.get("graphed_ms_per_token") or ())),
             capture_s=None if d.get("graph_capture_s") is None else float(d["graph_capture_s"]),
+            graphed_from=str(d.get("graphed_from") or ""),
         )
         if not out.dynamic_ms or not out.compiled_ms or out.weight_bytes <= 0 or out.layers <= 0:
             raise ValueError("a decode record needs dynamic and compiled timings, weight_bytes and layers")
@@ -104,6 +107,7 @@ class DecodeFacts:
             "quantized_work": self.quantized_work,
             "graphed_ms_per_token": [list(p) for p in self.graphed_ms],
             "graph_capture_s": self.capture_s,
+            "graphed_from": self.graphed_from,
             "source": self.source,
         }
 
@@ -180,6 +184,20 @@ class Scaled:
     def capture_s(self) -> float:
         """The graph's capture: one warm-up step and the capture, scaled by layers as the compile is."""
         return (self.facts.capture_s or 0.0) * self.layers
+
+
+def with_graphed(facts: DecodeFacts, records: Sequence[DecodeFacts]) -> DecodeFacts:
+    """``facts`` with the graphed decode's figures of another record of the same compute capability where its own
+    has none (the newest such): the graphed step runs the eager model's kernels, so a GPU of the same architecture
+    and software gives its order; the record says whose they are (``graphed_from``)."""
+    if facts.graphed:
+        return facts
+    sm = facts.gpu.rsplit("/", 1)[-1]
+    donors = [r for r in records if r.graphed and r.gpu.rsplit("/", 1)[-1] == sm]
+    if not donors:
+        return facts
+    d = max(donors, key=lambda r: r.date)
+    return dataclasses.replace(facts, graphed_ms=d.graphed_ms, capture_s=d.capture_s, graphed_from=d.gpu_name)
 
 
 def scaled(facts: DecodeFacts, weight_bytes: int, layers: int, gpu_name: str | None = None) -> Scaled:
