@@ -4,19 +4,23 @@ stopped, and their threads joined, when the call is refused, so nothing of it ou
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capabilities import Capabilities
 from ..request import Request
+
+if TYPE_CHECKING:
+    from .runtime.gpu_start import GpuStart
+    from .runtime.prefetch import Prefetch
 
 
 class Started:
     """The threads one load_model() call started ahead of the load."""
 
     def __init__(self, req: Request) -> None:
-        self.prefetch: Any = None
-        self.gpu: Any = None
-        self._gpu_summary: Any = None
+        self.prefetch: Prefetch | None = None
+        self.gpu: GpuStart | None = None
+        self._gpu_summary: dict[str, Any] | None = None
         if req.prefetch:
             from .runtime import prefetch as _prefetch
 
@@ -36,7 +40,7 @@ class Started:
 
             self.gpu = _gpu_start.start(caps, req.device_map)
 
-    def gpu_summary(self) -> Any:
+    def gpu_summary(self) -> dict[str, Any] | None:
         """What the GPU start did (joined once; later calls return the same)."""
         if self.gpu is not None:
             self._gpu_summary, self.gpu = self.gpu.join(), None
@@ -54,5 +58,5 @@ class Started:
             self.gpu.join()  # short
             self.gpu = None
 
-    def prefetch_summary(self) -> Any:
+    def prefetch_summary(self) -> dict[str, object] | None:
         return self.prefetch.summary() if self.prefetch is not None else None
