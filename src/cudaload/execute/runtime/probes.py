@@ -13,10 +13,13 @@ import logging
 import os
 import tempfile
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import _env
 from ...capabilities import Capabilities
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +71,11 @@ def _write_cache(key: str, verdict: dict[str, Any]) -> None:
         logger.debug("could not write the probe cache %s: %s", path, e)
 
 
-def _first_device(model: Any) -> Any:
+def _first_device(model: Any) -> torch.device:
     for p in model.parameters():
         if p.device.type != "meta":
-            return p.device
+            device: torch.device = p.device
+            return device
     import torch
 
     return torch.device("cpu")
