@@ -80,7 +80,12 @@ def decode_for(
     on_gpu = bool(sized.gpu_devices)
     kv = bool(s.num_kv_heads)
     possible = (
-        on_gpu and kv and work.declared_seq is not None and q is None and not sized.placement.offload and gpus <= 1
+        on_gpu
+        and kv
+        and work.declared_seq is not None
+        and q is None
+        and not sized.placement.offload
+        and gpus <= 1
     )
     if possible and (dw.declared or req.decode == "compiled"):
         for n in dict.fromkeys(
@@ -114,7 +119,10 @@ def decode_for(
     facts = scaled_facts(caps, load_decode_facts(), s, dtype)
     per_call = (
         _per_call(caps, info, dtype, at.choice, facts, work.seq_len)
-        if not dw.declared and req.decode == "auto" and facts is not None and caps.gpus
+        if (not dw.declared or (facts is not None and facts.facts.graphed))
+        and req.decode == "auto"
+        and facts is not None
+        and caps.gpus
         else None
     )
     plan = select_decode(

@@ -333,6 +333,27 @@ def select_decode(
         expected=expected,
     )
     compiled = choice == "compiled"
+    # declared work whose compile does not pay at load: each call may still replay its step as a CUDA graph (no
+    # compile; decode_call weighs it per call), where the GPU's architecture has the graphed path measured
+    graphed_calls = (
+        not compiled
+        and not each_call
+        and not explicit
+        and not blockers
+        and work.declared
+        and costs.per_call is not None
+        and facts is not None
+        and facts.facts.graphed
+    )
+    if graphed_calls:
+        assert facts is not None
+        why = [
+            *why,
+            "each generate() call may still replay its decode step as a CUDA graph (no compile: a "
+            f"~{facts.capture_s():.2f} s capture, {facts.graphed_ms(4096):.1f} against "
+            f"{facts.dynamic_ms(1024):.1f} ms a step at 4,096 slots), decided per call "
+            "(cudaload.policies.decode_call; plan.verified['decode']['calls'])",
+        ]
     comp_why = _compiled_candidate_why(
         comp_why,
         compiled=compiled,
@@ -359,7 +380,7 @@ def select_decode(
         cache_key=cache.key if compiled else None,
         assumed=tuple(query.assumed),
         notes=tuple(notes),
-        per_call=costs.per_call if each_call else None,
+        per_call=costs.per_call if each_call or graphed_calls else None,
     )
 
 
