@@ -200,7 +200,7 @@ class DecodePlan:
             lines.insert(
                 2,
                 "    generate(): greedy and sampling calls read the stop one step late, so the host queues the next "
-                "step while the GPU runs this one (cudaload.decode_loop)",
+                "step while the GPU runs this one (cudaload.execute.runtime.decode_loop)",
             )
         if self.per_call is not None:
             lines.insert(
