@@ -231,7 +231,9 @@ def test_declared_work_an_explicit_mode_or_a_blocker_keeps_the_plan_as_it_was() 
     assert short is not None and not short.compiled
     assert "decided at each" not in " ".join(short.mode.reasons)
     # declared work whose compile does not pay: each call may still run graphed (the sm90 record measured it)
-    assert short.per_call is not None and "replay its decode step as a CUDA graph" in " ".join(short.mode.reasons)
+    assert short.per_call is not None and "replay its decode step as a CUDA graph" in " ".join(
+        short.mode.reasons
+    )
     # an architecture with no graphed measurement: nothing per call for declared work
     a100 = plan(Q8, hardware="A100-80GB", seq_len=768, batch_size=1, new_tokens=100).decode
     assert a100 is not None and a100.per_call is None

@@ -62,7 +62,9 @@ def test_a_short_call_is_graphed_where_the_capture_pays_within_it() -> None:
     assert got.expected["seconds_graphed"] == pytest.approx(0.5 + 63 * 9.0 / 1000)
     assert "saves 63 x (37.0 - 9.0) ms = 1.8 s > 0.50 s capture" in got.reason
     comp = got.decision.candidate("compiled")
-    assert comp is not None and comp.ok and "(6.2" not in comp.reasons[0] and "(9.0 - 6.2) ms" in comp.reasons[0]
+    assert (
+        comp is not None and comp.ok and "(6.2" not in comp.reasons[0] and "(9.0 - 6.2) ms" in comp.reasons[0]
+    )
 
 
 def test_too_few_steps_for_the_capture_stay_dynamic() -> None:
@@ -169,7 +171,9 @@ def test_signature_refuses_what_it_cannot_copy() -> None:
     import torch
 
     t = torch.zeros(2, 1, dtype=torch.long)
-    assert signature({"input_ids": t, "use_cache": True}) == signature({"input_ids": t.clone(), "use_cache": True})
+    assert signature({"input_ids": t, "use_cache": True}) == signature(
+        {"input_ids": t.clone(), "use_cache": True}
+    )
     assert signature({"input_ids": t}) != signature({"input_ids": torch.zeros(3, 1, dtype=torch.long)})
     assert signature({"input_ids": t, "x": object()}) is None
     assert signature({"input_ids": t, "past_key_values": object()}) is None
@@ -194,7 +198,9 @@ def test_graph_refusal_names_the_device_and_the_attention(lm: Any) -> None:
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_step_is_captured_once_and_gives_the_dynamic_tokens(tiny_model: Callable[..., Path]) -> None:
+def test_on_a_gpu_the_step_is_captured_once_and_gives_the_dynamic_tokens(
+    tiny_model: Callable[..., Path],
+) -> None:
     import torch
 
     if not torch.cuda.is_available():

@@ -232,7 +232,9 @@ def choose_call_decode(q: CallQuery) -> CallChoice:
             + "".join(f"; {n} closed: {'; '.join(w)}" for n, w in refused.items())
         )
         return CallChoice(Decision("dynamic", (reason,), candidates), expected=expected)
-    kind = "capture" if best.name == "graphed" else "none" if q.compiled_here else "warm" if q.warm else "cold"
+    kind = (
+        "capture" if best.name == "graphed" else "none" if q.compiled_here else "warm" if q.warm else "cold"
+    )
     return CallChoice(
         Decision(best.name, (f"{best.name}, {_cache(q)}: {lines[best.name]} ({counted})",), candidates),
         bucket=q.bucket,

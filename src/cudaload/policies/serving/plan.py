@@ -125,7 +125,12 @@ def select_serving(
 ) -> ServingPlan:
     """The serving section for ``query`` on ``device`` (what each holds: :class:`ServingQuery`,
     :class:`ServingDevice`), with the transformers release whose continuous batching it configures."""
-    dtype, quantization, seq_len, batch_size = query.dtype, query.quantization, query.seq_len, query.batch_size
+    dtype, quantization, seq_len, batch_size = (
+        query.dtype,
+        query.quantization,
+        query.seq_len,
+        query.batch_size,
+    )
     gpu_name, launch_s_per_layer, world_size = device.gpu_name, device.launch_s_per_layer, device.world_size
     tp = max(1, int(world_size))
     supports_sdpa = bool(getattr(info, "supports_sdpa", True))

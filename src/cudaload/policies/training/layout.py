@@ -52,7 +52,9 @@ def boundaries_for(attn: str) -> str:
     return "cu_seq_lens" if attn in VARLEN else "position_ids"
 
 
-def choose_layout(info: ModelInfo, attn: str, act_bytes: int, requested: RequestedLayout = "auto") -> Decision:
+def choose_layout(
+    info: ModelInfo, attn: str, act_bytes: int, requested: RequestedLayout = "auto"
+) -> Decision:
     """``packed`` where the model is a causal LM and the attention keeps packed sequences apart without scores
     over the whole row, else ``padded``. An explicit ``packed`` is honoured where it trains correctly (its
     cost said), refused with :class:`InvalidChoiceError` where it would not."""
