@@ -319,11 +319,7 @@ def select_decode(
     expected = _expected(work, model.quantization, facts, cache.max_cache_len, cache.warm, costs.bound)
     dyn_why, comp_why = _costs(expected, cache.warm, facts)
     if req == "compiled" and blockers:
-        raise InvalidChoiceError(
-            "decode='compiled' cannot run here",
-            reasons=blockers,
-            fix=found[0][1],
-        )
+        raise InvalidChoiceError("decode='compiled' cannot run here", reasons=blockers, fix=found[0][1])
     choice, why = _mode_and_why(
         query,
         blockers,
@@ -333,27 +329,13 @@ def select_decode(
         expected=expected,
     )
     compiled = choice == "compiled"
-    # declared work whose compile does not pay at load: each call may still replay its step as a CUDA graph (no
-    # compile; decode_call weighs it per call), where the GPU's architecture has the graphed path measured
-    graphed_calls = (
-        not compiled
-        and not each_call
-        and not explicit
-        and not blockers
-        and work.declared
-        and costs.per_call is not None
-        and facts is not None
-        and facts.facts.graphed
+    graphed_why = _graphed_calls_why(
+        facts,
+        may=not compiled and not each_call and not explicit and not blockers and work.declared,
+        per_call=costs.per_call,
     )
-    if graphed_calls:
-        assert facts is not None
-        why = [
-            *why,
-            "each generate() call may still replay its decode step as a CUDA graph (no compile: a "
-            f"~{facts.capture_s():.2f} s capture, {facts.graphed_ms(4096):.1f} against "
-            f"{facts.dynamic_ms(1024):.1f} ms a step at 4,096 slots), decided per call "
-            "(cudaload.policies.decode_call; plan.verified['decode']['calls'])",
-        ]
+    if graphed_why is not None:
+        why = [*why, graphed_why]
     comp_why = _compiled_candidate_why(
         comp_why,
         compiled=compiled,
@@ -380,7 +362,21 @@ def select_decode(
         cache_key=cache.key if compiled else None,
         assumed=tuple(query.assumed),
         notes=tuple(notes),
-        per_call=costs.per_call if each_call or graphed_calls else None,
+        per_call=costs.per_call if each_call or graphed_why is not None else None,
+    )
+
+
+def _graphed_calls_why(facts: Scaled | None, *, may: bool, per_call: PerCallDecode | None) -> str | None:
+    """Where declared work's compile does not pay at load, whether each call may still replay its step as a CUDA
+    graph (no compile; :mod:`cudaload.policies.decode_call` weighs it per call): the reason, where the GPU's
+    architecture has the graphed path measured; None where not."""
+    if not (may and per_call is not None and facts is not None and facts.facts.graphed):
+        return None
+    return (
+        "each generate() call may still replay its decode step as a CUDA graph (no compile: a "
+        f"~{facts.capture_s():.2f} s capture, {facts.graphed_ms(4096):.1f} against "
+        f"{facts.dynamic_ms(1024):.1f} ms a step at 4,096 slots), decided per call "
+        "(cudaload.policies.decode_call; plan.verified['decode']['calls'])"
     )
 
 
