@@ -578,7 +578,7 @@ def test_a_dynamic_plan_clears_a_checkpoints_static_cache(tiny_lm: Any) -> None:
 def test_a_warm_up_that_does_not_compile_puts_the_dynamic_cache_back(tiny_lm: Any) -> None:
     """On the CPU transformers does not compile (no _compile_all_devices): the warm-up reports it, the plan's
     fields are undone, and a warning says so, rather than leaving an uncompiled static cache."""
-    from cudaload.execute.decode import ready_decode
+    from cudaload.execute.decode_calls import ready_decode
 
     plan = _plan(compile={"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"})
     with pytest.warns(CudaloadWarning, match="did not compile"):

@@ -286,7 +286,7 @@ def cpu_as_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """What only refuses the CPU, faked away (each refusal is tested with explicit facts in test_decode_loop.py):
     installing on a CPU model, the late stop's CPU refusal; and transformers' compile switched on for the CPU
     (CompileConfig._compile_all_devices, its test switch)."""
-    from cudaload.execute import decode as ex
+    from cudaload.execute import decode_calls as ex
 
     real = ex._compile_config
 
@@ -336,7 +336,7 @@ def _call(model: Any, ids: Any, new: int, **kw: Any) -> Any:
 def test_short_calls_reach_transformers_untouched_and_compile_nothing(
     lm: Any, cpu_as_cuda: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cudaload.execute.decode import ready_decode
+    from cudaload.execute.decode_calls import ready_decode
 
     ids = _prompt(lm.config.vocab_size)
     want = _call(lm, ids, 8)
@@ -367,7 +367,7 @@ def test_a_long_call_compiles_and_gives_the_dynamic_paths_greedy_tokens(
 ) -> None:
     from torch._dynamo.utils import counters
 
-    from cudaload.execute.decode import ready_decode
+    from cudaload.execute.decode_calls import ready_decode
 
     prompts = [_prompt(lm.config.vocab_size, n) for n in (9, 23)]
     want = [_call(lm, p, 40) for p in prompts]
@@ -401,7 +401,7 @@ def test_calls_the_compiled_path_refuses_keep_transformers_generate(
 ) -> None:
     from transformers import DynamicCache
 
-    from cudaload.execute.decode import ready_decode
+    from cudaload.execute.decode_calls import ready_decode
 
     out = ready_decode(lm, _per_call_plan(), warm=False)
     spy = _Spy(monkeypatch, type(lm))
@@ -428,7 +428,7 @@ def test_calls_the_compiled_path_refuses_keep_transformers_generate(
 def test_a_failed_compile_warns_runs_the_call_dynamic_and_keeps_that_shape_dynamic(
     lm: Any, cpu_as_cuda: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cudaload.execute import decode as ex
+    from cudaload.execute import decode_calls as ex
 
     ids = _prompt(lm.config.vocab_size)
     want = _call(lm, ids, 40)
@@ -455,7 +455,7 @@ def test_a_failed_compile_warns_runs_the_call_dynamic_and_keeps_that_shape_dynam
 def test_a_compiled_call_that_fails_runs_dynamic_and_the_calls_own_error_is_raised(
     lm: Any, cpu_as_cuda: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cudaload.execute import decode as ex
+    from cudaload.execute import decode_calls as ex
 
     ids = _prompt(lm.config.vocab_size)
     want = _call(lm, ids, 40)
@@ -489,7 +489,7 @@ def test_a_compiled_call_that_fails_runs_dynamic_and_the_calls_own_error_is_rais
 
 
 def test_an_eos_call_records_how_far_it_ran_and_the_record_is_bounded(lm: Any, cpu_as_cuda: None) -> None:
-    from cudaload.execute import decode as ex
+    from cudaload.execute import decode_calls as ex
 
     ids = _prompt(lm.config.vocab_size)
     free = _call(lm, ids, 12)
@@ -508,7 +508,7 @@ def test_an_eos_call_records_how_far_it_ran_and_the_record_is_bounded(lm: Any, c
 
 
 def test_the_per_call_generate_follows_a_deep_copy_and_undo_removes_it(lm: Any, cpu_as_cuda: None) -> None:
-    from cudaload.execute import decode as ex
+    from cudaload.execute import decode_calls as ex
 
     ex.ready_decode(lm, _per_call_plan(), warm=False)
     assert ex.per_call_installed(lm)
@@ -519,7 +519,7 @@ def test_the_per_call_generate_follows_a_deep_copy_and_undo_removes_it(lm: Any, 
 
 
 def test_on_the_cpu_nothing_is_installed_and_the_record_says_why(lm: Any) -> None:
-    from cudaload.execute.decode import ready_decode
+    from cudaload.execute.decode_calls import ready_decode
 
     out = ready_decode(lm, _per_call_plan(), warm=False)
     assert out["per_call"].startswith("off: the model is on cpu") and "calls" not in out
@@ -546,7 +546,7 @@ def test_gpu_an_undeclared_long_call_compiles_and_gives_the_dynamic_paths_tokens
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cudaload.execute.decode import ready_decode
+    from cudaload.execute.decode_calls import ready_decode
     from cudaload.policies.decode import COMPILE_CONFIG
 
     torch._dynamo.reset()

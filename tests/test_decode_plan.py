@@ -327,7 +327,7 @@ def test_cache_key_changes_with_what_the_graph_depends_on() -> None:
 def test_cache_key_of_cudaload_sdpa_changes_with_its_compiled_step_code(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cudaload.policies import decode as decode_policy
+    from cudaload.policies import decode_key as decode_policy
 
     caps = hardware("H200")
     s = plan(Q8, hardware=caps).model

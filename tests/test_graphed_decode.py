@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cudaload.execute.decode import graph_refusal
+from cudaload.execute.decode_calls import graph_refusal
 from cudaload.execute.runtime import decode_loop
 from cudaload.execute.runtime.graphed_step import DecodeGraphs, signature
 from cudaload.policies.decode import MARGIN

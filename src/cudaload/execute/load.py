@@ -19,7 +19,7 @@ from ..request import Request
 from . import serving as _serving
 from .adapters import apply_adapter_cast, enable_planned_checkpointing, wrap_peft
 from .attention_probe import confirm_sdpa_variant, probe_and_fallback, replanned
-from .decode import ready_decode, replanned_decode
+from .decode_calls import ready_decode, replanned_decode
 from .failures import gpu_memory_snapshot, release_memory, translate
 from .load_path import load_covered
 from .phases import Phases

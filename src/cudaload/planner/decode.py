@@ -14,17 +14,15 @@ from ..model_info import ModelInfo
 from ..plans.decision import Decision
 from ..plans.decode import DecodePlan, PerCallDecode
 from ..policies.decode import (
-    COMPILE_CONFIG,
     bound_ms,
     cache_lengths,
-    decode_cache_key,
-    decode_key_base,
     quant_decode_cost,
     scaled_facts,
     select_decode,
     static_cache_length,
 )
 from ..policies.decode_facts import QuantDecodeCost, Scaled
+from ..policies.decode_key import COMPILE_CONFIG, decode_cache_key, decode_key_base
 from ..policies.decode_query import DecodeCosts, DecodeModel, DecodeQuery, Placement, StaticCache
 from ..policies.dtype import dtype_bytes
 from ..policies.quantization import fit
@@ -88,18 +86,7 @@ def decode_for(
         and gpus <= 1
     )
     if possible and (dw.declared or req.decode == "compiled"):
-        for n in dict.fromkeys(
-            x for x in (static_cache_length(work.seq_len, buckets, {})[0], work.seq_len) if x
-        ):
-            got = (
-                sized  # the sizing planned this length already
-                if n == work.seq_len
-                else _with_static_cache(req, info, caps, dtype, at.choice, sized, n, work.batch_size)
-            )
-            if isinstance(got, str):
-                unfit[n] = got
-            else:
-                fits[n] = got
+        fits, unfit = _static_cache_fits(req, info, caps, dtype, at.choice, sized, work, buckets)
     length, length_why = static_cache_length(work.seq_len, buckets, unfit)
     key = (
         decode_cache_key(
@@ -108,14 +95,7 @@ def decode_for(
         if length is not None and caps.gpus
         else None
     )
-    assumed: list[str] = []
-    if dw.declared and work.generate_calls is None:
-        assumed.append(f"one generate() call of {work.new_tokens} new tokens (declare generate_calls=)")
-    if work.batch_size > 1:
-        assumed.append(
-            f"a decode step of {work.batch_size} sequences costs what the compiled path's measured batch-8 step "
-            "says, for both paths (the dynamic path's batched step is not measured)"
-        )
+    assumed = _assumed(work)
     facts = scaled_facts(caps, load_decode_facts(), s, dtype)
     per_call = (
         _per_call(caps, info, dtype, at.choice, facts, work.seq_len)
@@ -135,6 +115,46 @@ def decode_for(
     if plan is not None and plan.compiled and plan.max_cache_len in fits:
         sized = fits[plan.max_cache_len]
     return plan, sized
+
+
+def _static_cache_fits(
+    req: Request,
+    info: ModelInfo,
+    caps: Capabilities,
+    dtype: str,
+    attention: str,
+    sized: Sized,
+    work: WorkSize,
+    buckets: tuple[int, ...],
+) -> tuple[dict[int, Sized], dict[int, str]]:
+    """The static cache lengths a compiled plan may take (the bucket that holds the work, the work's own length)
+    with the sizing each one gives, and why each other one does not fit."""
+    fits: dict[int, Sized] = {}
+    unfit: dict[int, str] = {}
+    for n in dict.fromkeys(x for x in (static_cache_length(work.seq_len, buckets, {})[0], work.seq_len) if x):
+        got = (
+            sized  # the sizing planned this length already
+            if n == work.seq_len
+            else _with_static_cache(req, info, caps, dtype, attention, sized, n, work.batch_size)
+        )
+        if isinstance(got, str):
+            unfit[n] = got
+        else:
+            fits[n] = got
+    return fits, unfit
+
+
+def _assumed(work: WorkSize) -> list[str]:
+    """What the decode costs assume that the request did not say."""
+    assumed: list[str] = []
+    if work.decode().declared and work.generate_calls is None:
+        assumed.append(f"one generate() call of {work.new_tokens} new tokens (declare generate_calls=)")
+    if work.batch_size > 1:
+        assumed.append(
+            f"a decode step of {work.batch_size} sequences costs what the compiled path's measured batch-8 step "
+            "says, for both paths (the dynamic path's batched step is not measured)"
+        )
+    return assumed
 
 
 def _per_call(
