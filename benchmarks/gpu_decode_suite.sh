@@ -17,6 +17,9 @@
 #      transformers on the long job
 #   benchmarks/gpu_decode_suite.sh 6   the long job compiled with the late stop, cold then warm, then the ab job
 #      again (where the two loops' greedy ids part)
+#   benchmarks/gpu_decode_suite.sh 8   issue 43's goals (not yet run): this GPU's graphed decode measured and
+#      written into the priors (decode_graphs.py --record), then from process start: one undeclared 640+3,000
+#      call (graphed), the same declared cold and warm (compiled), and short calls undeclared against dynamic
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -24,6 +27,16 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 8 ]; then
+  timeout 150 python benchmarks/investigations/decode_graphs.py --shape 8b --parts dyn,prod \
+    --record src/cudaload/tuning/priors.json --out "$out/graphs.jsonl" --work "$work" 2>&1 | log > "$out/graphs.log"
+  cp src/cudaload/tuning/priors.json "$out/priors.json"
+  timeout 420 python benchmarks/bench_decode.py --out "$out/d9" --work "$work" \
+    --runs "cudaload:long3k,declared!:long3k,declared~:long3k,dynamic:short64,cudaload:short64" --budget-s 415 \
+    2>&1 | log > "$out/d9.log"
+  rm -f "$out"/d*/results.md
+  exit 0
+fi
 if [ "${1:-1}" = 7 ]; then
   # carry .whl (../shared/device/wheels.sh quant): the quantized rungs' decode, then plain transformers on the
   # long job (last: the budget may end it)
