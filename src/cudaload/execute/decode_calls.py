@@ -125,9 +125,8 @@ class CallState:
         self.shares: list[float] = []
         self.count = 0
         self._facts: Scaled | None = None
-        # the graphed decode: this model's graphs (made at its first graphed call), the shapes captured / failed
+        # the graphed decode: this model's graphs (made at its first graphed call), the shapes whose capture failed
         self.graphs: Any = None
-        self.graphed: set[tuple[int, int]] = set()
         self.graph_failed: set[tuple[int, int]] = set()
 
     def facts(self) -> Scaled:
@@ -296,6 +295,8 @@ def graph_refusal(model: Any, ids: Any) -> str | None:
     if attn not in _GRAPHED_ATTENTION:
         return f"attention {attn!r}: only {' and '.join(_GRAPHED_ATTENTION)} run the grouped decode step in a graph"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    # transformers' StaticSlidingWindowLayer.update branches on a host int, cumulative_length_int (5.17
+    # cache_utils.py:544-550): a captured step would replay one branch forever
     if any("sliding" in str(t) for t in (getattr(text, "layer_types", None) or ())):
         return "sliding-window layers: their static cache decides on the host at each step"
     if getattr(model, "hf_quantizer", None) is not None:
@@ -408,8 +409,6 @@ def _run_graphed(
             CudaloadWarning,
             stacklevel=4,
         )
-    elif captured or shape in state.graphed:
-        state.graphed.add(shape)
     return out
 
 

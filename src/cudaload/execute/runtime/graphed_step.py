@@ -63,7 +63,7 @@ def signature(inputs: Mapping[str, Any]) -> tuple[Any, ...] | None:
 
 def _static(cache: Any) -> bool:
     """A cache whose every layer is transformers' ``StaticLayer`` (not the sliding one, whose update branches on
-    the host), initialised (its tensors allocated by a prefill)."""
+    a host int, 5.17 cache_utils.py:544-550), initialised (its tensors allocated by a prefill)."""
     layers = getattr(cache, "layers", None)
     if not getattr(cache, "is_compileable", False) or not layers:
         return False
@@ -142,10 +142,6 @@ class DecodeGraphs:
         self.graphs: dict[tuple[Any, ...], _Graph] = {}
         self.eager: set[tuple[Any, ...]] = set()
         self.captures: list[dict[str, Any]] = []
-
-    def serves(self, inputs: Mapping[str, Any]) -> bool:
-        key = signature(inputs)
-        return key is not None and key not in self.eager
 
     def step(self, **inputs: Any) -> Any:
         key = signature(inputs)
