@@ -18,6 +18,8 @@ For each (shape, mode, length distribution) two fresh processes train the same s
   package), sdpa on packed steps (a block-diagonal mask from the position ids), sdpa on padded batches; each
   planned as cudaload plans it otherwise, on the same data. ``--methods cudaload-varlen,cudaload-sdpa-packed,
   cudaload-sdpa-padded`` gives tokens/s for each in one command (results.md's "Attention and layout" table).
+- ``cudaload-compiled``: ``cudaload`` with ``training_setup(..., compile_layers=True)``: each decoder layer
+  compiled, as the plan takes it on a data set long enough to repay the compile (the first step pays it).
 
 Measured over ``--steps`` optimizer steps after ``--warmup``: real (non-padding) tokens per second (the steps'
 tokens over their wall time, data loading included, CUDA synchronised at each step's end), the spread of
@@ -191,7 +193,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(m, LoraLayer):
                     m._forward_pre_hooks.clear()
                     m.cast_input_dtype_enabled = True
-        setup = cudaload.training_setup(model, data)
+        # cudaload-compiled: the decoder layers compiled whatever the data set's length (a benchmark's few dozen
+        # steps never repay the compile, which the first step pays: step_seconds[0])
+        setup = cudaload.training_setup(
+            model, data, compile_layers=True if spec["method"] == "cudaload-compiled" else None
+        )
         targs.update(setup.arguments)
         collate, dataset = setup.data_collator, setup.train_dataset
         p = model.cudaload_plan
@@ -212,6 +218,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "memory_total": p.memory.total,
             "memory_terms": dict(p.memory.terms),
             "pack": setup.describe(),
+            "layer_compile": setup.layer_compile.choice if setup.layer_compile else None,
+            "compiled_layers": setup.compiled_layers,
         }
     sync()
     out["load_s"] = time.perf_counter() - t0
@@ -412,7 +420,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (shape, mode, dist), m in by.items():
         pl, cl, pc = m.get("plain", {}), m.get("cudaload", {}), m.get("cudaload-peftcast", {})
-        a, b = pl.get("tokens_per_s"), cl.get("tokens_per_s")
+        cc = m.get("cudaload-compiled", {})
+        a, b, c = pl.get("tokens_per_s"), cl.get("tokens_per_s"), cc.get("tokens_per_s")
         pred = (cl.get("predicted_at_max_step") or {}).get("allocated")
         peak = cl.get("peak_allocated")
         rows.append(
@@ -424,6 +433,11 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cudaload_tokens_per_s": b,
                 "ratio": b / a if a and b else None,
                 "cudaload_peftcast_tokens_per_s": pc.get("tokens_per_s"),
+                "cudaload_compiled_tokens_per_s": c,
+                "compiled_ratio": c / a if a and c else None,
+                # the first step pays the compile
+                "compiled_first_step_s": (cc.get("step_seconds") or [None])[0],
+                "cudaload_compiled_peak": cc.get("peak_allocated"),
                 "plain_peak": pl.get("peak_allocated"),
                 "cudaload_peak": peak,
                 "cudaload_bound": (cl.get("plan") or {}).get("memory_total"),

@@ -34,7 +34,9 @@ from ..policies.training import (
     plan_step,
     step_bounds,
 )
+from ..policies.training.compile import choose_layer_compile
 from ..request import Request
+from ..tuning import load_layer_compile_facts
 from .choices import base_intent
 from .sections import sdpa_family
 from .work import WorkSize
@@ -184,7 +186,17 @@ def size(
         causal = (
             info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
         )
-        section = replace(section, causal_lm=causal)
+        compiled, payback = choose_layer_compile(
+            caps,
+            load_layer_compile_facts(),
+            intent=intent,
+            layout=section.layout.choice or "padded",
+            attention=str(ask.attn or at.choice),
+            parallel=pd.parallelism is not None and pd.parallelism.world_size > 1,
+            remote_code=info.remote_code,
+            causal_lm=causal,
+        )
+        section = replace(section, causal_lm=causal, layer_compile=compiled, layer_compile_payback=payback)
         gc = fr.gradient_checkpointing
         if section.step.checkpoint_every != 1 and (gc is None or gc.choice != "partial"):
             # a multi-process plan decided checkpointing for its ranks (off / every layer): the step says so

@@ -131,6 +131,11 @@ class TrainingPlan:
     #: the model trains as a causal LM (token labels, shifted by the model): cudaload's collators apply; a
     #: classifier or seq2seq model keeps its own labels and transformers' collators
     causal_lm: bool = True
+    #: each decoder layer compiled (``layers``) or not (``off``), as planned; :func:`cudaload.training_setup`
+    #: decides with the data (cudaload.policies.training.compile)
+    layer_compile: Decision | None = None
+    #: the steps that repay the compile, where ``layer_compile`` is ``layers``
+    layer_compile_payback: int | None = None
 
     @property
     def packed(self) -> bool:
@@ -158,6 +163,8 @@ class TrainingPlan:
             "assumed": list(self.assumed),
             "notes": list(self.notes),
             "causal_lm": self.causal_lm,
+            "layer_compile": self.layer_compile.to_dict() if self.layer_compile else None,
+            "layer_compile_payback": self.layer_compile_payback,
             "expects": self.expects(),
         }
 
@@ -176,6 +183,9 @@ class TrainingPlan:
             assumed=tuple(d.get("assumed", ())),
             notes=tuple(d.get("notes", ())),
             causal_lm=bool(d.get("causal_lm", True)),
+            # plans saved before the compiled layers: none planned
+            layer_compile=Decision.from_dict(d["layer_compile"]) if d.get("layer_compile") else None,
+            layer_compile_payback=d.get("layer_compile_payback"),
         )
 
     def explain_lines(self) -> list[str]:
@@ -200,4 +210,6 @@ class TrainingPlan:
             lines += self.kbit_upcast.explain_lines("k-bit preparation")
         if self.adapter_cast is not None:
             lines += self.adapter_cast.explain_lines("adapter input cast")
+        if self.layer_compile is not None:
+            lines += self.layer_compile.explain_lines("compiled layers")
         return lines

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..detection.versions import version_tuple
 from ..errors import ConfigurationError
+from ..execute.layer_compile import compile_layers as compile_decoder_layers
+from ..execute.layer_compile import compile_problem, decoder_layers
+from ..plans.decision import Decision
 from ..plans.plan import Plan
+from ..policies.training.compile import layer_compile_for_run
 from .data import (
     PackedCollator,
     PackedDataset,
@@ -181,6 +185,10 @@ class TrainingSetup:
         PackedCollator | PaddedCollator | None
     )  # None: Trainer's own (a model that is no causal LM)
     train_dataset: Any
+    #: whether the decoder layers were compiled, and why (cudaload.policies.training.compile); None: no
+    #: training section
+    layer_compile: Decision | None = None
+    compiled_layers: int = 0
 
     def describe(self) -> str:
         """What the setup will run: the layout, the step bound, and for packed data how full the steps are."""
@@ -188,6 +196,8 @@ class TrainingSetup:
         if t is None:
             return "no training section in this plan"
         head = f"{t.layout.choice} steps of at most {t.step.sequences} sequences and {t.step.tokens:,} tokens"
+        if self.compiled_layers:
+            head += f", {self.compiled_layers} decoder layers compiled"
         if not t.causal_lm:
             return head + " (not a causal LM: the data set as given, Trainer's own collator)"
         ds = self.train_dataset
@@ -201,6 +211,7 @@ def training_setup(
     truncate: bool = False,
     shuffle: bool = True,
     seed: int = 0,
+    compile_layers: bool | None = None,
 ) -> TrainingSetup:
     """``TrainingArguments`` keywords, the collator and the data set for ``Trainer``, as the plan decided.
 
@@ -220,6 +231,11 @@ def training_setup(
             longest, since the plan's memory holds up to that length).
         shuffle, seed: the packed steps are made in a random order fixed by ``seed`` (Trainer shuffles the
             steps again every epoch).
+        compile_layers: compile each decoder layer of the model in place (``torch.compile``, paid at the first
+            step): None (default) where the plan chose it (``plan.training.layer_compile``: measured faster for
+            this training on this GPU's architecture) and the data set's steps in one epoch repay the compile
+            (no data set: taken as repaying); True or False to decide yourself. The decision and why:
+            ``setup.layer_compile``.
 
     Returns:
         A :class:`TrainingSetup`.
@@ -227,8 +243,9 @@ def training_setup(
     Raises:
         ConfigurationError: not a plan or a cudaload-loaded model, a plan for inference, keywords of the wrong
             type, a data set that is not one example a row (a ``DatasetDict``, a dict of columns, text), an
-            untokenized or malformed example (named by its index and column), no label to learn, or a sequence
-            longer than the plan's ``seq_len`` without ``truncate``.
+            untokenized or malformed example (named by its index and column), no label to learn, a sequence
+            longer than the plan's ``seq_len`` without ``truncate``, or ``compile_layers=True`` where nothing
+            can be compiled (a Plan instead of the model; no triton).
     """
     plan = model_or_plan if isinstance(model_or_plan, Plan) else getattr(model_or_plan, "cudaload_plan", None)
     if not isinstance(plan, Plan):
@@ -236,7 +253,7 @@ def training_setup(
             f"training_setup() takes a model from cudaload.load_model or a Plan, not {type(model_or_plan).__name__}",
             fix="load with cudaload.load_model(path, intent='lora') and pass the model",
         )
-    _check_options(truncate=truncate, shuffle=shuffle, seed=seed)
+    _check_options(truncate=truncate, shuffle=shuffle, seed=seed, compile_layers=compile_layers)
     args = training_arguments(plan)
     t = plan.training
     ds: Any = train_dataset
@@ -264,10 +281,59 @@ def training_setup(
     else:
         # padded steps are planned for sequences up to seq_len too: checked (or cut) the same way
         ds = as_rows(checked(train_dataset, t.step.longest, truncate, vocab)[0])
-    return TrainingSetup(plan=plan, arguments=args, data_collator=collator_for(plan), train_dataset=ds)
+    # last: a data set refused above leaves the model as it was
+    decision, count = _compile(model_or_plan, plan, ds if train_dataset is not None else None, compile_layers)
+    return TrainingSetup(
+        plan=plan,
+        arguments=args,
+        data_collator=collator_for(plan),
+        train_dataset=ds,
+        layer_compile=decision,
+        compiled_layers=count,
+    )
 
 
-def _check_options(*, truncate: Any, shuffle: Any, seed: Any) -> None:
+def _epoch_steps(plan: Plan, ds: Any) -> int | None:
+    """The optimizer steps one epoch of ``ds`` takes (None where its length is unknown)."""
+    try:
+        n = len(ds)
+    except TypeError:
+        return None
+    t = plan.training
+    if isinstance(ds, PackedDataset) or t is None:
+        return n
+    return -(-n // max(1, t.step.sequences))
+
+
+def _compile(model_or_plan: Any, plan: Plan, ds: Any, requested: bool | None) -> tuple[Decision | None, int]:
+    """The plan's compiled-layers decision with the data's steps (cudaload.policies.training.compile), carried
+    out on the model."""
+    t = plan.training
+    if t is None:
+        return None, 0
+    steps = _epoch_steps(plan, ds) if ds is not None else None
+    d = layer_compile_for_run(t.layer_compile, t.layer_compile_payback, steps, requested)
+    if d.choice != "layers":
+        return d, 0
+    problem = (
+        "training_setup() was given a Plan, not the model: nothing to compile"
+        if isinstance(model_or_plan, Plan)
+        else compile_problem(model_or_plan)
+    )
+    layers = [] if problem else decoder_layers(model_or_plan)
+    if not problem and not layers:
+        problem = "no decoder layers found (no ModuleList of one decoder layer class)"
+    if problem:
+        if requested:
+            raise ConfigurationError(
+                f"compile_layers=True: {problem}",
+                fix="pass the model from cudaload.load_model, or compile_layers=None",
+            )
+        return replace(d, choice="off", reasons=(problem, *d.reasons)), 0
+    return d, compile_decoder_layers(model_or_plan)
+
+
+def _check_options(*, truncate: Any, shuffle: Any, seed: Any, compile_layers: Any) -> None:
     """training_setup's own keywords: ``truncate="yes"`` would be true and ``seed="abc"`` would reach
     random.Random, which seeds from any string, without a word."""
     for name, value in (("truncate", truncate), ("shuffle", shuffle)):
@@ -276,6 +342,12 @@ def _check_options(*, truncate: Any, shuffle: Any, seed: Any) -> None:
                 f"training_setup({name}={value!r}): {name} is True or False, not {type(value).__name__}",
                 fix=f"pass {name}=True or {name}=False",
             )
+    if compile_layers is not None and not isinstance(compile_layers, bool):
+        raise ConfigurationError(
+            f"training_setup(compile_layers={compile_layers!r}): None, True or False, not "
+            f"{type(compile_layers).__name__}",
+            fix="pass compile_layers=None (the plan decides), True or False",
+        )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ConfigurationError(
             f"training_setup(seed={seed!r}): the seed is a whole number, not {type(seed).__name__}",

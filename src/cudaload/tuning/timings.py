@@ -23,7 +23,7 @@ from ..capabilities import Capabilities
 from ..model_info import ModelInfo
 from ..policies.decode_facts import DecodeFacts
 from ..policies.sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
-from ..policies.training_facts import TrainingFacts
+from ..policies.training_facts import LayerCompileFacts, TrainingFacts
 from .signature import AttentionSignature, Work, WorkBucket, as_work, bucket, signature
 from .store import Entry, TimingCache, gpu_id, package_versions
 
@@ -133,6 +133,13 @@ def load_training_facts(path: str | os.PathLike[str] | None = None) -> list[Trai
     :mod:`cudaload.policies.training_facts`. Unreadable records are ignored with a warning."""
     data = _document(path) if path is not None else _shipped_document()
     return _records(data, "training", TrainingFacts.from_dict, "training")
+
+
+def load_layer_compile_facts(path: str | os.PathLike[str] | None = None) -> list[LayerCompileFacts]:
+    """What compiling the decoder layers did to a training step (the priors file's ``layer_compile`` records),
+    for :mod:`cudaload.policies.training.compile`. Unreadable records are ignored with a warning."""
+    data = _document(path) if path is not None else _shipped_document()
+    return _records(data, "layer_compile", LayerCompileFacts.from_dict, "layer compile")
 
 
 def load_decode_facts(path: str | os.PathLike[str] | None = None) -> list[DecodeFacts]:

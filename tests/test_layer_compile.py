@@ -1,0 +1,237 @@
+"""Compiled decoder layers for training (issue 44, item 1): the planned decision over explicit facts and
+profiles, the data-time decision in training_setup, and on the CPU that compiled layers train like eager ones
+(fp32, tiny model; inductor's CPU backend). The GPU test (marker ``gpu``) trains a tiny bf16 LoRA compiled with
+cudaload_varlen's packed steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import cudaload
+from cudaload.errors import ConfigurationError
+from cudaload.plans.decision import Decision
+from cudaload.plans.training import TrainingPlan
+from cudaload.policies.training.compile import (
+    choose_layer_compile,
+    layer_compile_for_run,
+    payback_steps,
+)
+from cudaload.policies.training_facts import LayerCompileFacts
+from cudaload.profiles import hardware
+
+
+def _facts(**kw: Any) -> LayerCompileFacts:
+    base: dict[str, Any] = dict(
+        gpu="NVIDIA H100 80GB HBM3/sm90",
+        versions={"torch": "2.11.0"},
+        date="2026-12-07",
+        model="Qwen3-8B",
+        intent="lora",
+        layout="packed",
+        attention="cudaload_varlen",
+        tokens_per_step=2290,
+        step_s=0.35,
+        compiled_step_s=0.25,
+        compile_s=70.0,
+        source="test",
+    )
+    base.update(kw)
+    return LayerCompileFacts(**base)
+
+
+def _caps(name: str = "H100", torch_version: str = "2.11.0") -> Any:
+    return dataclasses.replace(hardware(name), torch_version=torch_version, torch_cuda_version="13.0")
+
+
+def _choose(caps: Any, facts: list[LayerCompileFacts], **kw: Any) -> tuple[Decision, int | None]:
+    q: dict[str, Any] = dict(intent="lora", layout="packed", attention="cudaload_varlen")
+    q.update(kw)
+    return choose_layer_compile(caps, facts, **q)
+
+
+def test_measured_faster_here_is_planned_with_its_payback() -> None:
+    d, payback = _choose(_caps(), [_facts()])
+    assert d.choice == "layers" and payback == 700  # 70 s / (0.35 - 0.25) s a step
+    assert "from ~700 steps" in d.reasons[0] and "1.40x" in d.reasons[1]
+    assert d.candidate("off") is not None and d.candidate("off").ok  # type: ignore[union-attr]
+
+
+def test_the_same_architecture_borrows_the_record_and_says_so() -> None:
+    d, _ = _choose(_caps("H200"), [_facts()])
+    assert d.choice == "layers" and "the same architecture as this GPU" in d.reasons[1]
+
+
+@pytest.mark.parametrize(
+    ("caps_kw", "query", "facts_kw", "why"),
+    [
+        ({"torch_version": "2.10.1"}, {}, {}, "measured on torch 2.11 and later"),
+        ({}, {"intent": "qlora"}, {}, "not measured for qlora"),
+        ({}, {"attention": "sdpa"}, {}, "not measured for lora with packed steps and sdpa"),
+        ({}, {"layout": "padded"}, {}, "not measured for lora with padded steps"),
+        ({}, {"parallel": True}, {}, "split across ranks"),
+        ({}, {"remote_code": True}, {}, "remote code"),
+        ({}, {"causal_lm": False}, {}, "not a causal LM"),
+        ({}, {}, {"gpu": "NVIDIA A100-SXM4-80GB/sm80"}, "not measured"),
+        ({}, {}, {"compiled_step_s": 0.36}, "measured no faster"),
+        ({}, {"intent": "inference"}, {}, "does not train"),
+    ],
+)
+def test_off_where_it_cannot_run_or_was_not_measured(
+    caps_kw: dict[str, Any], query: dict[str, Any], facts_kw: dict[str, Any], why: str
+) -> None:
+    d, payback = _choose(_caps(**caps_kw), [_facts(**facts_kw)], **query)
+    assert d.choice == "off" and payback is None
+    layers = d.candidate("layers")
+    assert layers is not None and not layers.ok and any(why in r for r in layers.reasons), layers.reasons
+
+
+def test_no_gpu_is_off() -> None:
+    caps = dataclasses.replace(_caps(), gpus=())
+    d, _ = _choose(caps, [_facts()])
+    assert d.choice == "off" and any("no CUDA GPU" in r for r in d.reasons)
+
+
+def test_payback_is_none_without_a_saving() -> None:
+    assert payback_steps(_facts(compiled_step_s=0.35)) is None
+    assert payback_steps(_facts(compile_s=0.01)) == 1
+
+
+def test_the_data_decides_against_its_payback() -> None:
+    planned, payback = _choose(_caps(), [_facts()])
+    assert layer_compile_for_run(planned, payback, 699, None).choice == "off"
+    assert "699 steps, fewer than the ~700" in layer_compile_for_run(planned, payback, 699, None).reasons[0]
+    assert layer_compile_for_run(planned, payback, 700, None).choice == "layers"
+    assert layer_compile_for_run(planned, payback, None, None).choice == "layers"  # unknown: taken as repaying
+    forced = layer_compile_for_run(planned, payback, 3, True)
+    assert forced.choice == "layers" and forced.explicit
+    assert layer_compile_for_run(planned, payback, 10**6, False).choice == "off"
+    off, _ = _choose(_caps(torch_version="2.9.0"), [_facts()])
+    assert layer_compile_for_run(off, None, 10**6, None).choice == "off"
+    assert layer_compile_for_run(off, None, 1, True).choice == "layers"
+    assert layer_compile_for_run(None, None, 1, None).choice == "off"
+
+
+def test_the_training_section_round_trips_and_explains_it() -> None:
+    d, payback = _choose(_caps(), [_facts()])
+    plan = cudaload.plan(_tiny_path(), hardware=_caps(), intent="lora", seq_len=256)
+    assert plan.training is not None
+    tp = dataclasses.replace(plan.training, layer_compile=d, layer_compile_payback=payback)
+    back = TrainingPlan.from_dict(tp.to_dict())
+    assert back.layer_compile == d and back.layer_compile_payback == payback
+    assert any(line.startswith("compiled layers: layers") for line in back.explain_lines())
+    old = tp.to_dict()
+    del old["layer_compile"], old["layer_compile_payback"]
+    assert TrainingPlan.from_dict(old).layer_compile is None  # a plan saved before
+
+
+_TINY: dict[str, str] = {}
+
+
+def _tiny_path() -> str:
+    if "p" not in _TINY:
+        import tempfile
+
+        from cudaload.testing import make_tiny
+
+        _TINY["p"] = str(make_tiny("qwen3", Path(tempfile.mkdtemp()) / "tiny"))
+    return _TINY["p"]
+
+
+def test_an_h100_lora_plan_compiles_from_the_shipped_record() -> None:
+    """The shipped priors hold an H100 record for 8B LoRA, packed, cudaload_varlen: a plan there takes it."""
+    plan = cudaload.plan(_tiny_path(), hardware=_caps(), intent="lora", seq_len=256, batch_size=8)
+    assert plan.attention.choice == "cudaload_varlen" and plan.training is not None
+    assert plan.training.layer_compile is not None and plan.training.layer_compile.choice == "layers"
+    assert plan.training.layer_compile_payback and plan.training.layer_compile_payback > 100
+    cpu = cudaload.plan(_tiny_path(), intent="lora", seq_len=256, batch_size=8, hardware=hardware("H100"))
+    assert cpu.training is not None and cpu.training.layer_compile is not None
+    assert cpu.training.layer_compile.choice == "off"  # a CPU build of torch: sdpa, not measured
+
+
+def _rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"input_ids": [rng.randrange(3, 90) for _ in range(rng.randrange(8, 40))]} for _ in range(n)]
+
+
+def _steps(model: Any, setup: Any, n: int) -> list[float]:
+    torch.manual_seed(0)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for i in range(n):
+        batch = setup.data_collator([setup.train_dataset[i]])
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_training_setup_compiles_on_request_and_trains_like_eager(tmp_path: Path) -> None:
+    """CPU, fp32: compiled layers give eager's losses over three optimizer steps of packed data; the default on
+    this machine (a CPU, no record) compiles nothing and says why."""
+    kw: dict[str, Any] = dict(intent="lora", seq_len=64, batch_size=4, dtype="float32")
+    eager = cudaload.load_model(_tiny_path(), **kw)
+    compiled = cudaload.load_model(_tiny_path(), **kw)
+    compiled.load_state_dict(eager.state_dict())
+    data = _rows(24)
+    plain = cudaload.training_setup(eager, data)
+    assert plain.compiled_layers == 0 and plain.layer_compile is not None
+    assert plain.layer_compile.choice == "off"
+    setup = cudaload.training_setup(compiled, data, compile_layers=True)
+    layers = compiled.get_base_model().model.layers
+    assert setup.compiled_layers == len(layers) > 0 and setup.layer_compile is not None
+    assert setup.layer_compile.choice == "layers" and setup.layer_compile.explicit
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert "decoder layers compiled" in setup.describe()
+    torch._dynamo.reset()
+    got, want = _steps(compiled, setup, 3), _steps(eager, plain, 3)
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def test_refusals_leave_the_model_uncompiled(tmp_path: Path) -> None:
+    model = cudaload.load_model(_tiny_path(), intent="lora", seq_len=64, batch_size=4, dtype="float32")
+    layers = model.get_base_model().model.layers
+    with pytest.raises(ConfigurationError, match="compile_layers"):
+        cudaload.training_setup(model, _rows(4), compile_layers="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        cudaload.training_setup(model, [{"input_ids": [1.5, 2.0]}], compile_layers=True)
+    assert all(layer._compiled_call_impl is None for layer in layers)
+    with pytest.raises(ConfigurationError, match="given a Plan, not the model"):
+        cudaload.training_setup(model.cudaload_plan, _rows(4), compile_layers=True)
+    assert all(layer._compiled_call_impl is None for layer in layers)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_layers_train_packed_like_eager(tmp_path: Path) -> None:
+    """bf16 LoRA, packed steps on the plan's attention (cudaload_varlen without a flash-attn package): three
+    optimizer steps compiled against eager, losses within bf16 tolerance."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    kw: dict[str, Any] = dict(intent="lora", seq_len=256, batch_size=8)
+    eager = cudaload.load_model(_tiny_path(), **kw)
+    compiled = cudaload.load_model(_tiny_path(), **kw)
+    compiled.load_state_dict(eager.state_dict())
+    data = _rows(48, seed=1)
+    plain = cudaload.training_setup(eager, data, compile_layers=False)
+    setup = cudaload.training_setup(compiled, data, compile_layers=True)
+    assert setup.compiled_layers > 0
+
+    def on_gpu(s: Any) -> Any:
+        class S:
+            train_dataset = s.train_dataset
+
+            @staticmethod
+            def data_collator(f: Any) -> Any:
+                return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in s.data_collator(f).items()}
+
+        return S
+
+    got, want = _steps(compiled, on_gpu(setup), 3), _steps(eager, on_gpu(plain), 3)
+    assert got == pytest.approx(want, rel=3e-2), (got, want)
