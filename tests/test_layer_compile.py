@@ -71,7 +71,7 @@ def test_the_same_architecture_borrows_the_record_and_says_so() -> None:
     ("caps_kw", "query", "facts_kw", "why"),
     [
         ({"torch_version": "2.10.1"}, {}, {}, "measured on torch 2.11 and later"),
-        ({}, {"intent": "qlora"}, {}, "not measured for qlora"),
+        ({}, {"intent": "training"}, {}, "not measured for training"),
         ({}, {"attention": "sdpa"}, {}, "not measured for lora with packed steps and sdpa"),
         ({}, {"layout": "padded"}, {}, "not measured for lora with padded steps"),
         ({}, {"parallel": True}, {}, "split across ranks"),
@@ -107,7 +107,9 @@ def test_the_data_decides_against_its_payback() -> None:
     assert layer_compile_for_run(planned, payback, 699, None).choice == "off"
     assert "699 steps, fewer than the ~700" in layer_compile_for_run(planned, payback, 699, None).reasons[0]
     assert layer_compile_for_run(planned, payback, 700, None).choice == "layers"
-    assert layer_compile_for_run(planned, payback, None, None).choice == "layers"  # unknown: taken as repaying
+    assert (
+        layer_compile_for_run(planned, payback, None, None).choice == "layers"
+    )  # unknown: taken as repaying
     forced = layer_compile_for_run(planned, payback, 3, True)
     assert forced.choice == "layers" and forced.explicit
     assert layer_compile_for_run(planned, payback, 10**6, False).choice == "off"
@@ -144,11 +146,22 @@ def _tiny_path() -> str:
 
 
 def test_an_h100_lora_plan_compiles_from_the_shipped_record() -> None:
-    """The shipped priors hold an H100 record for 8B LoRA, packed, cudaload_varlen: a plan there takes it."""
+    """The shipped priors hold H100 records for 8B LoRA and QLoRA, packed, cudaload_varlen: plans there take
+    them."""
     plan = cudaload.plan(_tiny_path(), hardware=_caps(), intent="lora", seq_len=256, batch_size=8)
     assert plan.attention.choice == "cudaload_varlen" and plan.training is not None
     assert plan.training.layer_compile is not None and plan.training.layer_compile.choice == "layers"
     assert plan.training.layer_compile_payback and plan.training.layer_compile_payback > 100
+    q = cudaload.plan(
+        _tiny_path(),
+        hardware=_caps(),
+        intent="qlora",
+        seq_len=256,
+        batch_size=8,
+        assume_installed=["bitsandbytes"],
+    )
+    assert q.training is not None and q.training.layer_compile is not None
+    assert q.training.layer_compile.choice == "layers"
     cpu = cudaload.plan(_tiny_path(), intent="lora", seq_len=256, batch_size=8, hardware=hardware("H100"))
     assert cpu.training is not None and cpu.training.layer_compile is not None
     assert cpu.training.layer_compile.choice == "off"  # a CPU build of torch: sdpa, not measured
@@ -229,7 +242,9 @@ def test_gpu_compiled_layers_train_packed_like_eager(tmp_path: Path) -> None:
 
             @staticmethod
             def data_collator(f: Any) -> Any:
-                return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in s.data_collator(f).items()}
+                return {
+                    k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in s.data_collator(f).items()
+                }
 
         return S
 
