@@ -19,7 +19,8 @@ For each (shape, mode, length distribution) two fresh processes train the same s
   planned as cudaload plans it otherwise, on the same data. ``--methods cudaload-varlen,cudaload-sdpa-packed,
   cudaload-sdpa-padded`` gives tokens/s for each in one command (results.md's "Attention and layout" table).
 - ``cudaload-compiled``: ``cudaload`` with ``training_setup(..., compile_layers=True)``: each decoder layer
-  compiled, as the plan takes it on a data set long enough to repay the compile (the first step pays it).
+  compiled, as the plan takes it on a data set long enough to repay the compile (the first step pays it). Any
+  method above ending in ``-compiled`` (``cudaload-varlen-compiled``) is that method with its layers compiled.
 
 Measured over ``--steps`` optimizer steps after ``--warmup``: real (non-padding) tokens per second (the steps'
 tokens over their wall time, data loading included, CUDA synchronised at each step's end), the spread of
@@ -183,7 +184,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             from cudaload.policies.memory import CUDA_CONTEXT_BYTES
 
             kw["max_memory"] = {"cuda:0": int(card * GiB) + CUDA_CONTEXT_BYTES}
-        kw.update(VARIANTS.get(spec["method"], {}))
+        # a "-compiled" method is its base method with the decoder layers compiled (cudaload-varlen-compiled)
+        compiled = spec["method"].endswith("-compiled")
+        kw.update(VARIANTS.get(spec["method"].removesuffix("-compiled"), {}))
         model = cudaload.load_model(spec["path"], intent=spec["mode"], seq_len=seq, batch_size=BATCH, **kw)
         if spec["method"] == "cudaload-peftcast":
             # the A/B of the plan's adapter_cast decision: PEFT's own cast of every adapted input put back
@@ -195,9 +198,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                     m.cast_input_dtype_enabled = True
         # cudaload-compiled: the decoder layers compiled whatever the data set's length (a benchmark's few dozen
         # steps never repay the compile, which the first step pays: step_seconds[0])
-        setup = cudaload.training_setup(
-            model, data, compile_layers=True if spec["method"] == "cudaload-compiled" else None
-        )
+        setup = cudaload.training_setup(model, data, compile_layers=True if compiled else None)
         targs.update(setup.arguments)
         collate, dataset = setup.data_collator, setup.train_dataset
         p = model.cudaload_plan
