@@ -250,3 +250,18 @@ def test_gpu_compiled_layers_train_packed_like_eager(tmp_path: Path) -> None:
 
     got, want = _steps(compiled, on_gpu(setup), 3), _steps(eager, on_gpu(plain), 3)
     assert got == pytest.approx(want, rel=3e-2), (got, want)
+
+
+def test_attention_for_training_ranks_a_backend_at_its_compiled_rate() -> None:
+    """The shipped H100 records: flash_attention_4 7,190 and cudaload_varlen 7,002 tokens/s eager, and
+    cudaload_varlen's layers 1.43x compiled. With flash-attn-4 installed, an H100 LoRA plan takes cudaload_varlen
+    (and its compiled layers) where the layers can be compiled, flash_attention_4 where they cannot."""
+    kw: dict[str, Any] = dict(intent="lora", seq_len=256, batch_size=8, assume_installed=["flash-attn-4"])
+    plan = cudaload.plan(_tiny_path(), hardware=_caps(), **kw)
+    assert plan.attention.choice == "cudaload_varlen"
+    assert any("with compiled decoder layers" in r for r in plan.attention.reasons)
+    assert plan.training is not None and plan.training.layer_compile is not None
+    assert plan.training.layer_compile.choice == "layers"
+    old = cudaload.plan(_tiny_path(), hardware=_caps(torch_version="2.10.0"), **kw)
+    assert old.attention.choice == "flash_attention_4"
+    assert not any("compiled" in r for r in old.attention.reasons)

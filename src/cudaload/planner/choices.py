@@ -11,7 +11,7 @@ from ..plans.decision import Decision
 from ..policies.attention import AttentionFacts, AttentionQuery, AttentionTimings, select_attention
 from ..policies.dtype import choose_dtype
 from ..request import Request
-from ..tuning import Timings, load_sdpa_facts, load_training_facts
+from ..tuning import Timings, load_layer_compile_facts, load_sdpa_facts, load_training_facts
 from ..tuning import lookup as lookup_timings
 from .machine import _first_use_here
 from .sections import _serving_attention
@@ -70,6 +70,7 @@ def attention_for(
             first_use=_first_use_here(caps),
             sdpa=load_sdpa_facts(),
             training=load_training_facts(),
+            layer_compile=load_layer_compile_facts(),
         ),
     )
     assert at.choice is not None

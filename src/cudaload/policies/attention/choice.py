@@ -30,7 +30,8 @@ from ...model_info import ModelInfo
 from ...plans.decision import Candidate, Decision
 from .. import sdpa_dispatch
 from ..sdpa_dispatch import SDPA_DECODE, SDPA_NO_CUDNN, SdpaFacts
-from ..training_facts import TrainingFacts, training_facts_for
+from ..training.compile import layer_compile_problems
+from ..training_facts import LayerCompileFacts, TrainingFacts, layer_compile_facts_for, training_facts_for
 from .candidates import _candidates
 from .first_use import FIRST_USE
 from .names import _TRAINING, _VLLM_FA3, ALL_NAMES, HUB_KERNEL, SHORT_DECODE_MAX_TOKENS, TORCH_VARLEN, VARLEN
@@ -298,7 +299,9 @@ def _by_rules(pool: _Pool, query: AttentionQuery, facts: AttentionFacts, note: l
     if short:
         note = [f"{short}; {_SHORT_DECODE_YIELDS}", *note]
     if query.intent in _TRAINING:
-        order, train_why = _training_order(pool.caps, by, facts.training)
+        order, train_why = _training_order(
+            pool.caps, by, facts.training, _compiled_gain(pool.caps, query.intent, facts.layer_compile)
+        )
         chosen = next(n for n in order if by[n].ok)
         return pool.decision(chosen, (*train_why(chosen), *by[chosen].reasons))
     return _default(pool, variant, note)
@@ -355,18 +358,42 @@ def _varlen_rule_order(caps: Capabilities) -> tuple[str, ...]:
     return (*fa2, *fa3, *fa4)
 
 
+def _compiled_gain(
+    caps: Capabilities, intent: str, facts: Sequence[LayerCompileFacts]
+) -> Callable[[str], LayerCompileFacts | None]:
+    """For a backend, the record of its packed training steps measured faster with compiled decoder layers on this
+    GPU's architecture, where the layers can be compiled here (cudaload.policies.training.compile); else None."""
+    if layer_compile_problems(caps, intent=intent, parallel=False):
+        return lambda name: None
+
+    def gain(name: str) -> LayerCompileFacts | None:
+        f = layer_compile_facts_for(caps, facts, intent=intent, layout="packed", attention=name)
+        return f if f is not None and f.saved_per_step_s > 0 else None
+
+    return gain
+
+
 def _training_order(
-    caps: Capabilities, by: Mapping[str, Candidate], facts: Sequence[TrainingFacts]
+    caps: Capabilities,
+    by: Mapping[str, Candidate],
+    facts: Sequence[TrainingFacts],
+    compiled: Callable[[str], LayerCompileFacts | None] = lambda name: None,
 ) -> tuple[tuple[str, ...], Callable[[str], list[str]]]:
     """Training's preference: the varlen flash kernels (those measured on this GPU's architecture fastest first,
     then the flash packages in :func:`_varlen_rule_order`, then ``cudaload_varlen``, torch's own flash kernels
-    that need no package), then sdpa, flex_attention and eager. Returns the order and a function giving the
-    chosen backend's reasons."""
+    that need no package), then sdpa, flex_attention and eager. A measured backend whose layers were also measured
+    compiled (``compiled``) ranks at its compiled rate: a run long enough to repay the compile gets it
+    (cudaload.training_setup), as a run long enough amortises any backend's first-use seconds. Returns the order
+    and a function giving the chosen backend's reasons."""
     f = training_facts_for(caps, facts)
+
+    def rate(n: str) -> float:
+        assert f is not None
+        c = compiled(n)
+        return f.tokens_per_s[n] * (c.step_s / c.compiled_step_s if c is not None else 1.0)
+
     measured = (
-        sorted((n for n in f.tokens_per_s if n in by and by[n].ok), key=lambda n: -f.tokens_per_s[n])
-        if f is not None
-        else []
+        sorted((n for n in f.tokens_per_s if n in by and by[n].ok), key=lambda n: -rate(n)) if f else []
     )
     # a measurement reorders what it measured against each other, not the classes: a valid varlen kernel, even
     # unmeasured here, goes before sdpa (which packs with a tokens x tokens mask), as every measured one did
@@ -388,6 +415,13 @@ def _training_order(
                 )
                 + f" tokens/s ({f.source})"
             )
+            for n in (n for n in measured if compiled(n) is not None):
+                c = compiled(n)
+                assert c is not None
+                out.append(
+                    f"{n} with compiled decoder layers: ~{rate(n):,.0f} tokens/s ({c.step_s / c.compiled_step_s:.2f}x "
+                    f"the eager step, {c.gpu.split('/')[0]}, {c.date}), where the run repays the compile"
+                )
             unmeasured = [
                 n
                 for n in (*_varlen_rule_order(caps), TORCH_VARLEN)

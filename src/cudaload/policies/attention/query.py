@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..sdpa_dispatch import SdpaFacts
-from ..training_facts import TrainingFacts
+from ..training_facts import LayerCompileFacts, TrainingFacts
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,12 @@ class AttentionFacts:
     (import, JIT), over the shipped :data:`~cudaload.policies.attention.FIRST_USE` per name (0.0 for a backend
     already imported and compiled here); ``sdpa``: SDPA's cuDNN dispatch measured
     (:mod:`cudaload.policies.sdpa_dispatch`); ``training``: training throughput per backend
-    (:mod:`cudaload.policies.training_facts`)."""
+    (:mod:`cudaload.policies.training_facts`); ``layer_compile``: what compiled decoder layers did to a training
+    step per attention (:class:`~cudaload.policies.training_facts.LayerCompileFacts`): a backend whose layers
+    were measured faster compiled is ranked at its compiled throughput."""
 
     timings: AttentionTimings = field(default_factory=AttentionTimings)
     first_use: Mapping[str, float] | None = None
     sdpa: Sequence[SdpaFacts] = ()
     training: Sequence[TrainingFacts] = ()
+    layer_compile: Sequence[LayerCompileFacts] = ()
