@@ -28,7 +28,9 @@ Jobs (greedy, exactly ``new`` tokens each call, EOS off; prompts random ids, bat
 comparison reads the second); ``long``: 1 call 512+5,000 at batch 1; ``long3k``: 1 call 640+3,000; ``short64``: 2
 calls 640+64; ``mix``: 640+64, 640+3,000, 640+64 (issue 43: the per-call decode's short call before and after a
 long one); ``batched``: 2 calls
-of batch 8, prompts 200-700 tokens left-padded, +128; ``probe``: a compile probe: 512+16 (the compile), then
+of batch 8, prompts 200-700 tokens left-padded, +128; ``b4`` / ``b8`` / ``b32``: 2 calls of batch 4 / 8 / 32,
+prompts 200-700 left-padded, +256 (issue 43 item 4); ``notebook``: 640+20, 640+120, 700+300, then 640+3,000
+(issue 43 item 6); ``probe``: a compile probe: 512+16 (the compile), then
 512+256, 900+256, 1500+128 (the same bucket: no recompile expected), each call timed, the prefill of each
 prompt timed apart (``max_new_tokens=1``) so ms per decode token = (call - prefill) / (new - 1). ``ab``: the
 probe's first call, then its other calls ``--reps`` times, each with both decode loops in rotated order, in one
@@ -75,6 +77,56 @@ JOBS: dict[str, list[tuple[int, Any, int]]] = {
     "mix": [(1, 640, 64), (1, 640, 3000), (1, 640, 64)],
     "long3k": [(1, 640, 3000)],
     "short64": [(1, 640, 64), (1, 640, 64)],
+    # issue 43 item 4: batched decode at batch 4, 8 and 32 (prompts 200-700 left-padded, +256, two calls: the
+    # second is past any compile)
+    "b4": [(4, [700, 520, 300, 650], 256), (4, [260, 700, 450, 330], 256)],
+    "b8": [
+        (8, [700, 520, 300, 650, 200, 480, 610, 390], 256),
+        (8, [260, 700, 450, 330, 590, 210, 640, 500], 256),
+    ],
+    "b32": [
+        (
+            32,
+            [
+                219,
+                346,
+                556,
+                590,
+                273,
+                691,
+                436,
+                389,
+                543,
+                557,
+                605,
+                249,
+                432,
+                506,
+                455,
+                511,
+                209,
+                463,
+                421,
+                495,
+                390,
+                519,
+                636,
+                684,
+                480,
+                653,
+                586,
+                686,
+                422,
+                401,
+                290,
+                229,
+            ],
+            256,
+        )
+    ]
+    * 2,
+    # issue 43 item 6: a notebook's work, a few calls of 20-300 new tokens, then one long call
+    "notebook": [(1, 640, 20), (1, 640, 120), (1, 700, 300), (1, 640, 3000)],
 }
 SMOKE_JOBS: dict[str, list[tuple[int, Any, int]]] = {
     "ab": [(1, 16, 4), (1, 20, 8), (1, 30, 8)],
@@ -86,6 +138,10 @@ SMOKE_JOBS: dict[str, list[tuple[int, Any, int]]] = {
     "mix": [(1, 16, 4), (1, 16, 40), (1, 16, 4)],
     "long3k": [(1, 16, 40)],
     "short64": [(1, 16, 4), (1, 16, 4)],
+    "b4": [(4, [12, 7, 9, 5], 5)] * 2,
+    "b8": [(8, [12, 7, 9, 5, 11, 6, 8, 10], 5)] * 2,
+    "b32": [(32, [5 + i % 9 for i in range(32)], 5)] * 2,
+    "notebook": [(1, 16, 4), (1, 16, 8), (1, 18, 8), (1, 16, 40)],
 }
 
 

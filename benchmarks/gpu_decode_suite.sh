@@ -20,6 +20,10 @@
 #   benchmarks/gpu_decode_suite.sh 8   issue 43's goals (not yet run): this GPU's graphed decode measured and
 #      written into the priors (decode_graphs.py --record), then from process start: one undeclared 640+3,000
 #      call (graphed), the same declared cold and warm (compiled), and short calls undeclared against dynamic
+#   benchmarks/gpu_decode_suite.sh 9   issue 43 item 4 (not yet run): batched decode, batch 8 compiled / graphed
+#      (undeclared) / plain, then batch 32 compiled, 2 calls of +256 each
+#   benchmarks/gpu_decode_suite.sh 10  issue 43 item 6 (not yet run): a notebook's calls (640+20, +120, 700+300,
+#      then 640+3,000) undeclared, plain and declared; then batch 4 compiled
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -27,6 +31,15 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 9 ] || [ "${1:-1}" = 10 ]; then
+  if [ "$1" = 9 ]; then runs="compiled:b8,cudaload:b8,plain:b8,compiled:b32"; else
+    runs="cudaload:notebook,plain:notebook,declared:notebook,compiled:b4"; fi
+  timeout 580 python benchmarks/bench_decode.py --out "$out/d$1" --work "$work" --runs "$runs" --budget-s 575 \
+    2>&1 | log > "$out/d$1.log"
+  rm -f "$out"/d*/results.md
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+  exit 0
+fi
 if [ "${1:-1}" = 8 ]; then
   timeout 150 python benchmarks/investigations/decode_graphs.py --shape 8b --parts dyn,prod \
     --record src/cudaload/tuning/priors.json --out "$out/graphs.jsonl" --work "$work" 2>&1 | log > "$out/graphs.log"
