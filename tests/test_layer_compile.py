@@ -265,3 +265,16 @@ def test_attention_for_training_ranks_a_backend_at_its_compiled_rate() -> None:
     old = cudaload.plan(_tiny_path(), hardware=_caps(torch_version="2.10.0"), **kw)
     assert old.attention.choice == "flash_attention_4"
     assert not any("compiled" in r for r in old.attention.reasons)
+
+
+def test_a_backend_another_record_of_this_architecture_measured_is_scaled_in() -> None:
+    """The H200's training record measured flash_attention_4 and sdpa; the H100's (same sm90) flash_attention_4
+    and cudaload_varlen: on the H200, cudaload_varlen ranks at the H100's ratio to flash_attention_4 applied to
+    the H200's flash_attention_4, then at its compiled rate."""
+    kw: dict[str, Any] = dict(intent="lora", seq_len=256, batch_size=8, assume_installed=["flash-attn-4"])
+    plan = cudaload.plan(_tiny_path(), hardware=_caps("H200"), **kw)
+    assert plan.attention.choice == "cudaload_varlen"
+    scaled = next(r for r in plan.attention.reasons if r.startswith("cudaload_varlen ~"))
+    assert "8,317 tokens/s here" in scaled and "the same architecture" in scaled  # 8,540 * 7,002 / 7,190
+    old = cudaload.plan(_tiny_path(), hardware=_caps("H200", torch_version="2.10.0"), **kw)
+    assert old.attention.choice == "flash_attention_4"  # 8,540 against ~8,317, layers not compiled there

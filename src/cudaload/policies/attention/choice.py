@@ -373,6 +373,33 @@ def _compiled_gain(
     return gain
 
 
+def _borrowed_rates(
+    f: TrainingFacts, facts: Sequence[TrainingFacts]
+) -> dict[str, tuple[float, TrainingFacts, str]]:
+    """Backends ``f`` did not measure, from the newest other record of the same architecture, intent and layout
+    that measured them beside a backend ``f`` did: that record's ratio applied to ``f``'s figure (the decode
+    facts borrow the same way: cudaload.policies.decode_facts ``with_graphed``). Backend -> (tokens/s, the record,
+    the backend both measured)."""
+    sm = f.gpu.rsplit("/", 1)[-1]
+    out: dict[str, tuple[float, TrainingFacts, str]] = {}
+    for other in sorted(facts, key=lambda r: r.date, reverse=True):
+        if (
+            other is f
+            or other.gpu.rsplit("/", 1)[-1] != sm
+            or (other.intent, other.layout) != (f.intent, f.layout)
+        ):
+            continue
+        common = next(
+            (c for c in other.tokens_per_s if c in f.tokens_per_s and other.tokens_per_s[c] > 0), None
+        )
+        if common is None:
+            continue
+        for n, v in other.tokens_per_s.items():
+            if n not in f.tokens_per_s and n not in out:
+                out[n] = (f.tokens_per_s[common] * v / other.tokens_per_s[common], other, common)
+    return out
+
+
 def _training_order(
     caps: Capabilities,
     by: Mapping[str, Candidate],
@@ -386,15 +413,15 @@ def _training_order(
     (cudaload.training_setup), as a run long enough amortises any backend's first-use seconds. Returns the order
     and a function giving the chosen backend's reasons."""
     f = training_facts_for(caps, facts)
+    eager = dict(f.tokens_per_s) if f is not None else {}
+    borrowed = _borrowed_rates(f, facts) if f is not None else {}
+    eager.update({n: b[0] for n, b in borrowed.items()})
 
     def rate(n: str) -> float:
-        assert f is not None
         c = compiled(n)
-        return f.tokens_per_s[n] * (c.step_s / c.compiled_step_s if c is not None else 1.0)
+        return eager[n] * (c.step_s / c.compiled_step_s if c is not None else 1.0)
 
-    measured = (
-        sorted((n for n in f.tokens_per_s if n in by and by[n].ok), key=lambda n: -rate(n)) if f else []
-    )
+    measured = sorted((n for n in eager if n in by and by[n].ok), key=lambda n: -rate(n))
     # a measurement reorders what it measured against each other, not the classes: a valid varlen kernel, even
     # unmeasured here, goes before sdpa (which packs with a tokens x tokens mask), as every measured one did
     # (cudaload_varlen after the flash packages: an installed package is the user's choice, and one measured
@@ -415,7 +442,14 @@ def _training_order(
                 )
                 + f" tokens/s ({f.source})"
             )
-            for n in (n for n in measured if compiled(n) is not None):
+            for n in (n for n in measured if n in borrowed and n == chosen):
+                v, other, common = borrowed[n]
+                out.append(
+                    f"{n} ~{v:,.0f} tokens/s here: measured on {other.gpu.split('/')[0]} (the same architecture, "
+                    f"{other.date}) at {other.tokens_per_s[n]:,.0f} against its {common} "
+                    f"{other.tokens_per_s[common]:,.0f}, scaled to this record's {common}"
+                )
+            for n in (n for n in measured if compiled(n) is not None and n == chosen):
                 c = compiled(n)
                 assert c is not None
                 out.append(
@@ -425,7 +459,7 @@ def _training_order(
             unmeasured = [
                 n
                 for n in (*_varlen_rule_order(caps), TORCH_VARLEN)
-                if n in by and by[n].ok and n not in f.tokens_per_s
+                if n in by and by[n].ok and n not in eager
             ]
             if unmeasured:
                 out.append("also valid, not measured for training here: " + ", ".join(unmeasured))
