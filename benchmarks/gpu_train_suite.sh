@@ -6,6 +6,9 @@
 #                                     cast put back; twice, the order reversed), the 46 GiB card again, 0.6B QLoRA
 #   benchmarks/gpu_train_suite.sh 4   issue 44: cudaload_varlen's GPU tests, then 8B LoRA on chat lengths with
 #                                     torch's varlen kernels, packed sdpa and padded sdpa on the same data
+#   benchmarks/gpu_train_suite.sh 5   issue 44 (not yet run): compiled layers against the plain recipes where the
+#                                     2026-12-07 H100 runs left gaps: 8B LoRA on document lengths, 8B QLoRA on
+#                                     instruction-like lengths (carry the quant wheels)
 # Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +48,12 @@ case ${1:-1} in
     timeout 380 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists chat \
       --methods cudaload-varlen,cudaload-sdpa-packed,cudaload-sdpa-padded --budget-s 370 2>&1 | log > "$out/bench1.log"
     cp "$out/t1/results.md" "$out/varlen_results.md" 2>/dev/null  # its "Attention and layout" table
+    ;;
+  5)
+    timeout 300 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists docs \
+      --methods cudaload-compiled,plain,cudaload --budget-s 290 2>&1 | log > "$out/bench1.log"
+    timeout 260 python benchmarks/bench_train.py --out "$out/t2" --shapes 8b --modes qlora --dists instruct \
+      --methods cudaload-compiled,plain --budget-s 250 2>&1 | log > "$out/bench2.log"
     ;;
 esac
 rm -f "$out"/*/results.md
