@@ -9,6 +9,10 @@
 #   benchmarks/gpu_train_suite.sh 5   issue 44 (not yet run): compiled layers against the plain recipes where the
 #                                     2026-12-07 H100 runs left gaps: 8B LoRA on document lengths, 8B QLoRA on
 #                                     instruction-like lengths (carry the quant wheels)
+#   benchmarks/gpu_train_suite.sh 6   issue 44 item 4 (not yet run): the plan's longest sequence at emulated card
+#                                     sizes (QLoRA 8B at 24/16/12 GiB, LoRA 8B at 24, full 0.6B at 12/8) trained at
+#                                     that length: out of memory or not, predicted against measured peaks
+#                                     (benchmarks/bench_fit_boundary.py; carry the quant wheels)
 # Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +52,10 @@ case ${1:-1} in
     timeout 380 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists chat \
       --methods cudaload-varlen,cudaload-sdpa-packed,cudaload-sdpa-padded --budget-s 370 2>&1 | log > "$out/bench1.log"
     cp "$out/t1/results.md" "$out/varlen_results.md" 2>/dev/null  # its "Attention and layout" table
+    ;;
+  6)
+    timeout 580 python benchmarks/bench_fit_boundary.py --out "$out/fit" --work /tmp/cudaload-bench --budget-s 540 \
+      2>&1 | log > "$out/fit.log"
     ;;
   5)
     timeout 300 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists docs \
