@@ -24,6 +24,8 @@
 #      (undeclared) / plain, then batch 32 compiled, 2 calls of +256 each
 #   benchmarks/gpu_decode_suite.sh 10  issue 43 item 6 (not yet run): a notebook's calls (640+20, +120, 700+300,
 #      then 640+3,000) undeclared, plain and declared; then batch 4 compiled
+#   benchmarks/gpu_decode_suite.sh 11  issue 43 item 3 (not yet run): the compiled step with gpt-fast's coordinate
+#      descent tuning and with fused projections (benchmarks/investigations/decode_compile_options.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -31,6 +33,12 @@ out=${OUT:-/tmp/out}
 work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
+if [ "${1:-1}" = 11 ]; then
+  timeout 585 python benchmarks/investigations/decode_compile_options.py --variants base,fused,cdt,fused_cdt \
+    --timeout-s 140 > "$out/options.jsonl" 2> "$out/options.err"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+  exit 0
+fi
 if [ "${1:-1}" = 9 ] || [ "${1:-1}" = 10 ]; then
   if [ "$1" = 9 ]; then runs="compiled:b8,cudaload:b8,plain:b8,compiled:b32"; else
     runs="cudaload:notebook,plain:notebook,declared:notebook,compiled:b4"; fi

@@ -11,6 +11,17 @@ replays (generate() synchronises every step, so the GPU waits for it). Variants:
   ~400 inputs that every call passes through dynamo's, AOTAutograd's and the CUDA graph tree's wrappers);
 - ``legacy``: CUDA graphs without graph trees (``triton.cudagraph_trees=False``).
 
+Issue 43 item 3 (the compiled step toward the memory bound: 5.6 ms of GPU work a step on the H200 against 3.4 ms
+of weight reads; cuBLAS's GEMVs at 1.6-4.4 TB/s, the small k/v projections slowest), not yet run:
+
+- ``cdt``: CUDA graphs with inductor's ``coordinate_descent_tuning`` (gpt-fast's setting: its generated kernels,
+  the GEMV reductions among them, tuned by coordinate descent at compile time);
+- ``fused``: ``base`` on a model whose projections that read one input share one GEMM (q/k/v: 8B 4096 x 6144,
+  gate/up: 4096 x 24576; :func:`fuse_projections`): 3 GEMVs a layer fewer, the small k/v ones inside a large one.
+  inductor's own ``batch_linear_lhs`` pre-grad fusion does not apply (it matches 2-D inputs only, torch 2.13
+  _inductor/fx_passes/group_batch_fusion.py:595-608; transformers' hidden states are 3-D);
+- ``fused_cdt``: both.
+
 Per variant: the compile (the first warm-up call), ms per decode token on three 512 + 256 calls ((call - its
 prefill) / 255), the peak memory, and greedy parity: the compiled tokens against the dynamic path's on a 512 + 64
 call up to the first step whose dynamic top-2 margin is within 4 bf16 steps (a near-tie). JSON lines.
@@ -33,7 +44,69 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "base": {"mode": "reduce-overhead"},
     "freeze": {"mode": None, "options": {"triton.cudagraphs": True, "freezing": True}},
     "legacy": {"mode": None, "options": {"triton.cudagraphs": True, "triton.cudagraph_trees": False}},
+    "cdt": {"mode": None, "options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}},
+    "fused": {"mode": "reduce-overhead", "fuse": True},
+    "fused_cdt": {
+        "mode": None,
+        "options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True},
+        "fuse": True,
+    },
 }
+
+
+def fuse_projections(model: Any) -> int:
+    """Give the projections of each layer that read one input one GEMM: every layer's q/k/v (``self_attn``) and
+    gate/up (``mlp``) weights concatenated into one parameter, the old modules replaced by slices of it. The first
+    projection of a group computes the whole product; the others return their slice when they get the same input
+    tensor (else they compute their own part), and the last clears it, so nothing outlives the forward. The
+    weights become views of the shared parameter: no extra memory. Returns how many groups were fused."""
+    import torch
+    import torch.nn.functional as F
+
+    class Shared(torch.nn.Module):
+        def __init__(self, linears: list[Any]) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.cat([m.weight.data for m in linears]), requires_grad=False)
+            biases = [m.bias for m in linears]
+            self.bias = (
+                None
+                if all(b is None for b in biases)
+                else torch.nn.Parameter(torch.cat([b.data for b in biases]), requires_grad=False)
+            )
+            self.x: Any = None
+            self.y: Any = None
+
+    class Part(torch.nn.Module):
+        def __init__(self, shared: Shared, start: int, size: int, first: bool, last: bool) -> None:
+            super().__init__()
+            self.__dict__["shared"] = shared  # not a submodule: the shared weight is registered once
+            self.start, self.size, self.first, self.last = start, size, first, last
+            self.weight = torch.nn.Parameter(shared.weight.data[start : start + size], requires_grad=False)
+
+        def forward(self, x: Any) -> Any:
+            s = self.shared
+            if self.first or s.x is not x:
+                s.x, s.y = x, F.linear(x, s.weight, s.bias)
+            out = s.y[..., self.start : self.start + self.size]
+            if self.last:
+                s.x = s.y = None
+            return out
+
+    groups = 0
+    for layer in model.model.layers:
+        for owner, names in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+            (layer.mlp, ("gate_proj", "up_proj")),
+        ):
+            linears = [getattr(owner, n) for n in names]
+            shared = Shared(linears)
+            owner.add_module("fused_" + "_".join(n.split("_")[0] for n in names), shared)
+            start = 0
+            for i, (n, m) in enumerate(zip(names, linears, strict=True)):
+                setattr(owner, n, Part(shared, start, m.out_features, i == 0, i == len(names) - 1))
+                start += m.out_features
+            groups += 1
+    return groups
 
 
 def child(variant: str, smoke: bool) -> dict[str, Any]:
@@ -50,6 +123,8 @@ def child(variant: str, smoke: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dt, attn_implementation="cudaload_sdpa").eval()
+    spec = dict(VARIANTS[variant])
+    fused = fuse_projections(model) if spec.pop("fuse", False) else 0
     gc = model.generation_config
     gc.eos_token_id, gc.pad_token_id, gc.do_sample = None, 0, False
     vocab = cfg.vocab_size
@@ -71,12 +146,12 @@ def child(variant: str, smoke: bool) -> dict[str, Any]:
     ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(top2[:, 0].abs())))
     tie = (top2[:, 0] - top2[:, 1]) < 4 * ulp
     gc.cache_implementation, gc.max_cache_len = "static", slots
-    cc = CompileConfig(fullgraph=False, dynamic=False, **VARIANTS[variant])
+    cc = CompileConfig(fullgraph=False, dynamic=False, **spec)
     if not cuda:
         cc.backend, cc.mode, cc.options = "aot_eager", None, None
         cc._compile_all_devices = True
     gc.compile_config = cc
-    out: dict[str, Any] = {"variant": variant}
+    out: dict[str, Any] = {"variant": variant, "fused_groups": fused}
     sync()
     t0 = time.perf_counter()
     gen(8)
