@@ -278,3 +278,65 @@ def test_a_backend_another_record_of_this_architecture_measured_is_scaled_in() -
     assert "8,317 tokens/s here" in scaled and "the same architecture" in scaled  # 8,540 * 7,002 / 7,190
     old = cudaload.plan(_tiny_path(), hardware=_caps("H200", torch_version="2.10.0"), **kw)
     assert old.attention.choice == "flash_attention_4"  # 8,540 against ~8,317, layers not compiled there
+
+
+def _train_facts(gpu: str, rates: dict[str, float], date: str = "2026-12-07") -> Any:
+    from cudaload.policies.training_facts import TrainingFacts
+
+    return TrainingFacts(
+        gpu=gpu,
+        versions={},
+        date=date,
+        model="m",
+        intent="lora",
+        layout="packed",
+        tokens_per_s=rates,
+        source="test",
+    )
+
+
+def _lora_attention(caps: Any, training: list[Any], compiled: list[LayerCompileFacts]) -> Decision:
+    from cudaload.model_info import model_info
+    from cudaload.policies.attention import choose_attention
+    from cudaload.testing import full_config
+
+    info = model_info(full_config("Qwen3-8B"))
+    return choose_attention(
+        info, caps, dtype="bfloat16", intent="lora", training_facts=training, layer_compile_facts=compiled
+    )
+
+
+def test_explicit_facts_the_compiled_rate_reorders_measured_backends() -> None:
+    caps = _caps().with_packages(["flash-attn-4"])
+    h100 = _train_facts(
+        "NVIDIA H100 80GB HBM3/sm90", {"flash_attention_4": 7190.0, "cudaload_varlen": 7002.0}
+    )
+    assert _lora_attention(caps, [h100], []).choice == "flash_attention_4"
+    faster = _facts(step_s=0.35, compiled_step_s=0.25)  # 1.4x: 9,803 against 7,190
+    d = _lora_attention(caps, [h100], [faster])
+    assert d.choice == "cudaload_varlen"
+    assert any("with compiled decoder layers: ~9,803 tokens/s" in r for r in d.reasons), d.reasons
+    barely = _facts(step_s=0.35, compiled_step_s=0.345)  # 1.01x: 7,104, still below 7,190
+    assert _lora_attention(caps, [h100], [barely]).choice == "flash_attention_4"
+    fa4_compiled = _facts(attention="flash_attention_4", step_s=0.36, compiled_step_s=0.24)  # 1.5x: 10,785
+    assert _lora_attention(caps, [h100], [faster, fa4_compiled]).choice == "flash_attention_4"
+    old_torch = _caps(torch_version="2.10.0").with_packages(["flash-attn-4"])  # layers cannot compile there
+    assert _lora_attention(old_torch, [h100], [faster]).choice == "flash_attention_4"
+
+
+def test_explicit_facts_a_backend_is_scaled_in_from_the_same_architecture_only() -> None:
+    caps = _caps("H200").with_packages(["flash-attn-4"])
+    h200 = _train_facts("NVIDIA H200/sm90", {"flash_attention_4": 8540.0, "sdpa": 5662.0}, date="2026-12-03")
+    h100 = _train_facts(
+        "NVIDIA H100 80GB HBM3/sm90", {"flash_attention_4": 7190.0, "cudaload_varlen": 7002.0}
+    )
+    a100 = _train_facts("NVIDIA A100-SXM4-80GB/sm80", {"flash_attention_4": 100.0, "cudaload_varlen": 1000.0})
+    faster = _facts(step_s=0.35, compiled_step_s=0.25)
+    # the H200's own record is chosen (same name); cudaload_varlen ~8,317 (8,540 x 7,002 / 7,190) eager
+    d = _lora_attention(caps, [h200, h100], [])
+    assert d.choice == "flash_attention_4"
+    d = _lora_attention(caps, [h200, h100], [faster])  # ~11,644 compiled
+    assert d.choice == "cudaload_varlen"
+    assert any(r.startswith("cudaload_varlen ~8,317 tokens/s here") for r in d.reasons), d.reasons
+    # an sm80 record lends nothing to an sm90 GPU, even one that says cudaload_varlen is 10x faster there
+    assert _lora_attention(caps, [h200, a100], []).choice == "flash_attention_4"

@@ -87,12 +87,13 @@ def choose_attention(
     timings_repeated: Mapping[str, float] | None = None,
     sdpa_facts: Sequence[SdpaFacts] = (),
     training_facts: Sequence[TrainingFacts] = (),
+    layer_compile_facts: Sequence[LayerCompileFacts] = (),
 ) -> Decision:
     """``attn_implementation`` for ``info`` (a :class:`cudaload.model_info.ModelInfo`) on ``caps``: the keyword
     form of :func:`select_attention`, each keyword a field of its :class:`AttentionQuery` (``dtype``,
     ``intent``, ``requested``, ``trust``, ``revision``, ``work``) or :class:`AttentionFacts` (``timings``,
     ``timings_source`` and ``timings_repeated`` as :class:`AttentionTimings`; ``first_use``; ``sdpa_facts``;
-    ``training_facts``).
+    ``training_facts``; ``layer_compile_facts`` as its ``layer_compile``).
 
     "auto" never raises: eager always qualifies. An explicit name is honoured when valid, else
     InvalidChoiceError with every reason.
@@ -116,7 +117,11 @@ def choose_attention(
         caps,
         AttentionQuery(dtype, intent, requested, trust, revision, work),
         AttentionFacts(
-            AttentionTimings(timings, timings_source, timings_repeated), first_use, sdpa_facts, training_facts
+            AttentionTimings(timings, timings_source, timings_repeated),
+            first_use,
+            sdpa_facts,
+            training_facts,
+            layer_compile_facts,
         ),
     )
 
