@@ -21,6 +21,12 @@ For each (shape, mode, length distribution) two fresh processes train the same s
 - ``cudaload-compiled``: ``cudaload`` with ``training_setup(..., compile_layers=True)``: each decoder layer
   compiled, as the plan takes it on a data set long enough to repay the compile (the first step pays it). Any
   method above ending in ``-compiled`` (``cudaload-varlen-compiled``) is that method with its layers compiled.
+- ``cudaload-trl`` (issue 44 item 5): the same ``load_model``, then TRL's ``SFTTrainer`` with
+  ``SFTConfig(**sft_config_arguments(plan))`` on the same examples (a ``datasets.Dataset`` of ``input_ids``, which
+  TRL takes as tokenized): TRL packs them itself (best-fit decreasing into rows of the plan's tokens_per_step,
+  padding-free, one row a step), computes the loss through its own chunked LM head and logs entropy and token
+  accuracy each step. ``cudaload-trl-compiled``: ``training_setup(model, compile_layers=True)`` (no data set)
+  first, so the layers are compiled, then the same. ``--methods cudaload,cudaload-trl`` compares the two paths.
 
 Measured over ``--steps`` optimizer steps after ``--warmup``: real (non-padding) tokens per second (the steps'
 tokens over their wall time, data loading included, CUDA synchronised at each step's end), the spread of
@@ -179,6 +185,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         collate: Any = _pad_collator
         dataset: Any = data
     else:
+        trl_method = spec["method"].removesuffix("-compiled") == "cudaload-trl"
         kw: dict[str, Any] = {}
         if card:
             from cudaload.policies.memory import CUDA_CONTEXT_BYTES
@@ -196,18 +203,31 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(m, LoraLayer):
                     m._forward_pre_hooks.clear()
                     m.cast_input_dtype_enabled = True
-        # cudaload-compiled: the decoder layers compiled whatever the data set's length (a benchmark's few dozen
-        # steps never repay the compile, which the first step pays: step_seconds[0])
-        setup = cudaload.training_setup(model, data, compile_layers=True if compiled else None)
-        targs.update(setup.arguments)
-        collate, dataset = setup.data_collator, setup.train_dataset
         p = model.cudaload_plan
+        if trl_method:
+            # TRL's path: no data set given to training_setup (it would pack it); only compile_layers=True for
+            # cudaload-trl-compiled (None would compile wherever the plan chose it: no data set counts as repaying)
+            setup = cudaload.training_setup(model, compile_layers=True) if compiled else None
+            sft = cudaload.sft_config_arguments(p)
+            # the run's overrides then the plan's keywords, in the order the Trainer path takes them; SFTConfig's
+            # gradient_checkpointing default True (trl 1.16 base_config.py:62) is not the plain TrainingArguments'
+            # False: the plan's where it says, else off as on the Trainer path
+            targs = {"gradient_checkpointing": False, **targs, **sft}
+            collate, dataset = None, data
+        else:
+            # cudaload-compiled: the decoder layers compiled whatever the data set's length (a benchmark's few
+            # dozen steps never repay the compile, which the first step pays: step_seconds[0])
+            setup = cudaload.training_setup(model, data, compile_layers=True if compiled else None)
+            targs.update(setup.arguments)
+            collate, dataset = setup.data_collator, setup.train_dataset
         out["plan"] = {
             "attention": p.attention.choice,
             "layout": p.training.layout.choice if p.training else None,
             "tokens_per_step": p.training.step.tokens if p.training else None,
             "boundaries": p.training.boundaries if p.training else None,
-            "loss": p.training.loss.choice if p.training else None,
+            # TRL drops Liger's loss for its own chunked LM head (trl 1.16 sft_trainer.py:1560-1611,
+            # fused_lm_head=True on every forward)
+            "loss": "trl-fused-head" if trl_method else (p.training.loss.choice if p.training else None),
             "gradient_checkpointing": p.gradient_checkpointing.choice if p.gradient_checkpointing else None,
             "checkpoint_every": p.checkpoint_every,
             "optimizer": p.optimizer.choice if p.optimizer else None,
@@ -218,9 +238,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             else (p.training.adapter_cast.choice if p.training and p.training.adapter_cast else None),
             "memory_total": p.memory.total,
             "memory_terms": dict(p.memory.terms),
-            "pack": setup.describe(),
-            "layer_compile": setup.layer_compile.choice if setup.layer_compile else None,
-            "compiled_layers": setup.compiled_layers,
+            "pack": f"TRL: {', '.join(f'{k}={sft.get(k)}' for k in TRL_KEYS)}"
+            if trl_method
+            else setup.describe(),
+            "layer_compile": setup.layer_compile.choice if setup and setup.layer_compile else None,
+            "compiled_layers": setup.compiled_layers if setup else None,
         }
     sync()
     out["load_s"] = time.perf_counter() - t0
@@ -256,13 +278,26 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             sync()
             ends.append(time.perf_counter())
 
-    trainer = Trainer(
-        model=model,
-        args=TrainingArguments(**targs),
-        train_dataset=dataset,
-        data_collator=counted,
-        callbacks=[Clock()],
-    )
+    if collate is None:
+        trainer = _sft_trainer(model, targs, dataset, vocab, spec, callbacks=[Clock()])
+        # TRL's own collator (DataCollatorForLanguageModeling, padding-free: one row, position_ids restarting at
+        # each sequence, no attention_mask; trl 1.16 sft_trainer.py:168-218) counted as cudaload's packed steps are
+        collate = trainer.data_collator
+        trainer.data_collator = counted
+        # what TRL was configured with, as its SFTConfig resolved it (padding_free: on wherever bfd packs,
+        # trl 1.16 sft_trainer.py:916), and the packed rows its data set holds
+        out["plan"]["trl"] = {k: getattr(trainer.args, k, None) for k in TRL_KEYS} | {
+            "padding_free_effective": trainer.padding_free,
+            "rows": len(trainer.train_dataset),
+        }
+    else:
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(**targs),
+            train_dataset=dataset,
+            data_collator=counted,
+            callbacks=[Clock()],
+        )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated() if cuda else 0
@@ -302,6 +337,37 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: SFTConfig keywords recorded for a TRL run (what sft_config_arguments configured TRL with)
+TRL_KEYS = ("packing", "packing_strategy", "padding_free", "max_length", "per_device_train_batch_size")
+
+
+def _sft_trainer(
+    model: Any,
+    targs: dict[str, Any],
+    data: list[dict[str, Any]],
+    vocab: int,
+    spec: dict[str, Any],
+    callbacks: list[Any],
+) -> Any:
+    """TRL's SFTTrainer on the run's examples with SFTConfig(**targs) (sft_config_arguments + the run's overrides)."""
+    import datasets
+    import trl
+
+    from cudaload.testing import make_tokenizer
+
+    # a data set with input_ids is taken as tokenized: no tokenization, labels = input_ids, packed when packing
+    # (trl 1.16 sft_trainer.py:1247-1248 is_processed, :1405-1427 labels, :1464-1476 pack_dataset); preparation
+    # is kept (no skip_prepare_dataset), since it is what packs
+    ds = datasets.Dataset.from_list(data)
+    # the benchmark's checkpoints have no tokenizer and TRL needs one for its pad token only (trl 1.16
+    # sft_trainer.py:713-716, 967-977): a local byte-level one of the model's vocabulary, "<pad>" = id 0
+    tok = make_tokenizer(vocab)
+    targs = {**targs, "output_dir": str(Path(spec["work"]) / "sft"), "dataset_num_proc": None}
+    return trl.SFTTrainer(
+        model=model, args=trl.SFTConfig(**targs), train_dataset=ds, processing_class=tok, callbacks=callbacks
+    )
+
+
 def predict(run: dict[str, Any]) -> dict[str, int] | None:
     """cudaload's memory model at the largest step a run met (``run["max_step"]``): the allocator's peak it
     predicts, from what the run recorded (its spec and, for cudaload, its plan), so a results.json can be
@@ -322,10 +388,13 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
         packed = p["layout"] == "packed"
         shape = StepShape(
             tokens=step["tokens"],
-            sequences=step["sequences"] if not packed else BATCH,
+            # TRL fills a packed row with as many sequences as fit, not at most BATCH
+            sequences=step["sequences"]
+            if not packed
+            else max(BATCH, step["sequences"] if p.get("trl") else 0),
             longest=min(longest, step["longest"]),
             packed=packed,
-            fused_loss=p["loss"] == "liger",
+            fused_loss=p["loss"] in ("liger", "trl-fused-head"),
             lora_dropout=float(p.get("lora_dropout") or 0.0),
             kbit_upcast=p.get("kbit") == "fp32",
             cast_outside_autocast=p.get("adapter_cast") == "outside-autocast",

@@ -13,6 +13,10 @@
 #                                     sizes (QLoRA 8B at 24/16/12 GiB, LoRA 8B at 24, full 0.6B at 12/8) trained at
 #                                     that length: out of memory or not, predicted against measured peaks
 #                                     (benchmarks/bench_fit_boundary.py; carry the quant wheels)
+#   benchmarks/gpu_train_suite.sh 7   issue 44 item 5 (not yet run): TRL's SFTTrainer on SFTConfig(**sft_config_arguments
+#                                     (plan)) against cudaload's Trainer path, 8B LoRA on chat lengths, the same data:
+#                                     tokens/s, peaks, sequences a step; each also with compiled layers (carry the TRL
+#                                     pack: benchmarks/pack_trl_site.sh, trl 1.16.0 + datasets 5.2.0 + pyarrow ...)
 # Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +66,10 @@ case ${1:-1} in
       --methods cudaload-compiled,plain,cudaload --budget-s 290 2>&1 | log > "$out/bench1.log"
     timeout 260 python benchmarks/bench_train.py --out "$out/t2" --shapes 8b --modes qlora --dists instruct \
       --methods cudaload-compiled,plain --budget-s 250 2>&1 | log > "$out/bench2.log"
+    ;;
+  7)
+    timeout 575 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists chat \
+      --methods cudaload,cudaload-trl,cudaload-trl-compiled,cudaload-compiled --budget-s 560 2>&1 | log > "$out/bench1.log"
     ;;
 esac
 rm -f "$out"/*/results.md
