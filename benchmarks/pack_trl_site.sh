@@ -13,7 +13,7 @@
 #   bitsandbytes 0.50.2 too, with only its CUDA 13.0 library (the machine's torch is cu130): 28 MiB in all
 #   with it (WITH_BNB=0: without).
 #   usage (from the project root): benchmarks/pack_trl_site.sh   -> .whl/ (ignored by git; replaces what is there)
-#   there:  source .whl/env.sh   (unpacks into /tmp/site, puts src/ and it on PYTHONPATH, HF_HUB_OFFLINE=1)
+#   there:  source .whl/env.sh   (unpacks into /tmp/trl/site-packages, puts src/ and it on PYTHONPATH, HF_HUB_OFFLINE=1)
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -46,8 +46,10 @@ mkdir .whl
 mv "$tmp/site.tar.xz" .whl/trl-site.tar.xz
 cat > .whl/env.sh <<'ENV'
 # On the device machine, from the repo root: source .whl/env.sh  (TRL's pack: benchmarks/pack_trl_site.sh)
-mkdir -p /tmp/site && for t in .whl/*.tar.xz; do tar xJf "$t" -C /tmp/site || return 1; done
-export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# a folder named site-packages: dill pickles a module outside one by value (dill _is_builtin_module), and
+# datasets' fingerprint of a Dataset.from_list then fails on pyarrow's MonthDayNano (seen with /tmp/site)
+mkdir -p /tmp/trl/site-packages && for t in .whl/*.tar.xz; do tar xJf "$t" -C /tmp/trl/site-packages || return 1; done
+export PYTHONPATH=$PWD/src:/tmp/trl/site-packages${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 ENV
 du -sh .whl
