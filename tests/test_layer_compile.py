@@ -20,7 +20,7 @@ from cudaload.plans.training import TrainingPlan
 from cudaload.policies.training.compile import (
     choose_layer_compile,
     layer_compile_for_run,
-    payback_steps,
+    payback_tokens,
 )
 from cudaload.policies.training_facts import LayerCompileFacts
 from cudaload.profiles import hardware
@@ -57,8 +57,10 @@ def _choose(caps: Any, facts: list[LayerCompileFacts], **kw: Any) -> tuple[Decis
 
 def test_measured_faster_here_is_planned_with_its_payback() -> None:
     d, payback = _choose(_caps(), [_facts()])
-    assert d.choice == "layers" and payback == 700  # 70 s / (0.35 - 0.25) s a step
-    assert "from ~700 steps" in d.reasons[0] and "1.40x" in d.reasons[1]
+    assert (
+        d.choice == "layers" and payback == 700 * 2290
+    )  # 70 s / (0.35 - 0.25) s a step, 2,290 tokens a step
+    assert "from ~1,603,000 tokens (~700 steps of the record's)" in d.reasons[0] and "1.40x" in d.reasons[1]
     assert d.candidate("off") is not None and d.candidate("off").ok  # type: ignore[union-attr]
 
 
@@ -80,6 +82,7 @@ def test_the_same_architecture_borrows_the_record_and_says_so() -> None:
         ({}, {}, {"gpu": "NVIDIA A100-SXM4-80GB/sm80"}, "not measured"),
         ({}, {}, {"compiled_step_s": 0.36}, "measured no faster"),
         ({}, {"intent": "inference"}, {}, "does not train"),
+        ({}, {"moe": True}, {}, "mixture-of-experts"),
     ],
 )
 def test_off_where_it_cannot_run_or_was_not_measured(
@@ -98,24 +101,30 @@ def test_no_gpu_is_off() -> None:
 
 
 def test_payback_is_none_without_a_saving() -> None:
-    assert payback_steps(_facts(compiled_step_s=0.35)) is None
-    assert payback_steps(_facts(compile_s=0.01)) == 1
+    assert payback_tokens(_facts(compiled_step_s=0.35)) is None
+    assert payback_tokens(_facts(compile_s=0.0001, tokens_per_step=1)) == 1
 
 
 def test_the_data_decides_against_its_payback() -> None:
     planned, payback = _choose(_caps(), [_facts()])
-    assert layer_compile_for_run(planned, payback, 699, None).choice == "off"
-    assert "699 steps, fewer than the ~700" in layer_compile_for_run(planned, payback, 699, None).reasons[0]
-    assert layer_compile_for_run(planned, payback, 700, None).choice == "layers"
+    assert payback == 1_603_000
+    short = layer_compile_for_run(planned, payback, 1_602_999, None)
+    assert short.choice == "off" and "1,602,999 tokens, fewer than the ~1,603,000" in short.reasons[0]
+    assert short.candidate("off").ok  # type: ignore[union-attr]
+    assert layer_compile_for_run(planned, payback, 1_603_000, None).choice == "layers"
     assert (
         layer_compile_for_run(planned, payback, None, None).choice == "layers"
     )  # unknown: taken as repaying
     forced = layer_compile_for_run(planned, payback, 3, True)
     assert forced.choice == "layers" and forced.explicit
-    assert layer_compile_for_run(planned, payback, 10**6, False).choice == "off"
+    assert layer_compile_for_run(planned, payback, 10**9, False).choice == "off"
     off, _ = _choose(_caps(torch_version="2.9.0"), [_facts()])
-    assert layer_compile_for_run(off, None, 10**6, None).choice == "off"
-    assert layer_compile_for_run(off, None, 1, True).choice == "layers"
+    assert layer_compile_for_run(off, None, 10**9, None).choice == "off"
+    asked = layer_compile_for_run(off, None, 1, True)
+    # what was asked is the choice and its candidate is ok; what the plan found against it is said, labelled
+    assert asked.choice == "layers" and asked.candidate("layers").ok  # type: ignore[union-attr]
+    assert asked.reasons[0] == "compile_layers=True (requested explicitly)"
+    assert asked.reasons[1].startswith("the plan chose off: ")
     assert layer_compile_for_run(None, None, 1, None).choice == "off"
 
 
@@ -123,12 +132,12 @@ def test_the_training_section_round_trips_and_explains_it() -> None:
     d, payback = _choose(_caps(), [_facts()])
     plan = cudaload.plan(_tiny_path(), hardware=_caps(), intent="lora", seq_len=256)
     assert plan.training is not None
-    tp = dataclasses.replace(plan.training, layer_compile=d, layer_compile_payback=payback)
+    tp = dataclasses.replace(plan.training, layer_compile=d, layer_compile_payback_tokens=payback)
     back = TrainingPlan.from_dict(tp.to_dict())
-    assert back.layer_compile == d and back.layer_compile_payback == payback
+    assert back.layer_compile == d and back.layer_compile_payback_tokens == payback
     assert any(line.startswith("compiled layers: layers") for line in back.explain_lines())
     old = tp.to_dict()
-    del old["layer_compile"], old["layer_compile_payback"]
+    del old["layer_compile"], old["layer_compile_payback_tokens"]
     assert TrainingPlan.from_dict(old).layer_compile is None  # a plan saved before
 
 
@@ -151,7 +160,7 @@ def test_an_h100_lora_plan_compiles_from_the_shipped_record() -> None:
     plan = cudaload.plan(_tiny_path(), hardware=_caps(), intent="lora", seq_len=256, batch_size=8)
     assert plan.attention.choice == "cudaload_varlen" and plan.training is not None
     assert plan.training.layer_compile is not None and plan.training.layer_compile.choice == "layers"
-    assert plan.training.layer_compile_payback and plan.training.layer_compile_payback > 100
+    assert plan.training.layer_compile_payback_tokens and plan.training.layer_compile_payback_tokens > 100_000
     q = cudaload.plan(
         _tiny_path(),
         hardware=_caps(),
@@ -340,3 +349,75 @@ def test_explicit_facts_a_backend_is_scaled_in_from_the_same_architecture_only()
     assert any(r.startswith("cudaload_varlen ~8,317 tokens/s here") for r in d.reasons), d.reasons
     # an sm80 record lends nothing to an sm90 GPU, even one that says cudaload_varlen is 10x faster there
     assert _lora_attention(caps, [h200, a100], []).choice == "flash_attention_4"
+
+
+@pytest.mark.parametrize(
+    ("hardware_kw", "plan_kw"),
+    [
+        ({"count": 2}, {}),  # two GPUs: the step is split across ranks, the layers are not compiled there
+        ({}, {"batch_layout": "padded"}),  # padded steps: not measured compiled
+    ],
+)
+def test_no_compiled_rate_where_the_plan_will_not_compile(
+    hardware_kw: dict[str, Any], plan_kw: dict[str, Any]
+) -> None:
+    caps = _caps()
+    if hardware_kw.get("count"):
+        caps = dataclasses.replace(caps, gpus=(caps.gpus[0], dataclasses.replace(caps.gpus[0], index=1)))
+    plan = cudaload.plan(
+        _tiny_path(),
+        hardware=caps,
+        intent="lora",
+        seq_len=256,
+        batch_size=8,
+        assume_installed=["flash-attn-4"],
+        **plan_kw,
+    )
+    assert plan.attention.choice == "flash_attention_4"
+    assert not any("compiled" in r for r in plan.attention.reasons)
+    assert plan.training is not None and plan.training.layer_compile is not None
+    assert plan.training.layer_compile.choice == "off"
+
+
+def test_compile_layers_false_puts_an_earlier_compile_back_to_eager() -> None:
+    model = cudaload.load_model(_tiny_path(), intent="lora", seq_len=64, batch_size=4, dtype="float32")
+    layers = model.get_base_model().model.layers
+    assert cudaload.training_setup(model, _rows(4), compile_layers=True).compiled_layers == len(layers)
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    again = cudaload.training_setup(model, _rows(4), compile_layers=False)
+    assert (
+        again.compiled_layers == 0 and again.layer_compile is not None and again.layer_compile.choice == "off"
+    )
+    assert all(layer._compiled_call_impl is None for layer in layers)
+
+
+def test_decoder_layers_are_the_decoders_own_before_a_longer_list() -> None:
+    """A vision-language model's vision tower may hold more blocks than its language model has layers: the
+    decoder's own layers are taken (get_decoder())."""
+    from cudaload.execute.layer_compile import compile_problem, decoder_layers
+
+    class Block(torch.nn.Module):
+        pass
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Block() for _ in range(2))
+
+    class Model(torch.nn.Module):
+        _no_split_modules = ("Block",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.vision = torch.nn.ModuleList(Block() for _ in range(5))
+            self.language = Decoder()
+
+        def get_decoder(self) -> Decoder:
+            return self.language
+
+    m = Model()
+    assert decoder_layers(m) == list(m.language.layers)
+    del Model.get_decoder
+    assert decoder_layers(m) == list(m.vision)  # no decoder to ask: the longest list of the layer class
+    assert decoder_layers(torch.nn.Linear(2, 2)) == []
+    assert compile_problem(torch.nn.Linear(2, 2)) is None  # on the CPU inductor writes C++, no triton needed

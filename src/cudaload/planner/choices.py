@@ -62,7 +62,9 @@ def attention_for(
     at = select_attention(
         info,
         caps,
-        AttentionQuery(dtype, intent, requested, trust=trusted(req), work=call),
+        AttentionQuery(
+            dtype, intent, requested, trust=trusted(req), work=call, batch_layout=req.batch_layout
+        ),
         AttentionFacts(
             AttentionTimings(timings.seconds, timings.source, timings.repeated)
             if timings is not None

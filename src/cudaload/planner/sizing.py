@@ -195,8 +195,11 @@ def size(
             parallel=pd.parallelism is not None and pd.parallelism.world_size > 1,
             remote_code=info.remote_code,
             causal_lm=causal,
+            moe=info.summary.is_moe,
         )
-        section = replace(section, causal_lm=causal, layer_compile=compiled, layer_compile_payback=payback)
+        section = replace(
+            section, causal_lm=causal, layer_compile=compiled, layer_compile_payback_tokens=payback
+        )
         gc = fr.gradient_checkpointing
         if section.step.checkpoint_every != 1 and (gc is None or gc.choice != "partial"):
             # a multi-process plan decided checkpointing for its ranks (off / every layer): the step says so

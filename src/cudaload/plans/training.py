@@ -134,8 +134,8 @@ class TrainingPlan:
     #: each decoder layer compiled (``layers``) or not (``off``), as planned; :func:`cudaload.training_setup`
     #: decides with the data (cudaload.policies.training.compile)
     layer_compile: Decision | None = None
-    #: the steps that repay the compile, where ``layer_compile`` is ``layers``
-    layer_compile_payback: int | None = None
+    #: the tokens (one epoch of the data set) that repay the compile, where ``layer_compile`` is ``layers``
+    layer_compile_payback_tokens: int | None = None
 
     @property
     def packed(self) -> bool:
@@ -164,7 +164,7 @@ class TrainingPlan:
             "notes": list(self.notes),
             "causal_lm": self.causal_lm,
             "layer_compile": self.layer_compile.to_dict() if self.layer_compile else None,
-            "layer_compile_payback": self.layer_compile_payback,
+            "layer_compile_payback_tokens": self.layer_compile_payback_tokens,
             "expects": self.expects(),
         }
 
@@ -185,7 +185,7 @@ class TrainingPlan:
             causal_lm=bool(d.get("causal_lm", True)),
             # plans saved before the compiled layers: none planned
             layer_compile=Decision.from_dict(d["layer_compile"]) if d.get("layer_compile") else None,
-            layer_compile_payback=d.get("layer_compile_payback"),
+            layer_compile_payback_tokens=d.get("layer_compile_payback_tokens"),
         )
 
     def explain_lines(self) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from ..detection.versions import version_tuple
 from ..errors import ConfigurationError
 from ..execute.layer_compile import compile_layers as compile_decoder_layers
-from ..execute.layer_compile import compile_problem, decoder_layers
+from ..execute.layer_compile import compile_problem, decoder_layers, eager_layers
 from ..plans.decision import Decision
 from ..plans.plan import Plan
 from ..policies.training.compile import layer_compile_for_run
@@ -293,44 +293,45 @@ def training_setup(
     )
 
 
-def _epoch_steps(plan: Plan, ds: Any) -> int | None:
-    """The optimizer steps one epoch of ``ds`` takes (None where its length is unknown)."""
-    try:
-        n = len(ds)
-    except TypeError:
-        return None
-    t = plan.training
-    if isinstance(ds, PackedDataset) or t is None:
-        return n
-    return -(-n // max(1, t.step.sequences))
+def _epoch_tokens(ds: Any) -> int | None:
+    """The tokens one epoch of ``ds`` trains on: a packed set's count, the rows' ``input_ids`` of the padded
+    plan's checked rows (a list); None for a data set passed on as given (not a causal LM), whose rows are not
+    read here."""
+    if isinstance(ds, PackedDataset):
+        return ds.summary.tokens
+    if isinstance(ds, list):
+        return sum(len(row.get("input_ids") or ()) for row in ds if isinstance(row, Mapping))
+    return None
 
 
 def _compile(model_or_plan: Any, plan: Plan, ds: Any, requested: bool | None) -> tuple[Decision | None, int]:
-    """The plan's compiled-layers decision with the data's steps (cudaload.policies.training.compile), carried
-    out on the model."""
+    """The plan's compiled-layers decision with the data's tokens (cudaload.policies.training.compile), carried
+    out on the model: compiled, or left eager (layers an earlier call compiled are put back to eager)."""
     t = plan.training
     if t is None:
         return None, 0
-    steps = _epoch_steps(plan, ds) if ds is not None else None
-    d = layer_compile_for_run(t.layer_compile, t.layer_compile_payback, steps, requested)
+    tokens = _epoch_tokens(ds) if ds is not None else None
+    d = layer_compile_for_run(t.layer_compile, t.layer_compile_payback_tokens, tokens, requested)
+    model = None if isinstance(model_or_plan, Plan) else model_or_plan
     if d.choice != "layers":
+        if model is not None:
+            eager_layers(model)  # an earlier training_setup(compile_layers=True) on the same model
         return d, 0
-    problem = (
-        "training_setup() was given a Plan, not the model: nothing to compile"
-        if isinstance(model_or_plan, Plan)
-        else compile_problem(model_or_plan)
-    )
-    layers = [] if problem else decoder_layers(model_or_plan)
-    if not problem and not layers:
-        problem = "no decoder layers found (no ModuleList of one decoder layer class)"
+    problem, fix = None, ""
+    if model is None:
+        problem = "training_setup() was given a Plan, not the model: nothing to compile"
+        fix = "pass the model from cudaload.load_model, or compile_layers=None"
+    else:
+        problem = compile_problem(model)
+        fix = "pip install triton (torch's CUDA wheels bring it), or compile_layers=False"
+        if problem is None and not decoder_layers(model):
+            problem = "no decoder layers found in this model (no ModuleList of one decoder layer class)"
+            fix = "compile_layers=False, or compile the model's own blocks yourself"
     if problem:
         if requested:
-            raise ConfigurationError(
-                f"compile_layers=True: {problem}",
-                fix="pass the model from cudaload.load_model, or compile_layers=None",
-            )
+            raise ConfigurationError(f"compile_layers=True: {problem}", fix=fix)
         return replace(d, choice="off", reasons=(problem, *d.reasons)), 0
-    return d, compile_decoder_layers(model_or_plan)
+    return d, compile_decoder_layers(model)
 
 
 def _check_options(*, truncate: Any, shuffle: Any, seed: Any, compile_layers: Any) -> None:

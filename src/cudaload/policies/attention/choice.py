@@ -167,7 +167,7 @@ def select_attention(
             f"{source} covers no valid backend"
             + (f" ({', '.join(ignored)} not valid here)" if ignored else "")
         ]
-    return _by_rules(pool, query, facts, note)
+    return _by_rules(info, pool, query, facts, note)
 
 
 @dataclass(frozen=True)
@@ -293,7 +293,9 @@ def _by_timings(
     return pool.decision(best, reasons + list(pool.by[best].reasons))
 
 
-def _by_rules(pool: _Pool, query: AttentionQuery, facts: AttentionFacts, note: list[str]) -> Decision:
+def _by_rules(
+    info: ModelInfo, pool: _Pool, query: AttentionQuery, facts: AttentionFacts, note: list[str]
+) -> Decision:
     """No timings for a valid backend: eager for one short declared sequence (unless cudaload_sdpa is the
     default here), training's order for a training intent, else the inference default (:func:`_default`)."""
     by = pool.by
@@ -305,7 +307,7 @@ def _by_rules(pool: _Pool, query: AttentionQuery, facts: AttentionFacts, note: l
         note = [f"{short}; {_SHORT_DECODE_YIELDS}", *note]
     if query.intent in _TRAINING:
         order, train_why = _training_order(
-            pool.caps, by, facts.training, _compiled_gain(pool.caps, query.intent, facts.layer_compile)
+            pool.caps, by, facts.training, _compiled_gain(info, pool.caps, query, facts.layer_compile)
         )
         chosen = next(n for n in order if by[n].ok)
         return pool.decision(chosen, (*train_why(chosen), *by[chosen].reasons))
@@ -364,15 +366,27 @@ def _varlen_rule_order(caps: Capabilities) -> tuple[str, ...]:
 
 
 def _compiled_gain(
-    caps: Capabilities, intent: str, facts: Sequence[LayerCompileFacts]
+    info: ModelInfo, caps: Capabilities, query: AttentionQuery, facts: Sequence[LayerCompileFacts]
 ) -> Callable[[str], LayerCompileFacts | None]:
     """For a backend, the record of its packed training steps measured faster with compiled decoder layers on this
-    GPU's architecture, where the layers can be compiled here (cudaload.policies.training.compile); else None."""
-    if layer_compile_problems(caps, intent=intent, parallel=False):
+    GPU's architecture, where the plan would compile them (cudaload.policies.training.compile: the same problems,
+    the planner's own test of a causal LM; several GPUs taken as several ranks, padded steps as not packed);
+    else None."""
+    causal = info.auto_class == "AutoModelForCausalLM" and info.can_generate and not info.summary.is_encoder
+    ranks = caps.distributed.world_size or len(caps.gpus)
+    bad = layer_compile_problems(
+        caps,
+        intent=query.intent,
+        parallel=ranks > 1,
+        remote_code=info.remote_code,
+        causal_lm=causal,
+        moe=info.summary.is_moe,
+    )
+    if bad or query.batch_layout == "padded":
         return lambda name: None
 
     def gain(name: str) -> LayerCompileFacts | None:
-        f = layer_compile_facts_for(caps, facts, intent=intent, layout="packed", attention=name)
+        f = layer_compile_facts_for(caps, facts, intent=query.intent, layout="packed", attention=name)
         return f if f is not None and f.saved_per_step_s > 0 else None
 
     return gain

@@ -17,7 +17,9 @@ from ..training_facts import LayerCompileFacts, TrainingFacts
 class AttentionQuery:
     """The question. ``requested``: "auto" or a name from :data:`~cudaload.policies.attention.ALL_NAMES`;
     ``trust``: Hub kernel repos / publishers whose code may run; ``revision``: the model's revision;
-    ``work``: the (batch_size, seq_len) the caller declared, None when it did not."""
+    ``work``: the (batch_size, seq_len) the caller declared, None when it did not. ``batch_layout``: training's
+    requested layout (``auto``, ``packed``, ``padded``): a backend is ranked at its compiled-layers rate only
+    where the steps may be packed."""
 
     dtype: str
     intent: str = "inference"
@@ -25,6 +27,7 @@ class AttentionQuery:
     trust: Sequence[str] = ()
     revision: str | None = None
     work: tuple[int, int] | None = None
+    batch_layout: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,13 @@ Two decisions, both pure:
 
 * at planning (:func:`choose_layer_compile`): ``layers`` where it can run and a record measured it help for this
   intent, layout and attention on this GPU's architecture (:class:`~cudaload.policies.training_facts.
-  LayerCompileFacts`); the steps a run needs to repay the compile (:func:`payback_steps`) travel with the plan;
+  LayerCompileFacts`); the tokens a run needs to repay the compile (:func:`payback_tokens`) travel with the plan;
 * with the data (:func:`layer_compile_for_run`, from :func:`cudaload.training_setup`): compiled where the data
-  set's steps (one epoch) repay the compile, or where the caller asked for it.
+  set's tokens (one epoch) repay the compile, or where the caller asked for it.
+
+The saving is counted per token (the record's per-step saving over its step's tokens): the work inductor fuses,
+the elementwise kernels over every token, grows with the step, so steps of another size repay at the same
+tokens rather than the same count.
 
 The compile is paid once per process at the first step (seconds to a minute: the record says), and again for
 a forward of another kind (an evaluation under ``no_grad``)."""
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ...capabilities import Capabilities
 from ...detection.versions import version_tuple
@@ -31,7 +36,13 @@ _OFF_WHY = "each layer's kernels launched one by one, as transformers runs them"
 
 
 def layer_compile_problems(
-    caps: Capabilities, *, intent: str, parallel: bool, remote_code: bool = False, causal_lm: bool = True
+    caps: Capabilities,
+    *,
+    intent: str,
+    parallel: bool,
+    remote_code: bool = False,
+    causal_lm: bool = True,
+    moe: bool = False,
 ) -> list[str]:
     """Why the decoder layers cannot be compiled for this training here (empty when they can)."""
     bad: list[str] = []
@@ -53,16 +64,19 @@ def layer_compile_problems(
         bad.append("remote code: its layers are not transformers' decoder layers")
     if not causal_lm:
         bad.append("not a causal LM: compiled layers are measured on causal LMs' decoder layers only")
+    if moe:
+        bad.append("a mixture-of-experts model: compiled layers are measured on dense decoder layers only")
     return bad
 
 
-def payback_steps(facts: LayerCompileFacts) -> int | None:
-    """The steps after which the compiled layers have saved what the compile (cold caches) cost, or None where
-    the record measured no saving."""
+def payback_tokens(facts: LayerCompileFacts) -> int | None:
+    """The tokens after which the compiled layers have saved what the compile (cold caches) cost, or None where
+    the record measured no saving: the compile's seconds over the saving per token."""
     saved = facts.saved_per_step_s
-    if saved <= 0:
+    if saved <= 0 or facts.tokens_per_step <= 0:
         return None
-    return max(1, math.ceil(round(facts.compile_s / saved, 6)))  # 70 / (0.35 - 0.25) is 700, not 701
+    steps = round(facts.compile_s / saved, 6)  # 70 / (0.35 - 0.25) is 700 steps, not 700.0000001
+    return max(1, math.ceil(steps * facts.tokens_per_step))
 
 
 def choose_layer_compile(
@@ -75,13 +89,14 @@ def choose_layer_compile(
     parallel: bool = False,
     remote_code: bool = False,
     causal_lm: bool = True,
+    moe: bool = False,
 ) -> tuple[Decision, int | None]:
-    """The planned decision (``layers`` or ``off``) and, where ``layers``, the steps that repay the compile."""
+    """The planned decision (``layers`` or ``off``) and, where ``layers``, the tokens that repay the compile."""
     bad = layer_compile_problems(
-        caps, intent=intent, parallel=parallel, remote_code=remote_code, causal_lm=causal_lm
+        caps, intent=intent, parallel=parallel, remote_code=remote_code, causal_lm=causal_lm, moe=moe
     )
     f = layer_compile_facts_for(caps, facts, intent=intent, layout=layout, attention=attention)
-    payback = payback_steps(f) if f is not None else None
+    payback = payback_tokens(f) if f is not None else None
     if not bad and f is None:
         bad.append(
             f"not measured for {intent} with {layout} steps and {attention} on this GPU's architecture: compiled "
@@ -107,32 +122,40 @@ def choose_layer_compile(
     )
     why = (
         f"each decoder layer compiled (inductor fuses its elementwise work; half the kernels a step), where the "
-        f"run repays the compile: from ~{payback:,} steps (training_setup counts the data set's steps, one epoch)",
-        measured,
+        f"run repays the compile: from ~{payback:,} tokens (~{payback // f.tokens_per_step:,} steps of the "
+        f"record's); training_setup counts the data set's tokens, one epoch",
+        measured + f" ({f.model}, {f.intent})",
     )
     return Decision("layers", why, (Candidate("layers", True, why), off)), payback
 
 
 def layer_compile_for_run(
-    planned: Decision | None, payback: int | None, steps: int | None, requested: bool | None
+    planned: Decision | None, payback: int | None, tokens: int | None, requested: bool | None
 ) -> Decision:
     """What :func:`cudaload.training_setup` does with the planned decision once it knows the data: ``layers``
-    where the caller asked (``requested=True``), or where the plan chose them and the data set's steps (one
+    where the caller asked (``requested=True``), or where the plan chose them and the data set's tokens (one
     epoch; None: unknown, taken as repaying) reach ``payback``; else ``off``."""
-    reasons = planned.reasons if planned is not None else ("no compile decision in this plan",)
-    cands = planned.candidates if planned is not None else ()
     if requested is not None:
         choice = "layers" if requested else "off"
-        return Decision(
-            choice, (f"compile_layers={requested} (requested explicitly)", *reasons), cands, explicit=True
-        )
-    if planned is None or planned.choice != "layers":
-        return Decision("off", tuple(reasons), cands)
-    if steps is not None and payback is not None and steps < payback:
+        why = f"compile_layers={requested} (requested explicitly)"
+        if planned is None:
+            return Decision(choice, (why,), (), explicit=True)
+        plan_said = f"the plan chose {planned.choice}: " + "; ".join(planned.reasons)
+        # the asked-for candidate is the choice, whatever the plan found against it
+        cands = tuple(replace(c, ok=True) if c.name == choice else c for c in planned.candidates)
+        return Decision(choice, (why, plan_said), cands, explicit=True)
+    if planned is None:
+        return Decision("off", ("no compile decision in this plan",), ())
+    if planned.choice != "layers":
+        return Decision("off", planned.reasons, planned.candidates)
+    if tokens is not None and payback is not None and tokens < payback:
         short = (
-            f"the data set holds {steps:,} steps, fewer than the ~{payback:,} that repay the compile: layers run "
-            "eager (training_setup(compile_layers=True) compiles them anyway)"
+            f"the data set holds {tokens:,} tokens, fewer than the ~{payback:,} that repay the compile: layers "
+            "run eager (training_setup(compile_layers=True) compiles them anyway)"
         )
-        return Decision("off", (short, *reasons), cands)
-    count = "an unknown number of" if steps is None else f"{steps:,}"
-    return Decision("layers", (f"the data set holds {count} steps in one epoch", *reasons), cands)
+        off = tuple(replace(c, ok=True) if c.name == "off" else c for c in planned.candidates)
+        return Decision("off", (short, *planned.reasons), off)
+    count = "an unknown number of" if tokens is None else f"{tokens:,}"
+    return Decision(
+        "layers", (f"the data set holds {count} tokens in one epoch", *planned.reasons), planned.candidates
+    )
