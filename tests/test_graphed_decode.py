@@ -239,3 +239,25 @@ def test_a_record_without_graphed_figures_borrows_those_of_its_architecture() ->
     other = DecodeFacts.from_dict({**h200.to_dict(), "gpu": "NVIDIA A100/sm80"})
     assert not with_graphed(other, [other, h100]).graphed  # another architecture lends nothing
     assert with_graphed(h100, [h100]) is h100
+
+
+def test_a_batched_graphed_step_grows_by_its_own_measurement() -> None:
+    """The graphed step's batch factor comes from its own batched measurement where there is one (H100, 8B: 13.87
+    ms at batch 8 against 11.2 at batch 1), else from the compiled path's; the borrowing record takes it too."""
+    from cudaload.policies.decode_facts import with_graphed
+
+    base = _facts().facts.to_dict()
+    compiled_only = DecodeFacts.from_dict({**base, "compiled_ms_per_step_batched": [[8, 1000, 6.2 * 1.65]]})
+    assert compiled_only.graphed_batch_factor(8) == pytest.approx(1.65)  # no graphed batch measured
+    both = DecodeFacts.from_dict(
+        {**compiled_only.to_dict(), "graphed_ms_per_step_batched": [[8, 1000, 9.0 * 1.24]]}
+    )
+    assert both.graphed_batch_factor(1) == 1.0
+    assert both.graphed_batch_factor(8) == pytest.approx(1.24)
+    assert both.graphed_batch_factor(4) == pytest.approx(1 + 3 * 0.24 / 7)  # linear between them
+    assert both.batch_factor(8) == pytest.approx(1.65)  # the compiled path keeps its own
+    assert Scaled(both, 1.0, 1.0, "t").graphed_ms(1000, 8) == pytest.approx(9.0 * 1.24)
+    assert DecodeFacts.from_dict(both.to_dict()) == both
+    h100 = DecodeFacts.from_dict({**both.to_dict(), "gpu": "NVIDIA H100 80GB HBM3/sm90"})
+    h200 = DecodeFacts.from_dict({**_facts(graphed=None).facts.to_dict(), "gpu": "NVIDIA H200/sm90"})
+    assert with_graphed(h200, [h200, h100]).graphed_batched == h100.graphed_batched
