@@ -349,6 +349,10 @@ def test_explicit_facts_a_backend_is_scaled_in_from_the_same_architecture_only()
     assert any(r.startswith("cudaload_varlen ~8,317 tokens/s here") for r in d.reasons), d.reasons
     # an sm80 record lends nothing to an sm90 GPU, even one that says cudaload_varlen is 10x faster there
     assert _lora_attention(caps, [h200, a100], []).choice == "flash_attention_4"
+    # no varlen kernel the H200 record measured is valid here (flash-attn-3 installed, not flash-attn-4): nothing
+    # to scale against, so the installed, unmeasured flash package keeps its place ahead of cudaload_varlen
+    fa3 = _caps("H200").with_packages(["flash-attn-3"])
+    assert _lora_attention(fa3, [h200, h100], [faster]).choice == "flash_attention_3"
 
 
 @pytest.mark.parametrize(

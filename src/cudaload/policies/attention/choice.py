@@ -434,6 +434,11 @@ def _training_order(
     f = training_facts_for(caps, facts)
     eager = dict(f.tokens_per_s) if f is not None else {}
     borrowed = _borrowed_rates(f, facts) if f is not None else {}
+    # a scaled-in figure ranks only beside a varlen kernel this record measured and that is valid here (what it was
+    # scaled against): with none, an installed flash package the records never measured keeps its place ahead of
+    # cudaload_varlen, as an unmeasured one does (the order below)
+    if not any(n in VARLEN and n in by and by[n].ok for n in eager):
+        borrowed = {}
     eager.update({n: b[0] for n, b in borrowed.items()})
 
     def rate(n: str) -> float:
