@@ -17,6 +17,8 @@
 #                                     (plan)) against cudaload's Trainer path, 8B LoRA on chat lengths, the same data:
 #                                     tokens/s, peaks, sequences a step; each also with compiled layers (carry the TRL
 #                                     pack: benchmarks/pack_trl_site.sh, trl 1.16.0 + datasets 5.2.0 + pyarrow ...)
+#   benchmarks/gpu_train_suite.sh 8   issue 44 item 3 (not yet run): QLoRA's compiled step against LoRA's, profiled
+#                                     (train_step_profile.py; carry the quant wheels)
 # Needs .whl/ from benchmarks/pack_device_site.sh (flash-attn-4, bitsandbytes, liger-kernel) carried; results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +72,17 @@ case ${1:-1} in
   7)
     timeout 575 python benchmarks/bench_train.py --out "$out/t1" --shapes 8b --modes lora --dists chat \
       --methods cudaload,cudaload-trl,cudaload-trl-compiled,cudaload-compiled --budget-s 560 2>&1 | log > "$out/bench1.log"
+    ;;
+  8)
+    # where QLoRA's compiled step loses to LoRA's (0.338 against 0.248 s a step on the H100): both profiled
+    # compiled on the same short packed data, QLoRA eager beside them (dequantization, casts, graph breaks)
+    p=benchmarks/investigations/train_step_profile.py
+    timeout 110 python $p --shape 8b --intent qlora --out "$out/qlora_eager.json" > "$out/qlora_eager.log" 2>&1
+    timeout 210 python $p --shape 8b --intent qlora --compile-layers --warmup 6 --steps 4 \
+      --out "$out/qlora_compiled.json" > "$out/qlora_compiled.log" 2>&1
+    timeout 200 python $p --shape 8b --intent lora --compile-layers --warmup 6 --steps 4 \
+      --out "$out/lora_compiled.json" > "$out/lora_compiled.log" 2>&1
+    for f in "$out"/*.log; do tail -c 3000 "$f" > "$f.tail"; rm -f "$f"; done
     ;;
 esac
 rm -f "$out"/*/results.md
