@@ -15,6 +15,7 @@ import torch
 
 import cudaload
 from cudaload.errors import ConfigurationError
+from cudaload.execute.layer_compile import is_compiled
 from cudaload.plans.decision import Decision
 from cudaload.plans.training import TrainingPlan
 from cudaload.policies.training.compile import (
@@ -210,7 +211,7 @@ def test_training_setup_compiles_on_request_and_trains_like_eager(tmp_path: Path
     layers = compiled.get_base_model().model.layers
     assert setup.compiled_layers == len(layers) > 0 and setup.layer_compile is not None
     assert setup.layer_compile.choice == "layers" and setup.layer_compile.explicit
-    assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert all(is_compiled(layer) for layer in layers)
     assert "decoder layers compiled" in setup.describe()
     torch._dynamo.reset()
     got, want = _steps(compiled, setup, 3), _steps(eager, plain, 3)
@@ -224,10 +225,10 @@ def test_refusals_leave_the_model_uncompiled(tmp_path: Path) -> None:
         cudaload.training_setup(model, _rows(4), compile_layers="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError):
         cudaload.training_setup(model, [{"input_ids": [1.5, 2.0]}], compile_layers=True)
-    assert all(layer._compiled_call_impl is None for layer in layers)
+    assert not any(is_compiled(layer) for layer in layers)
     with pytest.raises(ConfigurationError, match="given a Plan, not the model"):
         cudaload.training_setup(model.cudaload_plan, _rows(4), compile_layers=True)
-    assert all(layer._compiled_call_impl is None for layer in layers)
+    assert not any(is_compiled(layer) for layer in layers)
 
 
 @pytest.mark.gpu
@@ -387,12 +388,12 @@ def test_compile_layers_false_puts_an_earlier_compile_back_to_eager() -> None:
     model = cudaload.load_model(_tiny_path(), intent="lora", seq_len=64, batch_size=4, dtype="float32")
     layers = model.get_base_model().model.layers
     assert cudaload.training_setup(model, _rows(4), compile_layers=True).compiled_layers == len(layers)
-    assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert all(is_compiled(layer) for layer in layers)
     again = cudaload.training_setup(model, _rows(4), compile_layers=False)
     assert (
         again.compiled_layers == 0 and again.layer_compile is not None and again.layer_compile.choice == "off"
     )
-    assert all(layer._compiled_call_impl is None for layer in layers)
+    assert not any(is_compiled(layer) for layer in layers)
 
 
 def test_decoder_layers_are_the_decoders_own_before_a_longer_list() -> None:
@@ -425,3 +426,52 @@ def test_decoder_layers_are_the_decoders_own_before_a_longer_list() -> None:
     assert decoder_layers(m) == list(m.vision)  # no decoder to ask: the longest list of the layer class
     assert decoder_layers(torch.nn.Linear(2, 2)) == []
     assert compile_problem(torch.nn.Linear(2, 2)) is None  # on the CPU inductor writes C++, no triton needed
+
+
+def test_compiled_layers_serve_training_only() -> None:
+    """One graph for every layer while training with use_cache=False (what cudaload's collators and TRL pass);
+    a training call that carries a KV cache, an evaluation under no_grad and generate() run the layers' own
+    forward, so no graph per layer (each reads its layer_idx) piles up to torch's recompile limit."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM
+
+    from cudaload.execute.layer_compile import compile_layers, eager_layers
+    from cudaload.testing import tiny_config
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen3"), dtype=torch.float32).train()
+    eager = AutoModelForCausalLM.from_config(tiny_config("qwen3"), dtype=torch.float32).train()
+    eager.load_state_dict(model.state_dict())
+    ids = torch.randint(5, 90, (1, 20))
+    assert compile_layers(model) == len(model.model.layers)
+    got = model(ids, labels=ids, use_cache=False).loss
+    assert float(got) == pytest.approx(float(eager(ids, labels=ids, use_cache=False).loss), rel=1e-5)
+    got.backward()
+    graphs = dict(counters["stats"])
+    assert graphs.get("unique_graphs") == 1
+    model(ids, labels=ids).loss.backward()  # the config's use_cache: a cache in training
+    model.eval()
+    with torch.no_grad():
+        model(ids)
+        model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert dict(counters["stats"]) == graphs
+    assert eager_layers(model) == len(model.model.layers) and not any(
+        is_compiled(x) for x in model.model.layers
+    )
+    assert all("forward" not in layer.__dict__ for layer in model.model.layers)  # the class's forward again
+
+
+@pytest.mark.parametrize(
+    ("transformers_version", "compiles"), [("5.17.0", True), ("5.22.2", True), ("5.24.0", False)]
+)
+def test_checkpointing_inside_the_forward_compiles_nothing(transformers_version: str, compiles: bool) -> None:
+    """From transformers 5.24 the layer's forward holds its checkpointing, and torch.compile of it captured no
+    graph on the CPU: with checkpointing planned, no compiled layers there; without it, they compile."""
+    caps = dataclasses.replace(_caps(), transformers_version=transformers_version)
+    d, _ = _choose(caps, [_facts()], checkpointing=True)
+    assert (d.choice == "layers") == compiles
+    if not compiles:
+        assert any("checkpoints inside the layer's forward" in r for r in d.reasons)
+    assert _choose(caps, [_facts()], checkpointing=False)[0].choice == "layers"

@@ -1,11 +1,13 @@
 """Compiling a model's decoder layers for training, as :mod:`cudaload.policies.training.compile` decided:
-``torch.compile`` on each decoder layer (``nn.Module.compile``, in place), dynamic in the sequence length so a
-packed step of another length reuses the same code. The layers share their code and differ in their parameters,
-which dynamo takes as inputs: one compile serves them all."""
+``torch.compile`` on each decoder layer's forward, in place, dynamic in the sequence length so a packed step of
+another length reuses the same code, and used only while the layer trains (:func:`compile_layers`). The layers
+share their code and differ in their parameters, which dynamo takes as inputs: one compile serves them all."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import weakref
 from typing import Any
 
 
@@ -55,22 +57,71 @@ def compile_problem(model: Any) -> str | None:
     return None
 
 
+#: decoder layer -> the forward it had before compile_layers (None: its class's), so eager_layers puts it back
+_EAGER: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def is_compiled(layer: Any) -> bool:
+    """Whether :func:`compile_layers` compiled ``layer`` (and :func:`eager_layers` has not undone it)."""
+    return layer in _EAGER
+
+
 def compile_layers(model: Any) -> int:
-    """Compile each decoder layer of ``model`` in place (``nn.Module.compile(dynamic=True)``); the count."""
+    """Compile each decoder layer of ``model`` for training, in place; the count.
+
+    Each layer's forward becomes one that runs the compiled forward (``torch.compile(dynamic=True)``) while the
+    layer trains with autograd on, and its own eager forward otherwise: an evaluation under ``no_grad``, or
+    ``generate()``, whose cache makes every layer a graph of its own (each reads its ``layer_idx``) until torch's
+    recompile limit, never meets the compiler. The forward is set on the instance, as accelerate's hooks set theirs
+    (accelerate 1.16 hooks.py:193); transformers' classes are untouched."""
+    import torch
+
     layers = decoder_layers(model)
     for layer in layers:
+        if layer in _EAGER:
+            continue
+        own = layer.__dict__.get("forward")
+        eager = layer.forward
         # dynamic: a packed step's row length changes every step; compiled for a symbolic length from the first
         # step (the H100 runs still saw one recompile at the second step, ~8 s, for another guard)
-        layer.compile(dynamic=True)
+        compiled = torch.compile(eager, dynamic=True)
+
+        @functools.wraps(eager)
+        def forward(
+            *args: Any, _layer: Any = layer, _eager: Any = eager, _fast: Any = compiled, **kwargs: Any
+        ) -> Any:
+            if _layer.training and torch.is_grad_enabled() and not _has_cache(kwargs):
+                return _fast(*args, **kwargs)
+            return _eager(*args, **kwargs)
+
+        layer.forward = forward
+        _EAGER[layer] = own
     return len(layers)
 
 
+#: the layer keywords a KV cache comes in: ``past_key_values`` (transformers 5.17-5.23), ``cache`` (5.24 and
+#: later), ``past_key_value`` (4.x)
+_CACHE_KEYWORDS = ("past_key_values", "cache", "past_key_value")
+
+
+def _has_cache(kwargs: dict[str, Any]) -> bool:
+    """Whether a layer call carries a KV cache. A training forward without ``use_cache=False`` builds one
+    (transformers 5.17 modeling_qwen3.py:383-384, 5.25 :377-378), and each layer then indexes it by its own
+    ``layer_idx``: a graph per layer up to torch's recompile limit (8), measured on the CPU. Such calls run eager;
+    cudaload's collators and TRL pass ``use_cache=False`` (trl 1.16 sft_trainer.py:1564)."""
+    return any(kwargs.get(k) is not None for k in _CACHE_KEYWORDS)
+
+
 def eager_layers(model: Any) -> int:
-    """Put compiled decoder layers back to eager (``nn.Module.compile`` keeps its compiled call in
-    ``_compiled_call_impl``, torch 2.13 nn/modules/module.py:3053, and has no public undo); the count undone."""
+    """Put decoder layers :func:`compile_layers` compiled back to their own forward; the count undone."""
     undone = 0
     for layer in decoder_layers(model):
-        if getattr(layer, "_compiled_call_impl", None) is not None:
-            layer._compiled_call_impl = None
-            undone += 1
+        if layer not in _EAGER:
+            continue
+        own = _EAGER.pop(layer)
+        if own is None:
+            del layer.forward  # the class's forward again
+        else:
+            layer.forward = own
+        undone += 1
     return undone

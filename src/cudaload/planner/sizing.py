@@ -196,6 +196,7 @@ def size(
             remote_code=info.remote_code,
             causal_lm=causal,
             moe=info.summary.is_moe,
+            checkpointing=fr.gradient_checkpointing is not None and fr.gradient_checkpointing.choice != "off",
         )
         section = replace(
             section, causal_lm=causal, layer_compile=compiled, layer_compile_payback_tokens=payback

@@ -34,6 +34,11 @@ LAYER_COMPILE_SINCE = (2, 11)
 
 _OFF_WHY = "each layer's kernels launched one by one, as transformers runs them"
 
+#: transformers wraps each decoder layer's forward in its checkpointing from 5.24 on (5.25 modeling_layers.py:83-125,
+#: ``forward_with_checkpointing``; 5.22 checkpoints in ``__call__``): with checkpointing on, torch.compile of that
+#: forward captured no graph on the CPU (5.24 and 5.25; one graph on 5.17 and 5.22)
+CHECKPOINTED_FORWARD_SINCE = (5, 24)
+
 
 def layer_compile_problems(
     caps: Capabilities,
@@ -43,9 +48,16 @@ def layer_compile_problems(
     remote_code: bool = False,
     causal_lm: bool = True,
     moe: bool = False,
+    checkpointing: bool = False,
 ) -> list[str]:
     """Why the decoder layers cannot be compiled for this training here (empty when they can)."""
     bad: list[str] = []
+    tv = version_tuple(caps.transformers_version)
+    if checkpointing and tv is not None and tv[:2] >= CHECKPOINTED_FORWARD_SINCE:
+        bad.append(
+            f"transformers {caps.transformers_version} checkpoints inside the layer's forward, which then compiles "
+            "nothing (no graph, measured on the CPU with 5.24 and 5.25); without checkpointing the layers compile"
+        )
     if not caps.gpus:
         bad.append("no CUDA GPU: inductor's training kernels are Triton kernels")
     v = version_tuple(caps.torch_version)
@@ -90,10 +102,17 @@ def choose_layer_compile(
     remote_code: bool = False,
     causal_lm: bool = True,
     moe: bool = False,
+    checkpointing: bool = False,
 ) -> tuple[Decision, int | None]:
     """The planned decision (``layers`` or ``off``) and, where ``layers``, the tokens that repay the compile."""
     bad = layer_compile_problems(
-        caps, intent=intent, parallel=parallel, remote_code=remote_code, causal_lm=causal_lm, moe=moe
+        caps,
+        intent=intent,
+        parallel=parallel,
+        remote_code=remote_code,
+        causal_lm=causal_lm,
+        moe=moe,
+        checkpointing=checkpointing,
     )
     f = layer_compile_facts_for(caps, facts, intent=intent, layout=layout, attention=attention)
     payback = payback_tokens(f) if f is not None else None
