@@ -14,8 +14,9 @@ The saving is counted per token (the record's per-step saving over its step's to
 the elementwise kernels over every token, grows with the step, so steps of another size repay at the same
 tokens rather than the same count.
 
-The compile is paid once per process at the first step (seconds to a minute: the record says), and again for
-a forward of another kind (an evaluation under ``no_grad``)."""
+The compile is paid once per process at the first step (seconds to a minute: the record says). Only training
+calls run compiled; an evaluation under ``no_grad`` and ``generate()`` run the layers' own forward
+(:mod:`cudaload.execute.layer_compile`)."""
 
 from __future__ import annotations
 
