@@ -199,8 +199,20 @@ def test_gradient_checkpointing_decision_and_training_arguments() -> None:
     caps = hardware("A100-40GB").with_packages(["bitsandbytes"], [])
     q = plan(full_config("Qwen3-8B"), hardware=caps, intent="qlora", seq_len=512, batch_size=1)
     assert q.gradient_checkpointing is not None and q.gradient_checkpointing.choice == "off"
-    qlong = plan(full_config("Qwen3-8B"), hardware=caps, intent="qlora", seq_len=8192, batch_size=1)
+    qlong = plan(
+        full_config("Qwen3-8B"),
+        hardware=caps,
+        intent="qlora",
+        seq_len=8192,
+        batch_size=1,
+        loss="transformers",
+    )
     assert qlong.gradient_checkpointing is not None and qlong.gradient_checkpointing.choice == "on"
+    # left to the plan, cudaload's chunked loss (no fp32 logits over the step) lets fewer layers be recomputed
+    qauto = plan(full_config("Qwen3-8B"), hardware=caps, intent="qlora", seq_len=8192, batch_size=1)
+    assert qauto.training is not None and qauto.training.loss.choice == "cudaload_chunked"
+    assert qauto.gradient_checkpointing is not None and qauto.gradient_checkpointing.choice == "partial"
+    assert qauto.checkpoint_every > 1
     # the decisions round-trip through JSON
     assert type(q).from_json(q.to_json()) == q
 

@@ -19,6 +19,7 @@ from ..request import Request
 from . import serving as _serving
 from .adapters import apply_adapter_cast, enable_planned_checkpointing, wrap_peft
 from .attention_probe import confirm_sdpa_variant, probe_and_fallback, replanned
+from .chunked_loss import chunked_loss_problem, install_chunked_loss
 from .decode_calls import ready_decode, replanned_decode
 from .failures import gpu_memory_snapshot, release_memory, translate
 from .load_path import load_covered
@@ -245,7 +246,8 @@ def load_request(req: Request) -> Any:
     try:
         loaded, plan = _ready(req, loaded, plan, verified)
     except DoesNotFitError:
-        # less is free after loading than serving needs: nothing is handed back, so nothing stays held. The
+        # less is free after loading than serving needs, or the chunked loss the step needs cannot be taken:
+        # nothing is handed back, so nothing stays held. The
         # traceback keeps this frame: the model is dropped from it before the memory is released
         loaded = None
         started.stop_reading()  # nothing will read those pages now
@@ -390,6 +392,20 @@ def _checked_backend(
     return plan, {"attention_fallbacks": fallbacks, "sdpa_decode_dispatch": dispatch, "replanned": replans}
 
 
+def _chunked_loss(model: Any) -> str:
+    """cudaload's chunked loss on the model, as the plan's memory counted it (the logits never whole). Raises
+    DoesNotFitError where this model's forward cannot take it: the plan's step needs it to fit."""
+    problem = chunked_loss_problem(model)
+    if problem is not None:
+        raise DoesNotFitError(
+            "the plan's step fits only with cudaload's chunked loss, which this loaded model cannot take",
+            reasons=[problem],
+            fix="pass loss='transformers' (the plan then checkpoints more or takes smaller steps)",
+        )
+    install_chunked_loss(model)
+    return "installed: training calls with labels compute the head and the loss a chunk of rows at a time"
+
+
 def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tuple[Any, Plan]:
     """Adapters wrapped, train or eval mode, checkpointing as planned, the serving section settled against the
     memory free after loading; the plan with what was verified. Raises DoesNotFitError where serving finds too
@@ -415,6 +431,8 @@ def _ready(req: Request, model: Any, plan: Plan, verified: dict[str, Any]) -> tu
     else:
         model.train()
         enable_planned_checkpointing(model, plan)
+        if plan.training is not None and plan.training.loss.choice == "cudaload_chunked":
+            verified["chunked_loss"] = _chunked_loss(model)
     if plan.serving is not None:
         try:
             # looked up on execute.serving at call time: a test replaces cudaload.execute.serving.attach_serving

@@ -107,7 +107,22 @@ def model_info(model: Any, *, model_class: str | None = None, revision: str | No
         alibi=_alibi(config, text),
         compatible_flash=tuple(compatible) if isinstance(compatible, list | tuple) else None,
         attention_classes=attn_classes,
+        head_transform=_head_transform(text),
     )
+
+
+#: config keys whose value transforms the head's logits before the loss, and the value that leaves them as they
+#: are (transformers 5.17: gemma2 ``final_logit_softcapping`` (None off), cohere ``logit_scale`` (multiplies),
+#: granite ``logits_scaling`` (divides))
+_HEAD_TRANSFORMS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
+
+
+def _head_transform(text: Any) -> str | None:
+    for key, neutral in _HEAD_TRANSFORMS.items():
+        value = getattr(text, key, None)
+        if value is not None and value != neutral:
+            return f"{key}={value}"
+    return None
 
 
 def _can_generate(cls: Any) -> bool:

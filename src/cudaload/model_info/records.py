@@ -77,6 +77,10 @@ class ModelInfo:
     #: keys of a legacy ``*_ATTENTION_CLASSES`` dict in the model's module (falcon: eager, sdpa,
     #: flash_attention_2): any other attn_implementation fails with KeyError when the model is built
     attention_classes: tuple[str, ...] | None = None
+    #: the config's transform of the output head's logits before the loss (``final_logit_softcapping`` of
+    #: Gemma 2/3, ``logit_scale`` of Cohere, ``logits_scaling`` of Granite), as "name=value"; None where the
+    #: logits go to the loss as the head computes them (a fused or chunked loss computes the head itself)
+    head_transform: str | None = None
 
     @property
     def flash_head_dim(self) -> int:

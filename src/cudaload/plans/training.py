@@ -18,9 +18,10 @@ LAYOUTS = ("packed", "padded")
 #: the collator and passed to every layer: flash attention's varlen kernels) or ``position_ids`` (transformers
 #: finds the boundaries from the restarting position ids and builds a block-diagonal mask: sdpa, flex, eager)
 BOUNDARIES = ("cu_seq_lens", "position_ids")
-#: the losses cudaload plans: transformers' own (fp32 logits over the vocabulary) or Liger's fused linear
-#: cross-entropy (the logits computed chunk by chunk, never whole)
-LOSSES = ("transformers", "liger")
+#: the losses cudaload plans: transformers' own (fp32 logits over the vocabulary), Liger's fused linear
+#: cross-entropy or cudaload's chunked loss (:mod:`cudaload.execute.chunked_loss`; both compute the logits chunk by
+#: chunk, never whole)
+LOSSES = ("transformers", "liger", "cudaload_chunked")
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class StepShape:
     ``tokens``: the most tokens a step computes (packed: real tokens, at most the plan's ``tokens_per_step``;
     padded: ``sequences x longest``); ``sequences``: at most this many sequences a step; ``longest``: the
     longest sequence. ``packed``: the sequences are concatenated into one row (the attention keeps them
-    apart). ``fused_loss``: Liger's fused linear cross-entropy instead of transformers' loss over fp32 logits.
+    apart). ``fused_loss``: a fused loss (Liger's fused linear cross-entropy or cudaload's chunked
+    loss) instead of transformers' loss over fp32 logits.
     ``lora_dropout``: PEFT's dropout on every adapted layer's input (a copy of each input kept for backward
     when > 0). ``kbit_upcast``: QLoRA's fp32 cast of every non-4-bit parameter (peft's
     ``prepare_model_for_kbit_training``), which makes the residual stream and activations fp32. ``autocast``:
@@ -110,7 +112,7 @@ class TrainingPlan:
 
     ``layout``: ``packed`` (each step's sequences concatenated into one row, no padding computed) or
     ``padded``; ``tokens_per_step``: the decision on the most real tokens one step may hold (its choice a
-    number as text); ``loss``: ``transformers`` or ``liger``; ``lora_dropout``, ``kbit_upcast`` and ``adapter_cast`` for
+    number as text); ``loss``: ``transformers``, ``liger`` or ``cudaload_chunked``; ``lora_dropout``, ``kbit_upcast`` and ``adapter_cast`` for
     adapters (None where they do not apply). ``step`` is the shape memory was planned for; ``boundaries``
     how a packed step marks its sequences (:data:`BOUNDARIES`); ``group_by_length``: padded batches of similar
     lengths (less padding); ``assumed``: what the plan took for granted about the data because it was not

@@ -16,6 +16,7 @@ from .constants import (
     FP32_SCORES_BACKWARD_BYTES,
     LOSS_BYTES_PER_LOGIT,
     GiB,
+    chunk_rows,
 )
 
 
@@ -199,12 +200,18 @@ def _loss_bytes(info: ModelInfo, step: StepShape, a: int) -> tuple[int, str]:
         loss = 0
     elif step.fused_loss:
         # Liger's fused linear cross-entropy (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py:103-108):
-        # the gradient of its input (tokens x hidden) and one chunk of logits sized to about the same
-        loss = 2 * step.tokens * s.hidden_size * a
+        # the gradient of its input (tokens x hidden) and one chunk of logits sized to about the same; cudaload's
+        # chunked loss keeps the same gradient, and its chunk (at least CHUNK_MIN_ROWS rows) holds the chunk's
+        # logits in the head's dtype, their fp32 copy and the fp32 gradient: the larger of the two is planned, so
+        # the plan holds whichever of them the loss decision takes
+        liger = 2 * step.tokens * s.hidden_size * a
+        rows = chunk_rows(step.tokens, s.hidden_size, s.vocab_size) if s.vocab_size > 0 else 0
+        chunked = step.tokens * s.hidden_size * a + rows * s.vocab_size * LOSS_BYTES_PER_LOGIT
+        loss = max(liger, chunked)
     else:
         loss = step.tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT
     what_loss = (
-        f"Liger's fused loss {loss / GiB:.2f} GiB (no fp32 logits)"
+        f"a fused loss {loss / GiB:.2f} GiB (no fp32 logits over the step)"
         if step.fused_loss
         else f"the fp32 loss over {s.vocab_size} logits {loss / GiB:.2f} GiB"
     )

@@ -41,6 +41,27 @@ ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
 #: phases each hold about three of these (bf16 head: 2 + 4 + 4 forward, 4 + 4 + 4 backward): 12 bytes.
 LOSS_BYTES_PER_LOGIT = 12
 
+#: cudaload's chunked loss (:mod:`cudaload.execute.chunked_loss`): rows of the step's hidden states taken through
+#: the output head a chunk at a time. Liger sizes a chunk so its logits are about the size of the hidden states
+#: (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py:38-43: ``inc_factor = cdiv(V, H)``,
+#: ``chunk_size = next_power_of_2(cdiv(BT, inc_factor))``); cudaload keeps that rule with a floor, so that a short
+#: step's chunks stay GEMMs that read the head's weight once per CHUNK_MIN_ROWS rows, not per few rows
+CHUNK_MIN_ROWS = 256
+
+
+def chunk_rows(tokens: int, hidden: int, vocab: int) -> int:
+    """Rows of hidden states a chunk of cudaload's chunked loss takes through the head: Liger's rule (the chunk's
+    logits about the size of the step's hidden states), a power of two, at least :data:`CHUNK_MIN_ROWS` and at
+    most ``tokens`` (at least 1)."""
+    if tokens <= 0 or hidden <= 0 or vocab <= 0:
+        raise ValueError(
+            f"chunk_rows needs positive sizes, got tokens={tokens}, hidden={hidden}, vocab={vocab}"
+        )
+    per = -(-tokens * hidden // vocab)
+    rows = 1 << max(0, (per - 1).bit_length())
+    return max(1, min(tokens, max(CHUNK_MIN_ROWS, rows)))
+
+
 #: The caching allocator's reserved-but-unusable bytes at a training step's peak, per logit of the step (batch
 #: x seq_len x vocab). The loss's fp32 logit tensors are the step's largest allocations; once freed, their
 #: segments are split for the backward's smaller tensors and cannot be returned while any part is in use.

@@ -74,17 +74,17 @@ def plan_step(
     """The step bound, the loss and (through ``fit``) checkpointing and the optimizer, cheapest first.
 
     Tried in order, each probed by ``fit``: the largest bound with checkpointing as the fit ladder decides; if
-    that needs checkpointing, smaller bounds without it (the same optimizer), then Liger's fused loss without
+    that needs checkpointing, smaller bounds without it (the same optimizer), then a fused loss (Liger's, else cudaload's chunked one) without
     it; then the same bounds and losses with every n-th layer checkpointed (the largest n that fits; not where
     :func:`partial_problems` says so); else the bounds with every layer checkpointed. An explicit ``tokens_per_step``, ``loss`` or
     ``gradient_checkpointing`` narrows the ladder to it. Where ``batch_size`` was assumed
     (``sequences_declared=False``), the ladder goes down to one longest sequence a step."""
-    req_loss, liger_bad = loss_request(loss, caps, info)
+    req_loss, fused_kind, liger_bad, chunked_bad = loss_request(loss, caps, info)
     bounds = bounds_to_try(base, tokens_per_step, sequences_declared)
-    if req_loss == "transformers" or liger_bad:
+    if fused_kind is None:
         losses = [False]
     else:
-        losses = [True] if req_loss == "liger" else [False, True]
+        losses = [True] if req_loss in ("liger", "cudaload_chunked") else [False, True]
     partial_bad = partial_problems(caps, info)
     layers = max(info.summary.layers, 1)
     t, fused, gc, result, tried = walk(
@@ -108,7 +108,7 @@ def plan_step(
     tp = TrainingPlan(
         layout=layout,
         tokens_per_step=tokens_decision(bounds, tried, t, fused, base, tokens_per_step),
-        loss=loss_decision(req_loss, fused, liger_bad, tried, gc_on, gc),
+        loss=loss_decision(req_loss, fused, liger_bad, tried, gc_on, gc, chunked_bad=chunked_bad),
         step=step,
         boundaries=boundaries_for(attn) if base.packed else None,
         lora_dropout=lora_dropout,

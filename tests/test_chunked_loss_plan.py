@@ -1,0 +1,156 @@
+"""cudaload's chunked loss in the plan (issue 44 item 4): offered where Liger's fused loss cannot run, taken only
+where memory is short, counted by the memory model, refused with a reason where the head's logits are
+transformed, and put on the model by load_model() wherever the plan took it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import cudaload
+from cudaload.errors import InvalidChoiceError
+from cudaload.execute.chunked_loss import has_chunked_loss
+from cudaload.model_info import model_info
+from cudaload.planner import plan
+from cudaload.policies.memory.constants import CHUNK_MIN_ROWS, chunk_rows
+from cudaload.profiles import hardware
+from cudaload.testing import full_config
+
+GiB = 1 << 30
+CONTEXT = 700 << 20  # bench_fit_boundary.py's CUDA context outside the emulated card
+
+
+def _qlora(card_gib: float, seq_len: int, **kw: Any) -> Any:
+    caps = hardware("H100").with_packages(["bitsandbytes", "peft"], [])
+    return plan(
+        full_config("Llama-3.1-8B"),
+        hardware=caps,
+        intent="qlora",
+        seq_len=seq_len,
+        batch_size=1,
+        max_memory={"cuda:0": int(card_gib * GiB) + CONTEXT},
+        **kw,
+    )
+
+
+def _longest(card_gib: float, **kw: Any) -> int:
+    """The longest seq_len (a multiple of 256) the plan accepts on the card."""
+    lo, hi = 0, 1 << 17
+    while hi - lo > 256:
+        mid = (lo + hi) // 2 // 256 * 256
+        try:
+            _qlora(card_gib, mid, **kw)
+            lo = mid
+        except cudaload.DoesNotFitError:
+            hi = mid
+    return lo
+
+
+def test_chunk_rows_follow_liger_with_a_floor() -> None:
+    assert chunk_rows(9216, 4096, 128256) == 512  # liger: next_power_of_2(cdiv(9216, cdiv(128256, 4096)))
+    assert chunk_rows(2400, 4096, 151936) == CHUNK_MIN_ROWS  # a short step: the floor, not 65 rows
+    assert chunk_rows(100, 4096, 151936) == 100  # never more rows than the step has
+    with pytest.raises(ValueError):
+        chunk_rows(0, 4096, 151936)
+
+
+def test_on_a_24_gib_card_the_chunked_loss_fits_a_longer_sequence_than_transformers_loss() -> None:
+    """No Liger installed: the plan's boundary with the chunked loss against transformers' loss, and the plan at
+    that boundary takes it (the fp32 logits over the step were most of the step's memory)."""
+    std = _longest(24, loss="transformers")
+    auto = _longest(24)
+    assert auto >= 2 * std
+    p = _qlora(24, auto)
+    assert p.training is not None and p.training.loss.choice == "cudaload_chunked"
+    assert p.training.step.fused_loss
+    assert "only a fused loss lets the step fit" in p.training.loss.reasons[0]
+    assert {c.name for c in p.training.loss.candidates} == {"transformers", "liger", "cudaload_chunked"}
+    liger = p.training.loss.candidate("liger")
+    assert liger is not None and not liger.ok and "liger-kernel is not installed" in " ".join(liger.reasons)
+    assert "cudaload_chunked" in p.explain()
+    # transformers' loss at that length does not fit, and says so
+    with pytest.raises(cudaload.DoesNotFitError):
+        _qlora(24, auto, loss="transformers")
+
+
+def test_with_room_transformers_loss_stays_and_liger_is_taken_first_where_installed() -> None:
+    short = _qlora(24, 1024)
+    assert short.training is not None and short.training.loss.choice == "transformers"
+    assert "cudaload's chunked loss" in " ".join(short.training.loss.reasons)
+    caps = hardware("H100").with_packages(["bitsandbytes", "peft", "liger-kernel"], [])
+    p = plan(
+        full_config("Llama-3.1-8B"),
+        hardware=caps,
+        intent="qlora",
+        seq_len=_longest(24),
+        batch_size=1,
+        max_memory={"cuda:0": 24 * GiB + CONTEXT},
+    )
+    assert p.training is not None and p.training.loss.choice == "liger"
+    chunked = p.training.loss.candidate("cudaload_chunked")
+    assert chunked is not None and chunked.ok and "taken first" in " ".join(chunked.reasons)
+
+
+def test_a_head_whose_logits_are_transformed_is_refused_with_its_reason() -> None:
+    from transformers import Gemma2Config
+
+    cfg = Gemma2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        final_logit_softcapping=30.0,
+    )
+    assert model_info(cfg).head_transform == "final_logit_softcapping=30.0"
+    assert model_info(full_config("Qwen3-8B")).head_transform is None
+    caps = hardware("H100").with_packages(["peft"], [])
+    with pytest.raises(InvalidChoiceError, match="cudaload_chunked") as e:
+        plan(cfg, hardware=caps, intent="lora", seq_len=256, batch_size=1, loss="cudaload_chunked")
+    assert "final_logit_softcapping" in " ".join(e.value.reasons)
+    p = plan(cfg, hardware=caps, intent="lora", seq_len=256, batch_size=1)
+    assert p.training is not None
+    c = p.training.loss.candidate("cudaload_chunked")
+    assert c is not None and not c.ok
+
+
+def test_the_plan_round_trips_with_the_chunked_loss() -> None:
+    p = _qlora(24, _longest(24))
+    back = type(p).from_json(p.to_json())
+    assert back == p and back.training is not None and back.training.loss.choice == "cudaload_chunked"
+
+
+def test_load_model_puts_the_chunked_loss_on_the_model_the_plan_took_it_for() -> None:
+    """CPU, fp32, a tiny Qwen3 with LoRA: loss='cudaload_chunked' asked for, the model comes back with it on,
+    ``verified`` says so, and a training step's loss and LoRA gradients are transformers' own."""
+    from cudaload.testing import make_tiny
+
+    path = str(make_tiny("qwen3", Path(tempfile.mkdtemp()) / "tiny"))
+    kw: dict[str, Any] = dict(intent="lora", seq_len=64, batch_size=2, dtype="float32")
+    chunked = cudaload.load_model(path, loss="cudaload_chunked", **kw)
+    plain = cudaload.load_model(path, **kw)
+    plain.load_state_dict(chunked.state_dict())
+    assert has_chunked_loss(chunked) and not has_chunked_loss(plain)
+    assert chunked.cudaload_plan.training.loss.choice == "cudaload_chunked"
+    assert "installed" in chunked.cudaload_plan.verified["chunked_loss"]
+    torch.manual_seed(0)
+    ids = torch.randint(3, 90, (2, 24))
+    labels = ids.clone()
+    labels[1, 18:] = -100
+    losses, grads = [], []
+    for m in (chunked, plain):
+        m.train()
+        out = m(input_ids=ids, labels=labels)
+        out.loss.backward()
+        losses.append(float(out.loss.detach()))
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][name], rtol=1e-4, atol=1e-6)
