@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 44 item 4 (one device call, at most 590 s; carry .whl from ../shared/device/wheels.sh quant): the plan's
+# Issue 44 item 4 (one device call, at most 470 s; carry .whl from ../shared/device/wheels.sh quant): the plan's
 # longest sequence at emulated card sizes, trained at that length (benchmarks/bench_fit_boundary.py's default
 # cases), after the chunked loss's GPU test. The plans at these boundaries take cudaload's chunked loss (no
 # liger-kernel carried). Every card is emulated (set_per_process_memory_fraction), so an H100 serves as well as the H200.
@@ -13,7 +13,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
   git log -1 --format='%H %s' | cut -c1-120; } > "$out/gpu.txt" 2>&1
 timeout 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_chunked_loss.py > "$out/pytest.log" 2>&1
 echo "pytest rc=$? $(date -u +%T)" >> "$out/pytest.log"
-timeout 520 python benchmarks/bench_fit_boundary.py --out "$out/fit" --work /tmp/cudaload-bench --budget-s 500 \
+timeout 400 python benchmarks/bench_fit_boundary.py --out "$out/fit" --work /tmp/cudaload-bench --budget-s 385 \
   2>&1 | grep --line-buffered -v -e Warning -e warn > "$out/fit.log"
 echo "done $(date -u +%T)" >> "$out/gpu.txt"
 exit 0

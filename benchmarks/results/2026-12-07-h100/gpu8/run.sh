@@ -6,7 +6,7 @@
 #   3. bench_decode.py from process start: cudaload!:mix (nothing declared: 640+64, 640+3,000, 640+64, empty caches)
 #      then declared!:long3k (the 640+3,000 call declared, empty caches), with the time left
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../../.."  # the repository root (it ran as benchmarks/results/2026-12-07-h200/run_both.sh)
 source .whl/env.sh || exit 1
 export PYTHONPATH=$PWD/src:$PWD/benchmarks:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 out=${OUT:-/tmp/out}; W=/tmp/cudaload-bench; mkdir -p "$out"
