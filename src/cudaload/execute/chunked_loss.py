@@ -302,6 +302,10 @@ def chunked_loss_problem(model: Any) -> str | None:
         )
     if head.weight.is_meta:
         return "the output head's weight is on the meta device (offloaded)"
+    if type(head.weight.data).__name__ == "DTensor":
+        # tensor parallel or FSDP2 shards the head; the chunked path's `x @ W.T` would run outside the hooks and
+        # plans that gather or split it
+        return "the output head's weight is sharded (a DTensor: tensor parallel or FSDP2)"
     vocab = getattr(text, "vocab_size", None)
     if vocab is not None and head.weight.shape[0] != vocab:
         return f"the head has {head.weight.shape[0]} outputs but the config's vocab_size is {vocab}"
