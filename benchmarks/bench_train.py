@@ -18,6 +18,7 @@ For each (shape, mode, length distribution) two fresh processes train the same s
   package), sdpa on packed steps (a block-diagonal mask from the position ids), sdpa on padded batches; each
   planned as cudaload plans it otherwise, on the same data. ``--methods cudaload-varlen,cudaload-sdpa-packed,
   cudaload-sdpa-padded`` gives tokens/s for each in one command (results.md's "Attention and layout" table).
+  ``cudaload-chunked``: the same plan with cudaload's chunked loss asked for (``loss="cudaload_chunked"``).
 - ``cudaload-compiled``: ``cudaload`` with ``training_setup(..., compile_layers=True)``: each decoder layer
   compiled, as the plan takes it on a data set long enough to repay the compile (the first step pays it). Any
   method above ending in ``-compiled`` (``cudaload-varlen-compiled``) is that method with its layers compiled.
@@ -76,6 +77,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "cudaload-varlen": {"attn": "cudaload_varlen", "batch_layout": "packed"},
     "cudaload-sdpa-packed": {"attn": "sdpa", "batch_layout": "packed"},
     "cudaload-sdpa-padded": {"attn": "sdpa", "batch_layout": "padded"},
+    # the plan with cudaload's chunked loss asked for (taken on its own only where memory is short): its speed
+    # against transformers' loss on the same data
+    "cudaload-chunked": {"loss": "cudaload_chunked"},
 }
 
 
