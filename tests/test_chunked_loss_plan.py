@@ -4,6 +4,7 @@ transformed, and put on the model by load_model() wherever the plan took it."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,69 @@ def test_load_model_puts_the_chunked_loss_on_the_model_the_plan_took_it_for() ->
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name, g in grads[0].items():
         torch.testing.assert_close(g, grads[1][name], rtol=1e-4, atol=1e-6)
+
+
+def test_moe_and_sharded_parallelism_never_get_the_chunked_loss() -> None:
+    """A mixture-of-experts model's loss adds its router's (refused at plan time, not after the load), and FSDP2
+    shards the head the chunked path reads: the plan is sized again with transformers' loss and says why."""
+    moe = model_info(full_config("Qwen3-30B-A3B"))
+    from cudaload.policies.training.loss import chunked_problems
+
+    assert any("router" in r for r in chunked_problems(moe))
+    caps = hardware("2xA100-80GB").with_packages(["peft"], [])
+    kw: dict[str, Any] = dict(intent="lora", seq_len=16384, batch_size=4)
+    ddp = plan(full_config("Qwen3-8B"), hardware=caps, **kw)
+    assert ddp.parallelism is not None and ddp.parallelism.choice == "ddp"
+    assert ddp.training is not None and ddp.training.loss.choice == "cudaload_chunked"
+    sharded = plan(full_config("Qwen3-8B"), hardware=caps, parallelism="fsdp2", **kw)
+    assert sharded.parallelism is not None and sharded.parallelism.choice == "fsdp2"
+    assert sharded.training is not None and sharded.training.loss.choice == "transformers"
+    c = sharded.training.loss.candidate("cudaload_chunked")
+    assert c is not None and not c.ok and "fsdp2 shards" in " ".join(c.reasons)
+    with pytest.raises(InvalidChoiceError, match="cudaload_chunked"):
+        plan(full_config("Qwen3-8B"), hardware=caps, parallelism="fsdp2", loss="cudaload_chunked", **kw)
+
+
+def test_a_full_fine_tune_counts_the_heads_gradient_the_fused_loss_makes_in_its_forward() -> None:
+    from cudaload.plans.training import StepShape
+    from cudaload.policies.memory import activations as acts
+
+    info = model_info(full_config("Qwen3-0.6B"))
+    step = StepShape(8192, 1, 8192, packed=True, fused_loss=True)
+    frozen, _ = acts._loss_bytes(info, step, 2)
+    trained, _ = acts._loss_bytes(info, step, 2, head_trains=True)
+    s = info.summary
+    assert trained - frozen == s.vocab_size * s.hidden_size * 2
+    rows = chunk_rows(8192, s.hidden_size, s.vocab_size)
+    assert frozen >= 8192 * s.hidden_size * 2 + rows * s.vocab_size * 12
+    std, _ = acts._loss_bytes(info, dataclasses.replace(step, fused_loss=False), 2)
+    assert std > trained  # the fp32 logits of 8,192 tokens are still far more
+
+
+def test_adapters_put_on_the_head_after_the_install_set_the_chunked_loss_aside(recwarn: Any) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from cudaload.execute.chunked_loss import install_chunked_loss, remove_chunked_loss
+    from cudaload.testing import make_tiny
+
+    path = make_tiny("qwen3", Path(tempfile.mkdtemp()) / "tiny")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    install_chunked_loss(model)
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
+    peft.train()
+    ids = torch.randint(3, 90, (1, 16))
+    out = peft(input_ids=ids, labels=ids)
+    assert out.logits is not None  # the model's own forward ran: the head's adapters are in the loss
+    out.loss.backward()
+    head = peft.get_base_model().lm_head
+    assert head.lora_B["default"].weight.grad is not None
+    assert any("set aside" in str(w.message) for w in recwarn.list)
+    # a forward replaced after the install (as TRL's fused head does) stays; the chunked loss says it was not removed
+    base = peft.get_base_model()
+    ours = base.forward
+    base.forward = lambda *a, **k: ours(*a, **k)
+    with pytest.warns(RuntimeWarning, match="not removed"):
+        assert remove_chunked_loss(peft) is False
+    assert has_chunked_loss(peft)

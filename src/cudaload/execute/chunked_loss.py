@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 #: causal LM -> the instance forward it had before install_chunked_loss (None: its class's), so remove puts it back
 _ORIGINAL: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+#: models whose chunked loss was set aside once (said once per model, not per step)
+_WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 #: config keys that transform the head's output before the loss, and their neutral values (the same table as
 #: cudaload.model_info.build: gemma2 ``final_logit_softcapping``, cohere ``logit_scale``, granite
@@ -356,11 +359,39 @@ def install_chunked_loss(model: Any) -> bool:
             or not (isinstance(keep, int) and keep == 0)
         ):
             return _original(*args, **kwargs)
+        changed = _head_changed(_base)
+        if changed is not None:
+            # the head became one the chunked path cannot compute (adapters put on it after the install, a
+            # sharded or hooked head): its own forward, once said, rather than a loss without the adapters
+            if _base not in _WARNED:
+                _WARNED.add(_base)
+                warnings.warn(
+                    f"cudaload's chunked loss is set aside for this model: {changed}; the model's own forward "
+                    "computes the loss (all the step's logits)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return _original(*args, **kwargs)
         return _chunked_forward(_base, kwargs)
 
+    forward.__cudaload_chunked_loss__ = True  # type: ignore[attr-defined]
     base.forward = forward
     _ORIGINAL[base] = own
     return True
+
+
+def _head_changed(base: Any) -> str | None:
+    """Why the head the model has now cannot go through the chunked path (None where it can): what
+    :func:`chunked_loss_problem` checks of the head, per call, since a user may add adapters to it or shard it
+    after the install."""
+    import torch
+
+    head = base.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return f"its output head is now a {type(head).__name__}, not a plain torch.nn.Linear"
+    if hasattr(head, "_hf_hook") or type(head.weight.data).__name__ == "DTensor":
+        return "its output head is now hooked or sharded"
+    return None
 
 
 def _chunked_forward(base: Any, kwargs: dict[str, Any]) -> Any:
@@ -430,6 +461,17 @@ def remove_chunked_loss(model: Any) -> bool:
     loss was installed."""
     base = _causal_lm(model)
     if base not in _ORIGINAL:
+        return False
+    if not getattr(base.__dict__.get("forward"), "__cudaload_chunked_loss__", False):
+        # something replaced the forward after the install (TRL's SFTTrainer puts its fused head on the same
+        # instance and calls ours for the rest, trl 1.16 trainer/utils.py add_fused_lm_head): deleting it would
+        # undo theirs, so both stay
+        warnings.warn(
+            "cudaload's chunked loss was not removed: the model's forward was replaced after it was installed "
+            "(and may call it); reload the model for its own forward",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
     own = _ORIGINAL.pop(base)
     if own is None:

@@ -118,9 +118,12 @@ def size(
     work: WorkSize,
     *,
     decode_cost: QuantDecodeCost | None = None,
+    chunked_blocker: str | None = None,
 ) -> Sized:
     """``decode_cost``: the quantized rungs' decode speed the inference ladder states and weighs
-    (:func:`cudaload.policies.quantization.fit`)."""
+    (:func:`cudaload.policies.quantization.fit`). ``chunked_blocker``: why the training ladder may not take
+    cudaload's chunked loss (set when a first sizing took it with a parallelism that shards the head: sized
+    again without it)."""
     intent = base_intent(req.intent)
     ask = FitAsk(
         dtype,
@@ -150,6 +153,7 @@ def size(
                 lora=req.lora,
                 loss=req.loss,
                 assumed=work.assumed,
+                chunked_blocker=chunked_blocker,
             )
             if training.error is not None:
                 raise training.error
@@ -172,6 +176,25 @@ def size(
         lower_latency=req.lower_latency,
         **ranks.kwargs(**({"step": training.step} if training is not None else {})),
     )
+    par = pd.parallelism
+    if (
+        training is not None
+        and training.choice is not None
+        and training.choice.plan.loss.choice == "cudaload_chunked"
+        and par is not None
+        and par.world_size > 1
+        and par.choice not in CHUNKED_LOSS_PARALLEL
+        and chunked_blocker is None
+    ):
+        # the chunked loss reads the output head's weight in the causal LM's forward, outside the head's own:
+        # FSDP2, DeepSpeed ZeRO-3 and tensor parallelism gather or split it in hooks that forward would skip.
+        # DDP keeps a whole replica (checked on the CPU with gloo). Sized again without it: the ranks' memory is
+        # then planned for the loss they will run
+        why = (
+            f"{par.choice} shards the model's parameters; the chunked loss reads the output head's weight outside "
+            "the head's own forward, past the hooks that gather it (DDP only)"
+        )
+        return size(req, info, caps, dtype, at, work, decode_cost=decode_cost, chunked_blocker=why)
     if pd.fit is not None:
         fr = pd.fit
     assert fr is not None
@@ -233,6 +256,7 @@ def _training(
     lora: Mapping[str, Any] | None,
     loss: RequestedLoss,
     assumed: Sequence[str],
+    chunked_blocker: str | None = None,
 ) -> TrainingSizing:
     """The training section: layout, then the step bound, loss and checkpointing through the fit ladder
     (cudaload.policies.training.plan_step). The sequences a step holds and the step's shape the parallelism
@@ -281,6 +305,7 @@ def _training(
             assumed=notes,
             sequences_declared=batch_declared,
             adapter_cast=cast,
+            chunked_blocker=chunked_blocker,
         )
     except DoesNotFitError as e:
         return TrainingSizing(None, for_ranks, e, batch, least_step)
@@ -289,6 +314,10 @@ def _training(
     if not choice.step.packed:
         batch = choice.step.sequences  # an assumed padded batch may have shrunk
     return TrainingSizing(choice, for_ranks, None, batch, step)
+
+
+#: the parallelism under which cudaload's chunked loss runs: DDP's ranks each hold the whole model
+CHUNKED_LOSS_PARALLEL = ("ddp",)
 
 
 def _assumed_sequences(seq_len: int, tokens_per_step: int | None) -> tuple[int, str]:

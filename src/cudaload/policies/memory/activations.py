@@ -193,8 +193,9 @@ def _layer_bytes(
     return _LayerBytes(layer_saved, backward, one_layer), []
 
 
-def _loss_bytes(info: ModelInfo, step: StepShape, a: int) -> tuple[int, str]:
-    """The loss's bytes at the forward's end, and how the notes say it."""
+def _loss_bytes(info: ModelInfo, step: StepShape, a: int, head_trains: bool = False) -> tuple[int, str]:
+    """The loss's bytes at the forward's end, and how the notes say it. ``head_trains``: the output head has a
+    gradient (full fine-tuning), which a fused loss computes in its forward."""
     s = info.summary
     if not info.can_generate:
         loss = 0
@@ -208,6 +209,11 @@ def _loss_bytes(info: ModelInfo, step: StepShape, a: int) -> tuple[int, str]:
         rows = chunk_rows(step.tokens, s.hidden_size, s.vocab_size) if s.vocab_size > 0 else 0
         chunked = step.tokens * s.hidden_size * a + rows * s.vocab_size * LOSS_BYTES_PER_LOGIT
         loss = max(liger, chunked)
+        if head_trains:
+            # a head that trains gets its gradient in the loss's forward (a vocab x hidden buffer in the head's
+            # dtype, liger 0.8.5 ops/fused_linear_cross_entropy.py:114-117, cudaload's the same), alive from the
+            # forward's end until the backward hands it on: before the optimizer's gradients exist
+            loss += s.vocab_size * s.hidden_size * a
     else:
         loss = step.tokens * s.vocab_size * LOSS_BYTES_PER_LOGIT
     what_loss = (
@@ -249,7 +255,7 @@ def training_activations(
     a, r = act_bytes, resid_bytes
     layer = _saved_per_token(info, d, intent=intent, step=step, a=a, r=r, attn=attn)
     lb, notes = _layer_bytes(info, d, step=step, layer=layer, a=a, r=r, attn=attn)
-    loss, what_loss = _loss_bytes(info, step, a)
+    loss, what_loss = _loss_bytes(info, step, a, head_trains=intent == "training")
     ph, how = _phases(info, step, lb, loss, what_loss, gradient_checkpointing, r, autocast_copies)
     notes.append(how)
     if autocast_copies:

@@ -41,6 +41,15 @@ def chunked_problems(info: ModelInfo) -> list[str]:
     bad: list[str] = []
     if not info.can_generate:
         bad.append("the chunked loss replaces a causal LM's output head and loss; this model has none")
+    if info.summary.is_moe:
+        bad.append(
+            "a mixture-of-experts model's loss adds its router's auxiliary loss (its forward returns "
+            "MoeCausalLMOutputWithPast), which the chunked loss does not compute"
+        )
+    if info.remote_code:
+        bad.append(
+            "the model's code comes from its repository: its forward is not transformers' own to replace"
+        )
     if info.head_transform:
         bad.append(
             f"the config transforms the head's logits before the loss ({info.head_transform}), which the chunked "
@@ -50,13 +59,14 @@ def chunked_problems(info: ModelInfo) -> list[str]:
 
 
 def loss_request(
-    loss: RequestedLoss, caps: Capabilities, info: ModelInfo
+    loss: RequestedLoss, caps: Capabilities, info: ModelInfo, chunked_blocker: str | None = None
 ) -> tuple[str, str | None, list[str], list[str]]:
     """The loss asked for; the fused loss the ladder may take (``"liger"``, ``"cudaload_chunked"`` or None: none
-    can run here); why Liger cannot run here; why cudaload's chunked loss cannot. An explicit loss that cannot
-    run is refused."""
+    can run here); why Liger cannot run here; why cudaload's chunked loss cannot (``chunked_blocker``: a reason
+    the planner found outside the model, such as a parallelism that shards the head). An explicit loss that
+    cannot run is refused."""
     liger_bad = liger_problems(caps, info)
-    chunked_bad = chunked_problems(info)
+    chunked_bad = chunked_problems(info) + ([chunked_blocker] if chunked_blocker else [])
     if loss == "liger" and liger_bad:
         raise InvalidChoiceError(
             "loss='liger' cannot be used here",

@@ -70,6 +70,7 @@ def plan_step(
     assumed: Sequence[str] = (),
     sequences_declared: bool = True,
     adapter_cast: Decision | None = None,
+    chunked_blocker: str | None = None,
 ) -> StepChoice:
     """The step bound, the loss and (through ``fit``) checkpointing and the optimizer, cheapest first.
 
@@ -78,8 +79,9 @@ def plan_step(
     it; then the same bounds and losses with every n-th layer checkpointed (the largest n that fits; not where
     :func:`partial_problems` says so); else the bounds with every layer checkpointed. An explicit ``tokens_per_step``, ``loss`` or
     ``gradient_checkpointing`` narrows the ladder to it. Where ``batch_size`` was assumed
-    (``sequences_declared=False``), the ladder goes down to one longest sequence a step."""
-    req_loss, fused_kind, liger_bad, chunked_bad = loss_request(loss, caps, info)
+    (``sequences_declared=False``), the ladder goes down to one longest sequence a step. ``chunked_blocker``: why
+    cudaload's chunked loss cannot run with what the planner decided outside the step (None: nothing)."""
+    req_loss, fused_kind, liger_bad, chunked_bad = loss_request(loss, caps, info, chunked_blocker)
     bounds = bounds_to_try(base, tokens_per_step, sequences_declared)
     if fused_kind is None:
         losses = [False]
