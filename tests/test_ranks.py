@@ -45,8 +45,9 @@ def node(
 def test_alone_two_nodes_plan_differently_and_would_hang() -> None:
     """The hazard: near a threshold, ranks that plan from their own GPU alone choose different strategies."""
     (c0, _), (c1, _) = node(0, 60 * GiB, "a"), node(1, 20 * GiB, "b")
-    p0 = plan(full_config("Qwen3-8B"), hardware=c0, intent="lora", seq_len=2048)
-    p1 = plan(full_config("Qwen3-8B"), hardware=c1, intent="lora", seq_len=2048)
+    # transformers' loss: the chunked loss would let the 20 GiB rank hold a replica too (another threshold)
+    p0 = plan(full_config("Qwen3-8B"), hardware=c0, intent="lora", seq_len=2048, loss="transformers")
+    p1 = plan(full_config("Qwen3-8B"), hardware=c1, intent="lora", seq_len=2048, loss="transformers")
     assert p0.parallelism is not None and p1.parallelism is not None
     assert (p0.parallelism.choice, p1.parallelism.choice) == ("ddp", "fsdp2")
     with pytest.raises(ConfigurationError, match="parallelism: ranks 0 'ddp'; ranks 1 'fsdp2'"):
