@@ -3,7 +3,7 @@
 # on chat lengths, the plan (transformers' loss: memory is not short) against the same plan with
 # loss="cudaload_chunked", eager layers, fresh processes.
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../../.."
 export PYTHONPATH=$PWD/src:$PWD/benchmarks PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \

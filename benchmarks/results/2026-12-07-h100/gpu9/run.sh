@@ -4,7 +4,7 @@
 # cases), after the chunked loss's GPU test. The plans at these boundaries take cudaload's chunked loss (no
 # liger-kernel carried). Every card is emulated (set_per_process_memory_fraction), so an H100 serves as well as the H200.
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../../../.."
 source .whl/env.sh || exit 1
 export PYTHONPATH=$PWD/src:$PWD/benchmarks:/tmp/site PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
