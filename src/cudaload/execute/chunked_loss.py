@@ -119,9 +119,22 @@ def _chunks(
     (their dtypes), each None where its flag is off."""
     import torch
 
-    tokens = flat.shape[0]
     want_x, want_w, want_b = grads if grads is not None else (False, False, False)
     grad_x = torch.zeros_like(flat) if want_x else None
+    # only the rows with a target go through the head: an ignored row (a prompt token a chat template masks, a
+    # sequence's last position, padding) adds nothing to the loss and gets a zero gradient, so its logits are
+    # never computed (issue 44: TRL 1.16 computes its head over labelled positions only). One host sync
+    # a step, to count them
+    rows_with_target = valid.nonzero().squeeze(1)
+    if rows_with_target.numel() < valid.numel():
+        flat, target, valid = (
+            flat.index_select(0, rows_with_target),
+            target[rows_with_target],
+            valid[rows_with_target],
+        )
+    else:
+        rows_with_target = None
+    tokens = flat.shape[0]
     # the head's gradient is summed in the head's dtype, as Liger does with accum_dtype=None
     # (ops/fused_linear_cross_entropy.py:114-117): a bf16 head gets a bf16 buffer, not an fp32 one of V x H
     grad_w = torch.zeros_like(weight) if want_w else None
@@ -157,7 +170,10 @@ def _chunks(
         g = probs.to(weight.dtype)
         del logits, probs
         if grad_x is not None:
-            grad_x[start:end] = g @ weight
+            if rows_with_target is None:
+                grad_x[start:end] = g @ weight
+            else:
+                grad_x.index_copy_(0, rows_with_target[start:end], (g @ weight).to(grad_x.dtype))
         if grad_w is not None:
             # accumulated in place with addmm, operands in the head's dtype (an in-place out= op is not
             # autocast): liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py:361-369
