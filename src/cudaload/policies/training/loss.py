@@ -42,6 +42,8 @@ def chunked_problems(info: ModelInfo) -> list[str]:
     if not info.can_generate:
         bad.append("the chunked loss replaces a causal LM's output head and loss; this model has none")
     if info.summary.is_moe:
+        # transformers 5.17 models/qwen3_moe/modeling_qwen3_moe.py:667-674: the forward adds
+        # router_aux_loss_coef x the load-balancing loss to the head's loss
         bad.append(
             "a mixture-of-experts model's loss adds its router's auxiliary loss (its forward returns "
             "MoeCausalLMOutputWithPast), which the chunked loss does not compute"
