@@ -140,6 +140,8 @@ def test_load_model_puts_the_chunked_loss_on_the_model_the_plan_took_it_for() ->
     assert has_chunked_loss(chunked) and not has_chunked_loss(plain)
     assert chunked.cudaload_plan.training.loss.choice == "cudaload_chunked"
     assert "installed" in chunked.cudaload_plan.verified["chunked_loss"]
+    described = cudaload.training_setup(chunked, [{"input_ids": list(range(3, 40))}] * 4).describe()
+    assert "the cudaload_chunked loss" in described
     torch.manual_seed(0)
     ids = torch.randint(3, 90, (2, 24))
     labels = ids.clone()

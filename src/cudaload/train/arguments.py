@@ -198,6 +198,8 @@ class TrainingSetup:
         head = f"{t.layout.choice} steps of at most {t.step.sequences} sequences and {t.step.tokens:,} tokens"
         if self.compiled_layers:
             head += f", {self.compiled_layers} decoder layers compiled"
+        if t.loss.choice != "transformers":
+            head += f", the {t.loss.choice} loss (no fp32 logits over the whole step)"
         if not t.causal_lm:
             return head + " (not a causal LM: the data set as given, Trainer's own collator)"
         ds = self.train_dataset
