@@ -37,6 +37,9 @@ bound it planned for) and its memory model at the largest step the run met, besi
 Distributions (token ids random; log-normal lengths clipped to [lo, S]): ``chat`` median 200 (S 2048),
 ``instruct`` median 420 (S 2048: issue 33's table), ``docs`` median 1,500 (S 4096).
 
+``--prompt-frac F``: each example's first F of tokens labelled -100 (a masked prompt; the plain recipe's padded
+batches and cudaload's collators both take the labels; TRL's path does not read them).
+
 Writes ``DIR/results.json`` and ``DIR/results.md`` after every run. ``--smoke``: CPU, a tiny Qwen3, two steps
 (checks the machinery, not the numbers).
 """
@@ -91,11 +94,21 @@ def lengths(dist: str, n: int, seed: int = 0, cap: int | None = None) -> list[in
     return [max(lo, min(hi, round(rng.lognormvariate(math.log(med), sigma)))) for _ in range(n)]
 
 
-def make_data(dist: str, n: int, vocab: int, seed: int = 0, cap: int | None = None) -> list[dict[str, Any]]:
+def make_data(
+    dist: str, n: int, vocab: int, seed: int = 0, cap: int | None = None, prompt_frac: float = 0.0
+) -> list[dict[str, Any]]:
+    """``n`` examples of random ids; with ``prompt_frac`` > 0 each has ``labels`` with its first ``prompt_frac``
+    of tokens -100 (a prompt that a chat template masks: only the answer is learnt)."""
     rng = random.Random(seed + 1)
-    return [
-        {"input_ids": [rng.randrange(10, vocab - 10) for _ in range(k)]} for k in lengths(dist, n, seed, cap)
-    ]
+    rows: list[dict[str, Any]] = []
+    for k in lengths(dist, n, seed, cap):
+        ids = [rng.randrange(10, vocab - 10) for _ in range(k)]
+        row: dict[str, Any] = {"input_ids": ids}
+        if prompt_frac > 0:
+            p = min(k - 1, round(k * prompt_frac))
+            row["labels"] = [-100] * p + ids[p:]
+        rows.append(row)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------ the child
@@ -111,7 +124,7 @@ def _pad_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
         k = len(f["input_ids"])
         ids[i, :k] = torch.tensor(f["input_ids"])
         mask[i, :k] = 1
-        labels[i, :k] = ids[i, :k]
+        labels[i, :k] = torch.tensor(f["labels"]) if f.get("labels") is not None else ids[i, :k]
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -157,7 +170,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(spec["path"]).vocab_size
-    data = make_data(spec["dist"], int(spec["examples"]), vocab, seed=int(spec.get("seed", 0)), cap=seq)
+    data = make_data(
+        spec["dist"],
+        int(spec["examples"]),
+        vocab,
+        seed=int(spec.get("seed", 0)),
+        cap=seq,
+        prompt_frac=float(spec.get("prompt_frac") or 0.0),
+    )
 
     def sync() -> None:
         if cuda:
@@ -618,6 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--card-gib", type=float, help="emulate a card of this many GiB (the allocator capped)")
     ap.add_argument("--methods", default="plain,cudaload")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--prompt-frac",
+        type=float,
+        default=0.0,
+        help="label only the last 1 - FRAC of each example (its first FRAC masked -100, as a chat template's prompt)",
+    )
     ap.add_argument("--child")
     ap.add_argument(
         "--recompare", nargs="+", metavar="RESULTS_JSON", help="compare runs with the current model"
@@ -704,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
                             "work": str(work),
                             "smoke": a.smoke,
                             "card_gib": a.card_gib,
+                            "prompt_frac": a.prompt_frac,
                         }
                     )
     for spec in specs:
