@@ -423,16 +423,9 @@ def _refused(model: Any, words: str) -> None:
 
 
 def test_softcapped_logits_are_refused() -> None:
-    cfg = transformers.Gemma2Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        final_logit_softcapping=30.0,
-    )
+    from cudaload.testing import tiny_config
+
+    cfg = tiny_config("gemma2", final_logit_softcapping=30.0)
     _refused(transformers.Gemma2ForCausalLM(cfg), "final_logit_softcapping=30.0")
 
 

@@ -97,18 +97,9 @@ def test_with_room_transformers_loss_stays_and_liger_is_taken_first_where_instal
 
 
 def test_a_head_whose_logits_are_transformed_is_refused_with_its_reason() -> None:
-    from transformers import Gemma2Config
+    from cudaload.testing import tiny_config
 
-    cfg = Gemma2Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        final_logit_softcapping=30.0,
-    )
+    cfg = tiny_config("gemma2", final_logit_softcapping=30.0)
     assert model_info(cfg).head_transform == "final_logit_softcapping=30.0"
     assert model_info(full_config("Qwen3-8B")).head_transform is None
     caps = hardware("H100").with_packages(["peft"], [])
