@@ -179,39 +179,18 @@ def test_mismatched_shapes_are_refused() -> None:
 
 
 def _qwen3(**kw: Any) -> Any:
-    cfg = transformers.Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        **kw,
-    )
+    from cudaload.testing import tiny_config
+
+    cfg = tiny_config("qwen3", vocab_size=300, max_position_embeddings=256, tie_word_embeddings=False, **kw)
     torch.manual_seed(0)
     return transformers.Qwen3ForCausalLM(cfg).float()
 
 
 def _llama(**kw: Any) -> Any:
-    cfg = transformers.LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=True,  # the head's gradient reaches the embedding through both uses
-        **kw,
-    )
+    from cudaload.testing import tiny_config
+
+    # tied: the head's gradient reaches the embedding through both uses
+    cfg = tiny_config("llama", vocab_size=300, max_position_embeddings=256, tie_word_embeddings=True, **kw)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).float()
 
