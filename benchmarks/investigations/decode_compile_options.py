@@ -20,7 +20,9 @@ of weight reads; cuBLAS's GEMVs at 1.6-4.4 TB/s, the small k/v projections slowe
   gate/up: 4096 x 24576; :func:`fuse_projections`): 3 GEMVs a layer fewer, the small k/v ones inside a large one.
   inductor's own ``batch_linear_lhs`` pre-grad fusion does not apply (it matches 2-D inputs only, torch 2.13
   _inductor/fx_passes/group_batch_fusion.py:595-608; transformers' hidden states are 3-D);
-- ``fused_cdt``: both.
+- ``fused_cdt``: both;
+- ``fused_mat``: ``fused`` with ``mode="max-autotune"`` (each projection's GEMM autotuned among inductor's Triton
+  templates and cuBLAS; the longest compile, run last).
 
 Per variant: the compile (the first warm-up call), ms per decode token on three 512 + 256 calls ((call - its
 prefill) / 255), the peak memory, and greedy parity: the compiled tokens against the dynamic path's on a 512 + 64
@@ -51,6 +53,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True},
         "fuse": True,
     },
+    # inductor's Triton GEMM templates autotuned against cuBLAS for each projection's M=1 shape (compile: minutes)
+    "fused_mat": {"mode": "max-autotune", "fuse": True},
 }
 
 
@@ -193,6 +197,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="base,freeze,legacy")
     ap.add_argument("--timeout-s", type=float, default=110)
+    ap.add_argument("--budget-s", type=float, default=0, help="all variants together (0: no limit)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--child")
     a = ap.parse_args()
@@ -203,14 +208,19 @@ def main() -> int:
             r = {"variant": a.child, "error": f"{type(e).__name__}: {str(e)[-600:]}"}
         print(TAG + json.dumps(r), flush=True)
         return 0
+    end = time.monotonic() + a.budget_s if a.budget_s else float("inf")
     for v in a.variants.split(","):
+        limit = min(a.timeout_s, end - time.monotonic())
+        if limit < 30:
+            print(json.dumps({"variant": v, "error": "not run: the budget is spent"}), flush=True)
+            continue
         cmd = [sys.executable, __file__, "--child", v] + (["--smoke"] if a.smoke else [])
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout_s, env=dict(os.environ))
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=dict(os.environ))
             line = next((x for x in reversed(p.stdout.splitlines()) if x.startswith(TAG)), None)
             r = json.loads(line[len(TAG) :]) if line else {"variant": v, "error": p.stderr[-1500:]}
         except subprocess.TimeoutExpired:
-            r = {"variant": v, "error": f"timed out after {a.timeout_s:.0f} s"}
+            r = {"variant": v, "error": f"timed out after {limit:.0f} s"}
         print(json.dumps(r), flush=True)
     return 0
 

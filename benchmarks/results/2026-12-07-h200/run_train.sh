@@ -14,7 +14,7 @@ log() { grep --line-buffered -v -e Warning -e warn; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
   python -c "import sys, torch, transformers, peft, bitsandbytes; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, peft.__version__, bitsandbytes.__version__)"; \
   git log -1 --format='%H %s' | cut -c1-120; } > "$out/gpu.txt" 2>&1
-echo "start $(date -u +%T)" > "$out/gpu.txt"
+echo "start $(date -u +%T)" >> "$out/gpu.txt"
 timeout 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layer_compile.py 2>&1 | tail -30 > "$out/pytest.log"
 echo "tests $(date -u +%T)" >> "$out/gpu.txt"
 timeout 170 python benchmarks/bench_train.py --out "$out/t1" --work $W --shapes 8b --modes lora --dists chat \
