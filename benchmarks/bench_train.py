@@ -420,12 +420,14 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
             else max(BATCH, step["sequences"] if p.get("trl") else 0),
             longest=min(longest, step["longest"]),
             packed=packed,
-            fused_loss=p["loss"] in ("liger", "trl-fused-head"),
+            fused_loss=p["loss"] in ("liger", "trl-fused-head", "cudaload_chunked"),
             lora_dropout=float(p.get("lora_dropout") or 0.0),
             kbit_upcast=p.get("kbit") == "fp32",
             cast_outside_autocast=p.get("adapter_cast") == "outside-autocast",
             # runs recorded before partial checkpointing: every layer where it was on
             checkpoint_every=max(int(p.get("checkpoint_every") or 1), 1),
+            # the run's layers compiled (training_setup): the memory model's compiled figure
+            compiled_layers=bool(p.get("compiled_layers")),
         )
         kw = {
             "quantization": "nf4" if spec["mode"] == "qlora" else None,

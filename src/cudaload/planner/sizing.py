@@ -16,7 +16,7 @@ from ..plans.plan import MemoryEstimate, Parallelism, Placement
 from ..plans.training import StepShape, TrainingPlan
 from ..policies.decode_facts import QuantDecodeCost
 from ..policies.dtype import dtype_bytes
-from ..policies.memory import LORA_R, gpu_terms
+from ..policies.memory import LORA_R, compiled_layers_saving, gpu_terms
 from ..policies.parallelism import decide as decide_parallelism
 from ..policies.quantization import FitResult, fit
 from ..policies.training import (
@@ -37,6 +37,7 @@ from ..policies.training import (
 from ..policies.training.compile import choose_layer_compile
 from ..request import Request
 from ..tuning import load_layer_compile_facts
+from ..units import byte_size
 from .choices import base_intent
 from .sections import sdpa_family
 from .work import WorkSize
@@ -221,6 +222,8 @@ def size(
             moe=info.summary.is_moe,
             checkpointing=fr.gradient_checkpointing is not None and fr.gradient_checkpointing.choice != "off",
         )
+        if compiled.choice == "layers":
+            compiled = _with_compiled_memory(compiled, info, intent, section, dtype, fr)
         section = replace(
             section, causal_lm=causal, layer_compile=compiled, layer_compile_payback_tokens=payback
         )
@@ -229,6 +232,35 @@ def size(
             # a multi-process plan decided checkpointing for its ranks (off / every layer): the step says so
             section = replace(section, step=replace(section.step, checkpoint_every=1))
     return Sized(fr, section, pd.parallelism, placement, memory, batch)
+
+
+def _with_compiled_memory(
+    compiled: Decision, info: ModelInfo, intent: str, section: TrainingPlan, dtype: str, fr: FitResult
+) -> Decision:
+    """The compiled-layers decision with what compiling does to the step's peak: the plan stays sized for eager
+    layers (training_setup runs them eager where the data set does not repay the compile, and a failed compile
+    runs eager), so the memory the compiled step does not use is said here, not planned on."""
+    kbit = section.kbit_upcast is not None and section.kbit_upcast.choice == "fp32"
+    gc = fr.gradient_checkpointing is not None and fr.gradient_checkpointing.choice != "off"
+    saved = compiled_layers_saving(
+        info,
+        intent=intent,
+        step=section.step,
+        act_bytes=4 if kbit else dtype_bytes(dtype),
+        gradient_checkpointing=gc,
+    )
+    if saved <= 0:
+        note = (
+            "memory: planned as for eager layers (what inductor keeps for backward is measured only for "
+            "LoRA / QLoRA without dropout on a bf16 stream)"
+        )
+    else:
+        note = (
+            f"memory: compiled, the step's peak is ~{byte_size(saved)} below the plan's (inductor recomputes "
+            "the MLP's activation and product in backward instead of keeping them); the plan is sized for eager "
+            "layers, which run where the data set does not repay the compile"
+        )
+    return replace(compiled, reasons=(*compiled.reasons, note))
 
 
 def _memory(fr: FitResult) -> MemoryEstimate:

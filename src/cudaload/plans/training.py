@@ -43,7 +43,10 @@ class StepShape:
     gradient checkpointing on, only every n-th decoder layer is checkpointed (transformers'
     ``gradient_checkpointing_enable(every_n_layers=n)``: the layers whose index is a multiple of n, from 0), the
     others keep their activations; 1 (every layer) is the usual full checkpointing, and the value is read only
-    where checkpointing is on (the plan's ``gradient_checkpointing`` decision ``partial``)."""
+    where checkpointing is on (the plan's ``gradient_checkpointing`` decision ``partial``). ``compiled_layers``:
+    the decoder layers run compiled (``training_setup``'s compiled layers), so inductor decides what backward
+    keeps; a plan's own step is always eager (False): the layers run eager wherever the data set does not repay
+    the compile, so the fit is sized for that."""
 
     tokens: int
     sequences: int
@@ -57,6 +60,7 @@ class StepShape:
     lora_r: int = 16
     cast_outside_autocast: bool = False
     checkpoint_every: int = 1
+    compiled_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1:
@@ -86,6 +90,7 @@ class StepShape:
             "lora_r": self.lora_r,
             "cast_outside_autocast": self.cast_outside_autocast,
             "checkpoint_every": self.checkpoint_every,
+            "compiled_layers": self.compiled_layers,
         }
 
     @classmethod
@@ -103,6 +108,7 @@ class StepShape:
             cast_outside_autocast=bool(d.get("cast_outside_autocast", False)),
             # plans saved before partial checkpointing: every layer where checkpointing is on
             checkpoint_every=int(d.get("checkpoint_every", 1)),
+            compiled_layers=bool(d.get("compiled_layers", False)),
         )
 
 

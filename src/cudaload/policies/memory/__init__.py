@@ -16,7 +16,7 @@ Where each part lives:
 * :mod:`.optimizer`: ``default_optimizer``, ``master_weights`` (fp32 master copy or not),
   ``optimizer_state_bytes`` (GPU and host bytes of the states).
 * :mod:`.activations`: a training step's activations by phase, ``TrainingPhases`` and
-  ``training_activations``, and ``sdpa_math`` (when torch's sdpa materialises the scores).
+  ``training_activations``, ``compiled_layers_saving`` (what compiled decoder layers keep fewer), and ``sdpa_math`` (when torch's sdpa materialises the scores).
 * :mod:`.shape`: :class:`MemoryShape`, one configuration as the memory model sees it (dtype, quantization,
   intent, the work, attention, the training settings): what :func:`breakdown_of` takes.
 * :mod:`.terms`: :class:`Breakdown`, :func:`breakdown_of` and :func:`breakdown` (the same, as keywords), every term for one configuration and how it
@@ -31,7 +31,7 @@ A test that patches a constant patches it in the module that reads it (``LOSS_BY
 
 from __future__ import annotations
 
-from .activations import TrainingPhases, sdpa_math, training_activations
+from .activations import TrainingPhases, compiled_layers_saving, sdpa_math, training_activations
 from .constants import (
     ADAFACTOR_STEP_FP32_COPIES,
     ADAM8BIT_BYTES_PER_PARAM,
@@ -92,6 +92,7 @@ __all__ = [
     "allocated_bytes",
     "breakdown",
     "breakdown_of",
+    "compiled_layers_saving",
     "default_optimizer",
     "estimate",
     "gpu_terms",
