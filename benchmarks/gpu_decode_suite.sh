@@ -34,8 +34,8 @@ work=/tmp/cudaload-bench
 mkdir -p "$out" "$work"
 log() { grep --line-buffered -v -e Warning -e warn; }
 if [ "${1:-1}" = 11 ]; then
-  timeout 585 python benchmarks/investigations/decode_compile_options.py --variants base,fused,fused_cdt,cdt,fused_mat \
-    --timeout-s 150 --budget-s 575 > "$out/options.jsonl" 2> "$out/options.err"
+  timeout 585 python benchmarks/investigations/decode_compile_options.py --variants base,cdt,fused_cdt,fused,fused_mat \
+    --timeout-s 170 --budget-s 575 > "$out/options.jsonl" 2> "$out/options.err"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
   exit 0
 fi

@@ -14,8 +14,10 @@ replays (generate() synchronises every step, so the GPU waits for it). Variants:
 Issue 43 item 3 (the compiled step toward the memory bound: 5.6 ms of GPU work a step on the H200 against 3.4 ms
 of weight reads; cuBLAS's GEMVs at 1.6-4.4 TB/s, the small k/v projections slowest), not yet run:
 
-- ``cdt``: CUDA graphs with inductor's ``coordinate_descent_tuning`` (gpt-fast's setting: its generated kernels,
-  the GEMV reductions among them, tuned by coordinate descent at compile time);
+- ``cdt``: CUDA graphs with inductor's ``coordinate_descent_tuning`` (gpt-fast's setting). With it inductor
+  decomposes every M=1 matmul into a multiply and a sum (torch 2.13 _inductor/decomposition.py:433-442, "Our
+  matrix vector multiplies only achieve peak bandwidth with coordinate descent tuning"): at batch 1 each
+  projection becomes a Triton reduction, tuned by coordinate descent at compile time, in place of cuBLAS's GEMV;
 - ``fused``: ``base`` on a model whose projections that read one input share one GEMM (q/k/v: 8B 4096 x 6144,
   gate/up: 4096 x 24576; :func:`fuse_projections`): 3 GEMVs a layer fewer, the small k/v ones inside a large one.
   inductor's own ``batch_linear_lhs`` pre-grad fusion does not apply (it matches 2-D inputs only, torch 2.13
