@@ -10,7 +10,8 @@ from typing import Any
 from ..errors import ConfigurationError
 from .options import closest
 
-#: LoraConfig's keywords (peft 0.21.2 peft/tuners/lora/config.py, dataclass fields) a caller may set
+#: LoraConfig's keywords (peft 0.22.0 peft/tuners/lora/config.py, dataclass fields; ``astra_config`` is new in
+#: 0.22.0) a caller may set
 LORA_KEYS = (
     "r",
     "lora_alpha",
@@ -33,6 +34,7 @@ LORA_KEYS = (
     "loftq_config",
     "eva_config",
     "corda_config",
+    "astra_config",
     "lora_ga_config",
     "velora_config",
     "alora_invocation_tokens",
@@ -60,7 +62,21 @@ _LORA_BOOKKEEPING = (
 )
 _LORA_BOOLS = ("fan_in_fan_out", "use_rslora", "use_dora", "use_qalora", "lora_bias", "ensure_weight_tying")
 _LORA_BIAS = ("none", "all", "lora_only")
-_LORA_INITS = ("gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal", "mica")
+#: init_lora_weights' names: peft 0.22.0 tuners/lora/config.py:551 (its Literal) and lora/layer.py:301-318, where
+#: "lora_ga" is read too (config.py:1210); "astra" and "nora" are new in 0.22.0
+_LORA_INITS = (
+    "gaussian",
+    "eva",
+    "olora",
+    "pissa",
+    "corda",
+    "astra",
+    "loftq",
+    "orthogonal",
+    "mica",
+    "nora",
+    "lora_ga",
+)
 
 
 def check_lora(value: Any) -> Mapping[str, Any] | None:
