@@ -85,6 +85,28 @@ def test_equals_transformers_loss_and_gradients(rows: int | None, items: Any, bi
     _check(ours, ref, _ours(ours, rows=rows, num_items_in_batch=num), _reference(ref, num_items_in_batch=num))
 
 
+def test_only_rows_with_a_target_go_through_the_head() -> None:
+    """A masked prompt costs no head or loss work: the head's matmul FLOPs (forward and the gradients made in
+    it) follow the rows that have a target, not the rows of the step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g = torch.Generator().manual_seed(3)
+    rows, h, v = 512, 32, 1024
+    hidden = torch.randn(1, rows, h, generator=g, requires_grad=True)
+    weight = (torch.randn(v, h, generator=g) * 0.1).requires_grad_()
+
+    def head_flops(masked: int) -> int:
+        labels = torch.randint(0, v, (1, rows), generator=g)
+        labels[0, :masked] = -100  # a prompt of ``masked`` tokens
+        with FlopCounterMode(display=False) as fc:
+            chunked_cross_entropy(hidden, weight, labels, rows=128).backward()
+        return int(fc.get_total_flops())
+
+    full, quarter = head_flops(0), head_flops(3 * rows // 4)
+    # the shift leaves rows - 1 targets unmasked, rows // 4 - 1 with the prompt masked: ~1/4 of the work
+    assert 0.2 < quarter / full < 0.3, (quarter, full)
+
+
 def test_shift_labels_given_are_taken_as_they_are() -> None:
     x = _inputs()
     # rolled by 3, not shifted by one: a second shift would show
