@@ -20,7 +20,10 @@ __all__ = ["COMPILE_CONFIG", "cache_key_from", "decode_cache_key", "decode_key_b
 #: (generation/utils.py:2300-2308, flash attention breaks the graph); True would turn any graph break of a
 #: model's code into an error, and the measured 6.0-6.3 ms/token were with the default. ``dynamic`` False: the
 #: static cache fixes every shape, so one graph per bucket and batch. ``mode`` reduce-overhead: CUDA graphs,
-#: where the decode step's time goes on a GPU this fast (CompileConfig's default, configuration_utils.py:1662)
+#: where the decode step's time goes on a GPU this fast (CompileConfig's default, configuration_utils.py:1662).
+#: No inductor options: gpt-fast's ``coordinate_descent_tuning`` (M=1 matmuls as tuned Triton reductions) gave
+#: 0-8% a token on the H100 against a cold compile of more than 155 s instead of 70
+#: (benchmarks/results/2026-12-07-s19/README.md), which a 3,000-token call does not pay back
 COMPILE_CONFIG: Mapping[str, Any] = {"fullgraph": False, "dynamic": False, "mode": "reduce-overhead"}
 
 
