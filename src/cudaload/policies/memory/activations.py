@@ -5,7 +5,7 @@ matrices of attention paths that materialise them. (Inference's working set is a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ...model_info import ModelInfo
 from ...plans.training import StepShape
@@ -79,8 +79,8 @@ def adapter_input_bytes(act_bytes: int, step: StepShape, kbit: bool = False) -> 
 
 
 def compiled_saving_per_token(info: ModelInfo, *, intent: str, step: StepShape, act_bytes: int) -> int:
-    """Bytes one decoder layer saves for backward per token fewer when it runs compiled
-    (``step.compiled_layers``): inductor's partitioner recomputes pointwise results in backward rather than keep
+    """Bytes one decoder layer saves for backward per token fewer when it runs compiled (what a step with
+    ``compiled_layers`` keeps fewer; ``step``'s other fields say whether the adapters share inputs): inductor's partitioner recomputes pointwise results in backward rather than keep
     them (torch 2.13 _functorch/partitioners.py:3725 ``min_cut_rematerialization_partition``, pointwise ops
     recomputable at :2959). With LoRA adapters that share the layer's inputs (no dropout) on a bf16 stream, the
     MLP's activation and its product are recomputed from gate and up: 2 x intermediate in the activations'
@@ -89,7 +89,7 @@ def compiled_saving_per_token(info: ModelInfo, *, intent: str, step: StepShape, 
     their weights against the eager step's 40.13, 51.3 KB per token per layer = 2.09 x 12,288 x 2 bytes. Other
     configurations (dropout, an fp32 stream, a full fine-tune) are not measured: 0, the eager figure, which is
     the safe side."""
-    if not step.compiled_layers or intent not in ("lora", "qlora") or act_bytes >= 4:
+    if intent not in ("lora", "qlora") or act_bytes >= 4:
         return 0
     _, shared = adapter_input_bytes(act_bytes, step, kbit=intent == "qlora")
     return 2 * act_bytes * _Dims.of(info).inter if shared else 0
@@ -101,9 +101,7 @@ def compiled_layers_saving(
     """Bytes the step's activations hold fewer at its peak with compiled decoder layers than with eager ones:
     :func:`compiled_saving_per_token` over the step's tokens in every layer that keeps its saved tensors (a
     checkpointed layer keeps only its input)."""
-    per_token = compiled_saving_per_token(
-        info, intent=intent, step=replace(step, compiled_layers=True), act_bytes=act_bytes
-    )
+    per_token = compiled_saving_per_token(info, intent=intent, step=step, act_bytes=act_bytes)
     layers = max(info.summary.layers, 1)
     kept = layers - (step.checkpointed_layers(layers) if gradient_checkpointing else 0)
     return per_token * step.tokens * kept
@@ -162,7 +160,8 @@ def _saved_per_token(
         else:
             # one copy per adapted layer: q, k, v, gate, up read h each, o_proj q, down_proj inter
             layer += int(per_elem * (5 * h + q + inter))
-        layer -= compiled_saving_per_token(info, intent=intent, step=step, act_bytes=a)
+        if step.compiled_layers:
+            layer -= compiled_saving_per_token(info, intent=intent, step=step, act_bytes=a)
     else:
         layer = 2 * (4 * h + r * h) + a * (3 * q + 3 * kv) + 4 * a * inter
     if info.counts.qk_norms and a < 4:
