@@ -19,6 +19,8 @@ For each (shape, mode, length distribution) two fresh processes train the same s
   planned as cudaload plans it otherwise, on the same data. ``--methods cudaload-varlen,cudaload-sdpa-packed,
   cudaload-sdpa-padded`` gives tokens/s for each in one command (results.md's "Attention and layout" table).
   ``cudaload-chunked``: the same plan with cudaload's chunked loss asked for (``loss="cudaload_chunked"``).
+  ``cudaload-fill``: ``load_model`` without ``batch_size``: the plan fills each packed step with as many
+  sequences as its token bound takes (the ``sequences_per_step`` decision), as TRL's packing fills its rows.
 - ``cudaload-compiled``: ``cudaload`` with ``training_setup(..., compile_layers=True)``: each decoder layer
   compiled, as the plan takes it on a data set long enough to repay the compile (the first step pays it). Any
   method above ending in ``-compiled`` (``cudaload-varlen-compiled``) is that method with its layers compiled.
@@ -84,6 +86,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     # against transformers' loss on the same data
     "cudaload-chunked": {"loss": "cudaload_chunked"},
 }
+#: methods that leave batch_size out of load_model (the plan fills each packed step to its token bound)
+UNDECLARED = ("cudaload-fill",)
 
 
 def lengths(dist: str, n: int, seed: int = 0, cap: int | None = None) -> list[int]:
@@ -218,7 +222,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         # a "-compiled" method is its base method with the decoder layers compiled (cudaload-varlen-compiled)
         compiled = spec["method"].endswith("-compiled")
         kw.update(VARIANTS.get(spec["method"].removesuffix("-compiled"), {}))
-        model = cudaload.load_model(spec["path"], intent=spec["mode"], seq_len=seq, batch_size=BATCH, **kw)
+        if spec["method"].removesuffix("-compiled") not in UNDECLARED:
+            kw["batch_size"] = BATCH
+        model = cudaload.load_model(spec["path"], intent=spec["mode"], seq_len=seq, **kw)
         if spec["method"] == "cudaload-peftcast":
             # the A/B of the plan's adapter_cast decision: PEFT's own cast of every adapted input put back
             from peft.tuners.lora import LoraLayer
@@ -421,6 +427,7 @@ def predict(run: dict[str, Any]) -> dict[str, int] | None:
             longest=min(longest, step["longest"]),
             packed=packed,
             fused_loss=p["loss"] in ("liger", "trl-fused-head", "cudaload_chunked"),
+            chunked_loss=p["loss"] == "cudaload_chunked",
             lora_dropout=float(p.get("lora_dropout") or 0.0),
             kbit_upcast=p.get("kbit") == "fp32",
             cast_outside_autocast=p.get("adapter_cast") == "outside-autocast",

@@ -25,8 +25,8 @@ GiB = 1 << 30
 CONTEXT = 700 << 20  # bench_fit_boundary.py's CUDA context outside the emulated card
 
 
-def _qlora(card_gib: float, seq_len: int, **kw: Any) -> Any:
-    caps = hardware("H100").with_packages(["bitsandbytes", "peft"], [])
+def _qlora(card_gib: float, seq_len: int, packages: tuple[str, ...] = (), **kw: Any) -> Any:
+    caps = hardware("H100").with_packages(["bitsandbytes", "peft", *packages], [])
     return plan(
         full_config("Llama-3.1-8B"),
         hardware=caps,
@@ -82,15 +82,9 @@ def test_with_room_transformers_loss_stays_and_liger_is_taken_first_where_instal
     short = _qlora(24, 1024)
     assert short.training is not None and short.training.loss.choice == "transformers"
     assert "cudaload's chunked loss" in " ".join(short.training.loss.reasons)
-    caps = hardware("H100").with_packages(["bitsandbytes", "peft", "liger-kernel"], [])
-    p = plan(
-        full_config("Llama-3.1-8B"),
-        hardware=caps,
-        intent="qlora",
-        seq_len=_longest(24),
-        batch_size=1,
-        max_memory={"cuda:0": 24 * GiB + CONTEXT},
-    )
+    liger = ("liger-kernel",)
+    # Liger's boundary (its slack is larger than the chunked loss's: the chunked boundary is further out)
+    p = _qlora(24, _longest(24, packages=liger), packages=liger)
     assert p.training is not None and p.training.loss.choice == "liger"
     chunked = p.training.loss.candidate("cudaload_chunked")
     assert chunked is not None and chunked.ok and "taken first" in " ".join(chunked.reasons)
@@ -214,3 +208,54 @@ def test_adapters_put_on_the_head_after_the_install_set_the_chunked_loss_aside(r
     with pytest.warns(RuntimeWarning, match="not removed"):
         assert remove_chunked_loss(peft) is False
     assert has_chunked_loss(peft)
+
+
+def test_the_chunked_loss_under_full_checkpointing_plans_its_measured_allocator_slack() -> None:
+    """Capped-card boundaries with the chunked loss reserved 0.37-0.94 bytes per logit above their allocated peak
+    (CHUNKED_SLACK_PER_LOGIT); Liger's fused loss, transformers' loss and a chunked step without checkpointing
+    keep the slack fitted where none was measured lower (ALLOCATOR_SLACK_PER_LOGIT)."""
+    from cudaload.plans.training import StepShape
+    from cudaload.policies.memory import (
+        ALLOCATOR_SLACK_PER_LOGIT,
+        CHUNKED_SLACK_PER_LOGIT,
+        breakdown,
+    )
+
+    info = model_info(full_config("Llama-3.1-8B"))
+    logits = 8192 * info.summary.vocab_size
+
+    def slack(gc: bool, every: int = 1, **kw: Any) -> float:
+        step = StepShape(8192, 1, 8192, packed=True, checkpoint_every=every, **kw)
+        b = breakdown(
+            info,
+            dtype="bfloat16",
+            quantization="nf4",
+            intent="qlora",
+            seq_len=8192,
+            batch_size=1,
+            attn="flash_attention_2",
+            optimizer="paged_adamw_8bit",
+            gradient_checkpointing=gc,
+            step=step,
+        )
+        return b.terms["allocator_slack"] / logits
+
+    assert CHUNKED_SLACK_PER_LOGIT < ALLOCATOR_SLACK_PER_LOGIT
+    assert slack(True, fused_loss=True, chunked_loss=True) == pytest.approx(CHUNKED_SLACK_PER_LOGIT, rel=1e-6)
+    assert slack(True, fused_loss=True) == pytest.approx(ALLOCATOR_SLACK_PER_LOGIT, rel=1e-6)  # Liger
+    assert slack(True, chunked_loss=True) == pytest.approx(ALLOCATOR_SLACK_PER_LOGIT, rel=1e-6)  # not taken
+    assert slack(False, fused_loss=True, chunked_loss=True) == pytest.approx(
+        ALLOCATOR_SLACK_PER_LOGIT, rel=1e-6
+    )
+    assert slack(True, 2, fused_loss=True, chunked_loss=True) == pytest.approx(
+        ALLOCATOR_SLACK_PER_LOGIT, rel=1e-6
+    )
+    # the plan marks which fused loss its ladder would take, and round-trips it; a plan saved before reads False
+    p = _qlora(24, _longest(24))
+    assert p.training is not None and p.training.step.chunked_loss and p.training.step.fused_loss
+    d = p.training.step.to_dict()
+    del d["chunked_loss"]
+    assert not StepShape.from_dict(d).chunked_loss
+    caps = hardware("H100").with_packages(["bitsandbytes", "peft", "liger-kernel"], [])
+    lp = plan(full_config("Llama-3.1-8B"), hardware=caps, intent="qlora", seq_len=1024, batch_size=1)
+    assert lp.training is not None and not lp.training.step.chunked_loss

@@ -36,6 +36,7 @@ def test_doc_numbers_are_the_code_constants() -> None:
     assert _num(r"needs (\d+) in backward") == M.EAGER_BACKWARD_BYTES
     assert _num(r"kept and (\d+) more in backward") == M.FP32_SCORES_BACKWARD_BYTES
     assert _num(r"([0-9.]+) bytes per logit \(a little over half") == M.ALLOCATOR_SLACK_PER_LOGIT
+    assert _num(r"([0-9.]+) bytes per logit with cudaload's chunked loss") == M.CHUNKED_SLACK_PER_LOGIT
     assert (
         _num(r"tied embedding and every parameter\s+trained, (\d+) bytes per vocab")
         == M.TIED_GRAD_EXTRA_BYTES

@@ -118,15 +118,32 @@ def test_an_assumed_batch_may_shrink_to_one_sequence_a_declared_one_raises_with_
     p = plan(Q8, hardware=a100, intent="lora", seq_len=8192)
     # 8 assumed sequences of 8,192 tokens down to a quarter of them do not fit a 40 GB card; one sequence does
     assert p.training is not None and p.training.step.tokens == 8192 and p.training.step.sequences == 8
+    # a declared batch of 4 x 4,096 for LoRA on 18 GiB of the card: the 8B weights leave room for far less
+    # (a full fine-tune of the 8B shape now fits the whole 40 GB card with the chunked loss and Adafactor)
+    small = {"cuda:0": 18 << 30}
     with pytest.raises(DoesNotFitError) as e:
-        plan(full_config("Llama-3.1-8B"), hardware=a100, intent="training", seq_len=4096, batch_size=4)
-    assert e.value.suggestions
+        plan(
+            full_config("Llama-3.1-8B"),
+            hardware=a100,
+            intent="lora",
+            seq_len=4096,
+            batch_size=4,
+            max_memory=small,
+        )
+    assert any(s.kind in ("seq_len", "tokens_per_step") for s in e.value.suggestions)
     for s in e.value.suggestions:
         if s.kind in ("seq_len", "tokens_per_step"):
             kw = (
                 {"seq_len": s.value} if s.kind == "seq_len" else {"seq_len": 4096, "tokens_per_step": s.value}
             )
-            plan(full_config("Llama-3.1-8B"), hardware=a100, intent="training", batch_size=4, **kw)
+            plan(
+                full_config("Llama-3.1-8B"),
+                hardware=a100,
+                intent="lora",
+                batch_size=4,
+                max_memory=small,
+                **kw,
+            )
 
 
 def test_liger_is_chosen_only_where_it_alone_avoids_checkpointing() -> None:
@@ -363,3 +380,42 @@ def test_lora_rank_and_dropout_reach_the_memory_the_ranks_are_sized_with_too() -
     assert p.parallelism is not None and p.parallelism.choice == "fsdp2"
     assert p.training is not None and p.training.step.lora_dropout == 0.1
     assert p.training.tokens_per_step.reasons[0].startswith("no single process fits")
+
+
+def test_an_undeclared_batch_fills_packed_steps_to_their_token_bound_a_declared_one_caps_them() -> None:
+    """batch_size left out: each packed step holds as many sequences as its token bound takes (what TRL's packing
+    does with the same plan, measured faster a token on short data); declared: at most that many. Padded steps
+    have no such decision; a plan saved before it caps the steps at ``step.sequences``."""
+    data = [{"input_ids": list(range(5, 5 + n))} for n in [12, 7, 30, 9, 15, 5, 22, 11] * 12]
+    filled = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=64)
+    t = filled.training
+    assert t is not None and t.packed and t.fills_steps
+    assert t.sequences_per_step is not None and t.sequences_per_step.choice == "fill"
+    assert not t.sequences_per_step.explicit
+    assert "sequences per step: fill" in filled.explain() and "declare batch_size" in filled.explain()
+    assert t.expects()["sequences_per_step"] == t.step.tokens
+    s = cudaload.training_setup(filled, data)
+    assert s.train_dataset.summary.max_step_sequences > t.step.sequences  # more than the 8 it was sized for
+    for item in s.train_dataset:
+        assert sum(map(len, item["input_ids"])) <= t.step.tokens
+    assert f"filled up to {t.step.tokens:,} tokens" in s.describe()
+    assert type(filled).from_json(filled.to_json()) == filled
+
+    capped = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=64, batch_size=8)
+    c = capped.training
+    assert c is not None and not c.fills_steps
+    assert c.sequences_per_step is not None and c.sequences_per_step.choice == "batch_size"
+    assert c.sequences_per_step.explicit
+    assert c.step.tokens == t.step.tokens  # the same memory either way: a packed step's follows its tokens
+    cs = cudaload.training_setup(capped, data)
+    assert cs.train_dataset.summary.max_step_sequences <= 8
+    assert len(cs.train_dataset) > len(s.train_dataset)
+
+    old = json.loads(filled.to_json())
+    del old["training"]["sequences_per_step"]
+    before = Plan.from_dict(old)
+    assert before.training is not None and not before.training.fills_steps
+    assert cudaload.training_setup(before, data).train_dataset.summary.max_step_sequences <= t.step.sequences
+
+    padded = plan(Q8, hardware=h200(), intent="lora", seq_len=64, batch_layout="padded")
+    assert padded.training is not None and padded.training.sequences_per_step is None

@@ -299,7 +299,7 @@ def _training(
     notes = list(assumed)
     batch = ask.batch_size
     if not batch_declared:
-        batch, note = _assumed_sequences(ask.seq_len, tokens_per_step)
+        batch, note = _assumed_sequences(ask.seq_len, tokens_per_step, layout.choice == "packed")
         notes.append(note)
     dropout = choose_lora_dropout(intent, lora)
     r = int((lora or {}).get("r", LORA_R))
@@ -352,20 +352,24 @@ def _training(
 CHUNKED_LOSS_PARALLEL = ("ddp",)
 
 
-def _assumed_sequences(seq_len: int, tokens_per_step: int | None) -> tuple[int, str]:
-    """The sequences a step holds where no batch was declared, and the note that says so: Trainer's default;
-    with a declared tokens_per_step, enough sequences a step to fill it."""
+def _assumed_sequences(seq_len: int, tokens_per_step: int | None, packed: bool = False) -> tuple[int, str]:
+    """The sequences a step is sized for where no batch was declared, and the note that says so: Trainer's
+    default; with a declared tokens_per_step, enough sequences a step to fill it. A packed step is then filled
+    with as many sequences as its token bound takes (the ``sequences_per_step`` decision)."""
     filled = -(-tokens_per_step // max(1, int(seq_len * TYPICAL_FILL))) if tokens_per_step else 0
     batch = max(DEFAULT_SEQUENCES, filled)
-    note = (
-        f"at most {batch} sequences a step ("
-        + (
-            "enough to fill tokens_per_step"
-            if filled > DEFAULT_SEQUENCES
-            else "Trainer's default per_device_train_batch_size"
-        )
-        + "; declare batch_size=)"
+    why = (
+        "enough to fill tokens_per_step"
+        if filled > DEFAULT_SEQUENCES
+        else "Trainer's default per_device_train_batch_size"
     )
+    if packed:
+        note = (
+            f"the step's token bound sized for {batch} sequences ({why}); each step then holds as many "
+            "sequences as the bound takes (declare batch_size= to cap them)"
+        )
+    else:
+        note = f"at most {batch} sequences a step ({why}; declare batch_size=)"
     return batch, note
 
 

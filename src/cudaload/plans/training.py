@@ -32,7 +32,8 @@ class StepShape:
     padded: ``sequences x longest``); ``sequences``: at most this many sequences a step; ``longest``: the
     longest sequence. ``packed``: the sequences are concatenated into one row (the attention keeps them
     apart). ``fused_loss``: a fused loss (Liger's fused linear cross-entropy or cudaload's chunked
-    loss) instead of transformers' loss over fp32 logits.
+    loss) instead of transformers' loss over fp32 logits. ``chunked_loss``: that fused loss, where taken, is
+    cudaload's chunked loss rather than Liger's (the allocator's slack differs; read only with ``fused_loss``).
     ``lora_dropout``: PEFT's dropout on every adapted layer's input (a copy of each input kept for backward
     when > 0). ``kbit_upcast``: QLoRA's fp32 cast of every non-4-bit parameter (peft's
     ``prepare_model_for_kbit_training``), which makes the residual stream and activations fp32. ``autocast``:
@@ -61,6 +62,7 @@ class StepShape:
     cast_outside_autocast: bool = False
     checkpoint_every: int = 1
     compiled_layers: bool = False
+    chunked_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1:
@@ -91,6 +93,7 @@ class StepShape:
             "cast_outside_autocast": self.cast_outside_autocast,
             "checkpoint_every": self.checkpoint_every,
             "compiled_layers": self.compiled_layers,
+            "chunked_loss": self.chunked_loss,
         }
 
     @classmethod
@@ -109,6 +112,8 @@ class StepShape:
             # plans saved before partial checkpointing: every layer where checkpointing is on
             checkpoint_every=int(d.get("checkpoint_every", 1)),
             compiled_layers=bool(d.get("compiled_layers", False)),
+            # plans saved before it: Liger's slack (the larger), whichever fused loss they took
+            chunked_loss=bool(d.get("chunked_loss", False)),
         )
 
 
@@ -144,16 +149,27 @@ class TrainingPlan:
     layer_compile: Decision | None = None
     #: the tokens (one epoch of the data set) that repay the compile, where ``layer_compile`` is ``layers``
     layer_compile_payback_tokens: int | None = None
+    #: a packed step's sequences: ``fill`` (as many as the token bound takes) or ``batch_size`` (at most
+    #: ``step.sequences``); None where padded, and in plans saved before it (at most ``step.sequences``)
+    sequences_per_step: Decision | None = None
+
+    @property
+    def fills_steps(self) -> bool:
+        """Whether a packed step holds as many sequences as its token bound takes (not at most ``step.sequences``)."""
+        return (
+            self.packed and self.sequences_per_step is not None and self.sequences_per_step.choice == "fill"
+        )
 
     @property
     def packed(self) -> bool:
         return self.layout.choice == "packed"
 
     def expects(self) -> dict[str, int]:
-        """What the plan expects of the data: the longest sequence, the most sequences and tokens a step."""
+        """What the plan expects of the data: the longest sequence, the most sequences and tokens a step (a
+        filled step: as many sequences as it has tokens, the most a step can hold)."""
         return {
             "longest_sequence": self.step.longest,
-            "sequences_per_step": self.step.sequences,
+            "sequences_per_step": self.step.tokens if self.fills_steps else self.step.sequences,
             "tokens_per_step": self.step.tokens,
         }
 
@@ -173,6 +189,7 @@ class TrainingPlan:
             "causal_lm": self.causal_lm,
             "layer_compile": self.layer_compile.to_dict() if self.layer_compile else None,
             "layer_compile_payback_tokens": self.layer_compile_payback_tokens,
+            "sequences_per_step": self.sequences_per_step.to_dict() if self.sequences_per_step else None,
             "expects": self.expects(),
         }
 
@@ -194,6 +211,10 @@ class TrainingPlan:
             # plans saved before the compiled layers: none planned
             layer_compile=Decision.from_dict(d["layer_compile"]) if d.get("layer_compile") else None,
             layer_compile_payback_tokens=d.get("layer_compile_payback_tokens"),
+            # plans saved before it: at most step.sequences a step
+            sequences_per_step=Decision.from_dict(d["sequences_per_step"])
+            if d.get("sequences_per_step")
+            else None,
         )
 
     def explain_lines(self) -> list[str]:
@@ -201,9 +222,10 @@ class TrainingPlan:
         settings, what was assumed."""
         s = self.step
         head = (
-            f"at most {s.sequences} sequences and {s.tokens:,} tokens a step, "
-            f"each sequence up to {s.longest:,} tokens"
-        )
+            f"as many sequences as fit {s.tokens:,} tokens a step, "
+            if self.fills_steps
+            else f"at most {s.sequences} sequences and {s.tokens:,} tokens a step, "
+        ) + f"each sequence up to {s.longest:,} tokens"
         if self.packed and self.boundaries:
             head += f"; sequence boundaries by {self.boundaries}"
         lines = self.layout.explain_lines("batch layout")
@@ -211,6 +233,8 @@ class TrainingPlan:
         # said with the layout they are about, not after the last decision of the section
         lines[2:2] = [*(f"    assumed: {a}" for a in self.assumed), *(f"    note: {n}" for n in self.notes)]
         lines += self.tokens_per_step.explain_lines("tokens per step")
+        if self.sequences_per_step is not None:
+            lines += self.sequences_per_step.explain_lines("sequences per step")
         lines += self.loss.explain_lines("loss")
         if self.lora_dropout is not None:
             lines += self.lora_dropout.explain_lines("LoRA dropout")

@@ -195,7 +195,11 @@ class TrainingSetup:
         t = self.plan.training
         if t is None:
             return "no training section in this plan"
-        head = f"{t.layout.choice} steps of at most {t.step.sequences} sequences and {t.step.tokens:,} tokens"
+        head = (
+            f"{t.layout.choice} steps filled up to {t.step.tokens:,} tokens"
+            if t.fills_steps
+            else f"{t.layout.choice} steps of at most {t.step.sequences} sequences and {t.step.tokens:,} tokens"
+        )
         if self.compiled_layers:
             head += f", {self.compiled_layers} decoder layers compiled"
         if t.loss.choice != "transformers":
@@ -221,7 +225,8 @@ def training_setup(
         model_or_plan: a model from :func:`cudaload.load_model` (its ``cudaload_plan``) or a :class:`Plan`.
         train_dataset: tokenized examples (dicts with ``input_ids``, optionally ``labels`` and
             ``attention_mask``: a ``datasets.Dataset``, a list...). A packed plan groups them into steps of at
-            most the plan's sequences and tokens (:func:`cudaload.train.data.pack`); a padded plan checks
+            most the plan's tokens, and at most its sequences where ``batch_size`` was declared (else as many as
+            fit: the plan's ``sequences_per_step`` decision) (:func:`cudaload.train.data.pack`); a padded plan checks
             their lengths (a list of the rows); a model that is no causal LM gets them as given. None: only the
             arguments and the collator.
             For a causal LM every example is checked in the pass that reads it: integer ``input_ids`` (whole
@@ -273,7 +278,8 @@ def training_setup(
         ds = pack(
             train_dataset,
             tokens_per_step=t.step.tokens,
-            sequences_per_step=t.step.sequences,
+            # a filled step (batch_size not declared): bounded by its tokens alone
+            sequences_per_step=t.step.tokens if t.fills_steps else t.step.sequences,
             longest=t.step.longest,
             truncate=truncate,
             shuffle=shuffle,

@@ -68,6 +68,15 @@ def chunk_rows(tokens: int, hidden: int, vocab: int) -> int:
 #: Fitted to the longest seq_len that trained on six emulated cards, never planning past one (benchmarks/
 #: compare_memory_train.py; benchmarks/results/2026-12-01-h200/README.md, "Full fine-tuning memory").
 ALLOCATOR_SLACK_PER_LOGIT = 2.25
+#: The same slack with cudaload's chunked loss and every layer checkpointed: its largest allocation is one chunk's
+#: logits, not the step's, and the five capped-card boundaries it trained at on an H100 (benchmarks/results/
+#: 2026-12-07-h100/gpu9 and 2026-12-07-s19/gpu1: Llama-3.1-8B QLoRA at 7,680 and 23,296 tokens, LoRA at 11,008,
+#: Qwen3-0.6B full at 13,056 and 23,296) reserved 0.37-0.94 bytes per logit above their allocated peak, where
+#: 2.25 was planned: 1.0, above all five. Without checkpointing no chunked run was measured on a capped card (an
+#: uncapped allocator caches freely, so its reserved peak says nothing of the slack a boundary needs), and
+#: Liger's fused loss left 3.8 bytes per logit unusable at its out-of-memory point without checkpointing
+#: (2026-12-03-h200 run39): both keep ALLOCATOR_SLACK_PER_LOGIT.
+CHUNKED_SLACK_PER_LOGIT = 1.0
 
 #: Eager attention materialises per layer and head a seq_len x seq_len score matrix. Inference: the scores,
 #: the masked scores, the fp32 softmax and its copy in the dtype (the H200 measured 28.4 vs 19.2 GiB for

@@ -20,6 +20,7 @@ from .activations import TrainingPhases, training_activations
 from .constants import (
     ADAFACTOR_STEP_FP32_COPIES,
     ALLOCATOR_SLACK_PER_LOGIT,
+    CHUNKED_SLACK_PER_LOGIT,
     TIED_GRAD_EXTRA_BYTES,
     GiB,
 )
@@ -167,9 +168,10 @@ def breakdown_of(info: ModelInfo, shape: MemoryShape) -> Breakdown:
     terms["adapters"] = state.adapters
     # the caching allocator's reserved-but-unusable bytes at a training step's peak (ALLOCATOR_SLACK_PER_LOGIT)
     # kept per logit with Liger's fused loss too, though it holds no vocabulary-wide tensor: measured so on the
-    # H200 (benchmarks/results/2026-12-03-h200/README.md, the run that ran out of memory)
+    # H200 (benchmarks/results/2026-12-03-h200/README.md, the run that ran out of memory); less with cudaload's
+    # chunked loss under full checkpointing, where capped cards measured it (CHUNKED_SLACK_PER_LOGIT)
     terms["allocator_slack"] = (
-        int(r.step.tokens * info.summary.vocab_size * ALLOCATOR_SLACK_PER_LOGIT)
+        int(r.step.tokens * info.summary.vocab_size * _slack_per_logit(r))
         if shape.training and info.can_generate
         else 0
     )
@@ -359,9 +361,23 @@ def _training_peak(
             f"gradients: the tied embedding's gradient arrives last and is accumulated into the head's: "
             f"{tied / GiB:.2f} GiB with every other gradient alive"
         )
+    if shape.intent == "training" and info.can_generate and s.vocab_size > 0 and s.hidden_size > 0:
+        # the output head's gradient exists from the start of backward (the head's backward runs first; a fused
+        # loss made it in its forward) while every checkpointed input is still alive: the gradients' own dtype
+        n = max(info.counts.total or s.params, 1)
+        phases = dataclasses.replace(phases, head_grad=state.grads * s.vocab_size * s.hidden_size // n)
     act, step_bytes = phases.peak(state.grads, opt_step, accumulate)
     # what a split keeps per layer: its checkpointed inputs (never more than the phase peak)
     return _Peak(act, step_bytes, min(phases.kept, act) // r.layers, tuple(notes))
+
+
+def _slack_per_logit(r: _Resolved) -> float:
+    """The allocator's slack per logit of the step: CHUNKED_SLACK_PER_LOGIT where cudaload's chunked loss runs
+    with every layer checkpointed (the only setting measured at capped-card boundaries), else
+    ALLOCATOR_SLACK_PER_LOGIT."""
+    s = r.step
+    chunked = s.fused_loss and s.chunked_loss and r.checkpointing and s.checkpoint_every == 1
+    return CHUNKED_SLACK_PER_LOGIT if chunked else ALLOCATOR_SLACK_PER_LOGIT
 
 
 def _split(

@@ -96,3 +96,54 @@ def choose_layout(
     if bad or costs:
         return Decision("padded", (f"packing is not right here: {'; '.join(bad + costs)}",), cands)
     return Decision("packed", (packed_why,), cands)
+
+
+#: the compiled 8B LoRA steps on chat lengths behind :func:`sequences_decision` (H100, benchmarks/results/
+#: 2026-12-07-s20/gpu2): the Trainer path's steps of at most 8 sequences (2,407 tokens) took 0.302 s (median),
+#: TRL's rows filled to the same plan's 6,144-token bound (6,098 tokens, 24.7 sequences) 0.465 s: about 0.2 s a
+#: step whatever it holds, so a short step pays it over few tokens
+FILL_EVIDENCE = (
+    "on an H100 the same 8B LoRA plan on chat lengths trained 1.32x (eager) and 1.75x (compiled layers) the "
+    "tokens a second where its steps were filled to the 6,144-token bound (TRL's SFTTrainer: 24.7 sequences, "
+    "6,098 tokens a step) than with at most 8 sequences (2,407 tokens): a step costs ~0.2 s whatever it holds "
+    "(benchmarks/results/2026-12-07-s20/gpu2)"
+)
+
+
+def sequences_decision(packed: bool, declared: bool, sequences: int, tokens: int) -> Decision | None:
+    """How many sequences a packed step may hold: ``fill`` (as many as the step's token bound takes, what TRL's
+    and Axolotl's packing do) where ``batch_size`` was not declared, else ``batch_size`` (at most the declared
+    number). A packed step's memory follows its tokens, not its sequences (the memory model counts no
+    per-sequence term there), so the plan's fit holds either way. None for a padded layout (a batch is
+    ``batch_size`` rows)."""
+    if not packed:
+        return None
+    fewer = (
+        f"at most {sequences} sequences a step"
+        + (" (declared batch_size)" if declared else " (Trainer's default per_device_train_batch_size)")
+        + ": short sequences leave the step's token bound unused"
+    )
+    fill_why = (
+        f"as many sequences as the {tokens:,}-token bound takes: fewer, fuller steps; {FILL_EVIDENCE}; "
+        "an epoch has fewer optimizer steps"
+    )
+    if declared:
+        return Decision(
+            "batch_size",
+            (f"batch_size={sequences} was declared: each step holds at most {sequences} sequences",),
+            (
+                Candidate("batch_size", True, (fewer,)),
+                Candidate(
+                    "fill", False, (fill_why, "batch_size was declared (leave it out to fill the steps)")
+                ),
+            ),
+            explicit=True,
+        )
+    return Decision(
+        "fill",
+        (
+            fill_why,
+            "batch_size was not declared; declare it to keep at most that many sequences a step",
+        ),
+        (Candidate("fill", True, (fill_why,)), Candidate("batch_size", True, (fewer,))),
+    )

@@ -15,7 +15,7 @@ from ...plans.training import StepShape, TrainingPlan
 from .bounds import bounds_to_try, fmt_tokens, tokens_decision
 from .checkpointing import checkpointing_decision, partial_problems
 from .ladder import FitProbe, shape_at, walk
-from .layout import boundaries_for
+from .layout import boundaries_for, sequences_decision
 from .loss import RequestedLoss, loss_decision, loss_request
 
 if TYPE_CHECKING:
@@ -82,6 +82,8 @@ def plan_step(
     (``sequences_declared=False``), the ladder goes down to one longest sequence a step. ``chunked_blocker``: why
     cudaload's chunked loss cannot run with what the planner decided outside the step (None: nothing)."""
     req_loss, fused_kind, liger_bad, chunked_bad = loss_request(loss, caps, info, chunked_blocker)
+    # the memory model prices the allocator's slack by which fused loss the ladder would take
+    base = replace(base, chunked_loss=fused_kind == "cudaload_chunked")
     bounds = bounds_to_try(base, tokens_per_step, sequences_declared)
     if fused_kind is None:
         losses = [False]
@@ -117,8 +119,9 @@ def plan_step(
         kbit_upcast=kbit_upcast,
         adapter_cast=adapter_cast,
         assumed=tuple(assumed),
-        notes=_notes(step, base.packed, base.sequences),
+        notes=_notes(step, base.packed, None if not sequences_declared else base.sequences),
         group_by_length=not base.packed and step.sequences > 1,
+        sequences_per_step=sequences_decision(base.packed, sequences_declared, step.sequences, step.tokens),
     )
     return StepChoice(step, result, tp)
 
@@ -157,10 +160,12 @@ def plan_for_ranks(
     )
 
 
-def _notes(step: StepShape, packed: bool, batch_size: int) -> tuple[str, ...]:
+def _notes(step: StepShape, packed: bool, batch_size: int | None) -> tuple[str, ...]:
+    """The packed layout's note; ``batch_size`` None: the steps are filled (as many sequences as fit)."""
     if not packed:
         return ()
+    holds = f"up to {batch_size} sequences and" if batch_size is not None else "as many sequences as fit"
     return (
         "TrainingArguments' per_device_train_batch_size is 1: each item of the packed data set "
-        f"(cudaload.training_setup) is one step of up to {batch_size} sequences and {step.tokens:,} tokens",
+        f"(cudaload.training_setup) is one step of {holds} {step.tokens:,} tokens",
     )

@@ -38,8 +38,13 @@ class PackSummary:
     def describe(self) -> str:
         return (
             f"{self.sequences:,} sequences in {self.steps:,} steps: {self.mean_step_sequences:.1f} sequences and "
-            f"{self.mean_step_tokens:,.0f} tokens a step on average (at most {self.sequences_per_step} and "
-            f"{self.tokens_per_step:,} planned; the fullest step holds {self.max_step_tokens:,})"
+            f"{self.mean_step_tokens:,.0f} tokens a step on average ("
+            + (
+                f"filled up to {self.tokens_per_step:,} tokens"
+                if self.sequences_per_step >= self.tokens_per_step
+                else f"at most {self.sequences_per_step} and {self.tokens_per_step:,} planned"
+            )
+            + f"; the fullest step holds {self.max_step_tokens:,})"
             + (f"; {self.truncated} truncated" if self.truncated else "")
             + (f"; {self.skipped_empty} empty skipped" if self.skipped_empty else "")
         )
