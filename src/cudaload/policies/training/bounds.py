@@ -113,7 +113,10 @@ def tokens_decision(
     fused: bool,
     base: StepShape,
     requested: int | None,
+    filled: bool = False,
 ) -> Decision:
+    """The step bound: the chosen one, every bound tried with its outcome. ``filled``: the packed steps are filled
+    to the bound (``batch_size`` not declared), so the bound, not the sequences, is what each step holds."""
     cands: list[Candidate] = []
     for b in bounds:
         rows = _condensed([x for x in tried if x[0] == b])
@@ -131,10 +134,12 @@ def tokens_decision(
         return Decision(fmt_tokens(chosen), (pad,), tuple(cands))
     if requested is not None:
         return Decision(fmt_tokens(chosen), ("requested explicitly",), tuple(cands), explicit=True)
-    reasons = [
-        f"at most {batch_size} sequences and {chosen:,} real tokens a step; memory is planned for the bound, so "
-        "no step of long sequences runs out of it"
-    ]
+    holds = (
+        f"up to {chosen:,} real tokens a step, filled with as many sequences as fit"
+        if filled
+        else f"at most {batch_size} sequences and {chosen:,} real tokens a step"
+    )
+    reasons = [f"{holds}; memory is planned for the bound, so no step of long sequences runs out of it"]
     full = base.tokens
     if chosen < full:
         why_full = next((_attempt(f, gc, o) for t, f, gc, o in reversed(tried) if t == full), "larger")

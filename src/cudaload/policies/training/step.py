@@ -111,7 +111,9 @@ def plan_step(
         )
     tp = TrainingPlan(
         layout=layout,
-        tokens_per_step=tokens_decision(bounds, tried, t, fused, base, tokens_per_step),
+        tokens_per_step=tokens_decision(
+            bounds, tried, t, fused, base, tokens_per_step, filled=base.packed and not sequences_declared
+        ),
         loss=loss_decision(req_loss, fused, liger_bad, tried, gc_on, gc, chunked_bad=chunked_bad),
         step=step,
         boundaries=boundaries_for(attn) if base.packed else None,
