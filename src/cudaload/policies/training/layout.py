@@ -98,15 +98,17 @@ def choose_layout(
     return Decision("packed", (packed_why,), cands)
 
 
-#: the compiled 8B LoRA steps on chat lengths behind :func:`sequences_decision` (H100, benchmarks/results/
-#: 2026-12-07-s20/gpu2): the Trainer path's steps of at most 8 sequences (2,407 tokens) took 0.302 s (median),
-#: TRL's rows filled to the same plan's 6,144-token bound (6,098 tokens, 24.7 sequences) 0.465 s: about 0.2 s a
-#: step whatever it holds, so a short step pays it over few tokens
+#: the compiled 8B LoRA steps on chat lengths behind :func:`sequences_decision` (H100): in one run
+#: (benchmarks/results/2026-12-07-s21/gpu1) the Trainer path's steps of at most 8 sequences (2,407 tokens) took
+#: ~0.21 s (median) and the same plan's steps filled to its 6,144-token bound (5,843 tokens, 19.1 sequences)
+#: ~0.44 s; in another (2026-12-07-s20/gpu2) 0.302 s against TRL's filled rows' 0.465 s. A step has a fixed part
+#: (0.05-0.2 s in these runs) that a short step pays over few tokens
 FILL_EVIDENCE = (
-    "on an H100 the same 8B LoRA plan on chat lengths trained 1.32x (eager) and 1.75x (compiled layers) the "
-    "tokens a second where its steps were filled to the 6,144-token bound (TRL's SFTTrainer: 24.7 sequences, "
-    "6,098 tokens a step) than with at most 8 sequences (2,407 tokens): a step costs ~0.2 s whatever it holds "
-    "(benchmarks/results/2026-12-07-s20/gpu2)"
+    "on an H100 the same 8B LoRA plan on chat lengths, compiled layers, trained 13,454 tokens a second with its "
+    "steps filled to the 6,144-token bound (19.1 sequences, 5,843 tokens a step) against 11,249 with at most 8 "
+    "sequences (2,407 tokens), 1.20x in the same run, for the memory the plan predicted (54.7 GiB); TRL's filled "
+    "rows ran 1.32x (eager) and 1.75x (compiled) the 8-sequence steps in another: a step's fixed part is paid "
+    "over more tokens (benchmarks/results/2026-12-07-s21/gpu1, 2026-12-07-s20/gpu2)"
 )
 
 
