@@ -399,6 +399,7 @@ def test_an_undeclared_batch_fills_packed_steps_to_their_token_bound_a_declared_
     for item in s.train_dataset:
         assert sum(map(len, item["input_ids"])) <= t.step.tokens
     assert f"filled up to {t.step.tokens:,} tokens" in s.describe()
+    assert f"(packed steps filled up to {t.step.tokens:,} tokens)" in filled.explain().splitlines()[2]
     assert type(filled).from_json(filled.to_json()) == filled
 
     capped = plan(Q8, hardware=h200("flash-attn-4"), intent="lora", seq_len=64, batch_size=8)
@@ -406,6 +407,7 @@ def test_an_undeclared_batch_fills_packed_steps_to_their_token_bound_a_declared_
     assert c is not None and not c.fills_steps
     assert c.sequences_per_step is not None and c.sequences_per_step.choice == "batch_size"
     assert c.sequences_per_step.explicit
+    assert "filled" not in capped.explain().splitlines()[2]
     assert c.step.tokens == t.step.tokens  # the same memory either way: a packed step's follows its tokens
     cs = cudaload.training_setup(capped, data)
     assert cs.train_dataset.summary.max_step_sequences <= 8

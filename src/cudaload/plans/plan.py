@@ -444,7 +444,13 @@ class Plan:
             f"{m.layers} layers, head_dim {m.head_dim}, weights from {m.weights_source})",
             f"Machine: {machine} [{hw.get('source')}]"
             + "".join(f"; {k} {hw[k]}" for k in ("torch", "transformers") if hw.get(k)),
-            f"Intent: {self.intent}, seq_len {self.seq_len} x batch {self.batch_size}",
+            f"Intent: {self.intent}, seq_len {self.seq_len} x batch {self.batch_size}"
+            + (
+                # a filled step holds as many sequences as its token bound takes, not the assumed batch
+                f" (packed steps filled up to {self.training.step.tokens:,} tokens)"
+                if self.training is not None and self.training.fills_steps
+                else ""
+            ),
         ]
         ranks = (hw.get("distributed") or {}).get("ranks") or []
         if ranks:
