@@ -60,8 +60,8 @@ class TrainingPhases:
             return act, max(step - act, 0)
         # backward end sums one layer and the tied embedding's gradient, although autograd frees the first layer's
         # recompute before the embedding's backward: with max(layer, grads_end) the four full 0.6B fit boundaries
-        # (benchmarks/results/2026-12-07-s19 and s20 gpu1) come out 4-5% under their measured peaks, with the
-        # sum 1.13 over at 13,056 tokens and 0.96-0.99 at the others (docs/limits.md)
+        # (benchmarks/results/2026-12-07-h100 gpu9, 2026-12-07-s19 and -s20 gpu1) come out 4-5% under their
+        # measured peaks, with the sum 1.13 over at 13,056 tokens and 0.96-0.99 at the others (docs/limits.md)
         top = max(fwd, bwd + self.head_grad, grads + self.layer + self.grads_end)
         act = max(top - grads, 0)
         return act, max(grads + step - top, 0)
